@@ -1,0 +1,72 @@
+"""Canonical JSON: the one byte encoding that digests and fingerprints are computed over.
+
+UTF-8, keys sorted by code point, no insignificant white space, integers only (a float
+has more than one spelling, so it is refused), no NaN or infinities.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+class CanonicalJSONError(ValueError):
+    pass
+
+
+def _check(value: Any, where: str) -> None:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return
+    if isinstance(value, int):
+        return
+    if isinstance(value, float):
+        raise CanonicalJSONError(f"{where}: floats are not allowed in canonical JSON")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise CanonicalJSONError(f"{where}: object keys must be strings")
+            _check(v, f"{where}.{k}")
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check(v, f"{where}[{i}]")
+        return
+    raise CanonicalJSONError(f"{where}: {type(value).__name__} is not JSON")
+
+
+def dumps(value: Any, *, strict: bool = True) -> bytes:
+    """Encode `value` canonically. `strict=False` admits floats (for fingerprints of schemas)."""
+    if strict:
+        _check(value, "$")
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def fingerprint(value: Any) -> str:
+    """sha256 of the compact, sorted-keys UTF-8 JSON of `value`: `sha256:<hex>`."""
+    return "sha256:" + sha256_hex(dumps(value, strict=False))
+
+
+def loads_strict(data: bytes | str) -> Any:
+    """Parse JSON refusing duplicate keys and non-finite numbers."""
+
+    def no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in pairs:
+            if k in out:
+                raise CanonicalJSONError(f"duplicate key {k!r}")
+            out[k] = v
+        return out
+
+    def bad_constant(name: str) -> Any:
+        raise CanonicalJSONError(f"{name} is not allowed")
+
+    if isinstance(data, bytes):
+        data = data.decode("utf-8")
+    return json.loads(data, object_pairs_hook=no_dupes, parse_constant=bad_constant)

@@ -1,0 +1,73 @@
+"""The error hierarchy. Every error carries the exit code the CLI uses for it.
+
+Messages are one line that names the file, field, node, tool or key at fault and,
+where there is one, what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class HeddleError(Exception):
+    """Base of every error heddle reports to a user."""
+
+    exit_code: int = 1
+    kind: str = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(HeddleError):
+    """The command line or a setting is wrong; nothing ran."""
+
+    exit_code = 2
+    kind = "usage_error"
+
+
+class DocumentError(HeddleError):
+    """The flow document cannot be read, parsed or resolved."""
+
+    exit_code = 2
+    kind = "invalid_flow"
+
+
+class GraphError(DocumentError):
+    """The flow parsed but its graph is not runnable. Holds every problem found."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        lines = "; ".join(self.problems)
+        super().__init__(f"invalid flow: {lines}")
+
+
+class RunError(HeddleError):
+    """A run started and failed."""
+
+    exit_code = 1
+    kind = "run_failed"
+
+
+class ToolError(RunError):
+    """A tool call failed: bad exit, bad output, timeout."""
+
+    kind = "tool_failed"
+
+    def __init__(self, tool: str, message: str) -> None:
+        super().__init__(f"tool {tool!r}: {message}")
+        self.tool = tool
+
+
+class ModelError(RunError):
+    """The model endpoint could not be reached or answered with an error."""
+
+    kind = "model_failed"
+
+
+class LimitError(RunError):
+    """A run limit (iterations, tool rounds, timeout) was exceeded."""
+
+    kind = "limit_exceeded"
