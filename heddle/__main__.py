@@ -1,0 +1,3 @@
+from heddle.cli import main
+
+main()

@@ -1,0 +1,99 @@
+"""The AgentNode loop: ask the model, run the tools it asks for, send back the results.
+
+Everything a model can get wrong (an unknown tool, arguments that break the schema, a tool that
+fails) goes back to it as an error it can recover from; only the limits end the loop.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from heddle.engine import events as ev
+from heddle.engine.context import RunContext
+from heddle.engine.templates import render
+from heddle.errors import LimitError, ToolError
+
+
+def _tool_message(call_id: str, content: Any) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id,
+            "content": json.dumps(content, ensure_ascii=False, separators=(",", ":"))}
+
+
+def _error(text: str) -> dict[str, str]:
+    return {"error": f"Error: {text}"}
+
+
+def answer_outputs(answer: str, node) -> dict[str, Any]:
+    """`{"result": answer}`, plus the answer's keys when it is a JSON object."""
+    outputs: dict[str, Any] = {"result": answer}
+    titles = node.output_titles()
+    if len(titles) == 1 and titles[0] != "result":
+        outputs[titles[0]] = answer
+    try:
+        parsed = json.loads(answer)
+    except (TypeError, ValueError):
+        parsed = None
+    if isinstance(parsed, dict):
+        outputs.update(parsed)
+    return outputs
+
+
+async def run_agent(ctx: RunContext, node, inputs: dict[str, Any]) -> dict[str, Any]:
+    from heddle.tools.schema import check_arguments, function_definition, input_schema
+
+    agent = node.agent
+    endpoint = ctx.endpoint(agent.llm_config)
+    tools = {tool.name: tool for tool in agent.tools}
+    schemas = {name: input_schema(tool) for name, tool in tools.items()}
+    definitions = [function_definition(tool) for tool in agent.tools] or None
+    messages: list[dict[str, Any]] = []
+    if agent.system_prompt:
+        messages.append({"role": "system", "content": render(agent.system_prompt, inputs)})
+    messages.append({"role": "user", "content": json.dumps(inputs, ensure_ascii=False)})
+    limit = ctx.options.max_tool_rounds
+
+    def on_delta(text: str) -> None:
+        ctx.emit(ev.TokenDelta(node=node.name, text=text))
+
+    with ctx.workspaces.open(node.name) as workspace:
+        rounds = 0
+        while True:
+            rounds += 1
+            turn = await ctx.client.chat(endpoint, messages, definitions, on_delta=on_delta)
+            if not turn.tool_calls:
+                return answer_outputs(turn.content or "", node)
+            if limit is not None and rounds >= limit:
+                raise LimitError(
+                    f"agent {node.name!r} exceeded --max-tool-rounds {limit}: the model was still "
+                    f"calling tools after {rounds} round(s)"
+                )
+            messages.append({
+                "role": "assistant",
+                "content": turn.content,
+                "tool_calls": [
+                    {"id": call.id, "type": "function",
+                     "function": {"name": call.name, "arguments": call.arguments}}
+                    for call in turn.tool_calls
+                ],
+            })
+            for call in turn.tool_calls:
+                result = await _one_call(ctx, node.name, call, tools, schemas, workspace, check_arguments)
+                messages.append(_tool_message(call.id, result))
+
+
+async def _one_call(ctx, node_name, call, tools, schemas, workspace, check_arguments) -> Any:
+    if call.name not in tools:
+        known = ", ".join(sorted(tools)) or "none"
+        return _error(f"there is no tool named {call.name!r}; the tools are: {known}")
+    try:
+        arguments = json.loads(call.arguments or "{}")
+    except ValueError as exc:
+        return _error(f"the arguments for {call.name!r} are not valid JSON ({exc}); send a JSON object")
+    filled, problem = check_arguments(schemas[call.name], arguments)
+    if problem is not None:
+        return _error(f"the arguments for {call.name!r} do not match its input schema: {problem}")
+    try:
+        return await ctx.call_tool(node_name, call.name, filled, workspace, call_id=call.id)
+    except ToolError as exc:
+        return _error(str(exc))

@@ -1,0 +1,93 @@
+"""One executor per node type. Each takes the node's input and returns (outputs, branch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from heddle.engine.context import RunContext
+from heddle.engine.templates import as_text, render
+from heddle.errors import RunError, ToolError
+from heddle.spec import components as c
+
+Outcome = tuple[dict[str, Any], "str | None"]
+
+
+async def start_node(ctx: RunContext, node: c.StartNode, inputs: dict[str, Any]) -> Outcome:
+    out: dict[str, Any] = {}
+    missing = []
+    for prop in node.inputs or node.outputs:
+        title = prop["title"]
+        if title in inputs:
+            out[title] = inputs[title]
+        elif "default" in prop:
+            out[title] = prop["default"]
+        else:
+            missing.append(title)
+    if missing:
+        names = ", ".join(repr(m) for m in missing)
+        raise RunError(f"the flow needs input {names} (declared by StartNode {node.name!r}); "
+                       f"pass it with --input '{{\"{missing[0]}\": ...}}'")
+    return out, None
+
+
+async def tool_node(ctx: RunContext, node: c.ToolNode, inputs: dict[str, Any]) -> Outcome:
+    from heddle.tools.schema import check_arguments, input_schema
+
+    tool = node.tool
+    if tool.inputs:
+        arguments = {p["title"]: inputs[p["title"]] for p in tool.inputs if p["title"] in inputs}
+        filled, problem = check_arguments(input_schema(tool), arguments)
+        if problem is not None:
+            raise ToolError(tool.name, f"input for ToolNode {node.name!r} does not match the tool's inputs: {problem}")
+        arguments = filled or {}
+    else:
+        arguments = dict(inputs)
+    with ctx.workspaces.open(node.name) as workspace:
+        output = await ctx.call_tool(node.name, tool.name, arguments, workspace)
+    return output, None
+
+
+async def llm_node(ctx: RunContext, node: c.LlmNode, inputs: dict[str, Any]) -> Outcome:
+    from heddle.engine import events as ev
+
+    prompt = render(node.prompt_template, inputs)
+    turn = await ctx.client.chat(
+        ctx.endpoint(node.llm_config), [{"role": "user", "content": prompt}], None,
+        on_delta=lambda text: ctx.emit(ev.TokenDelta(node=node.name, text=text)),
+    )
+    titles = node.output_titles()
+    return {titles[0] if len(titles) == 1 else "generated_text": turn.content or ""}, None
+
+
+async def agent_node(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) -> Outcome:
+    from heddle.engine.agent import run_agent
+
+    return await run_agent(ctx, node, inputs), None
+
+
+async def branching_node(ctx: RunContext, node: c.BranchingNode, inputs: dict[str, Any]) -> Outcome:
+    titles = node.input_titles()
+    key = titles[0] if len(titles) == 1 else "branching_mapping_key"
+    value = inputs.get(key)
+    text = as_text(value) if value is not None else None
+    if text is not None and text in node.mapping:
+        return {}, node.mapping[text]
+    return {}, node.mapping.get("DEFAULT_BRANCH", "default")
+
+
+async def flow_node(ctx: RunContext, node: c.FlowNode, inputs: dict[str, Any]) -> Outcome:
+    from heddle.engine.run import execute_flow
+
+    titles = node.subflow.input_titles()
+    sub_inputs = {t: inputs[t] for t in titles if t in inputs} if titles else dict(inputs)
+    return await execute_flow(ctx, node.subflow, sub_inputs), None
+
+
+EXECUTORS = {
+    "StartNode": start_node,
+    "ToolNode": tool_node,
+    "LlmNode": llm_node,
+    "AgentNode": agent_node,
+    "BranchingNode": branching_node,
+    "FlowNode": flow_node,
+}

@@ -1,0 +1,165 @@
+"""Running a flow: checks before anything runs, then the walk from StartNode to an EndNode.
+
+State is one flat dict that starts as the run's input. A node's input is the state plus what its
+data edges bring (renamed to the destination input); its output is merged into the state; the
+input of the EndNode reached is the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from heddle.engine import events as ev
+from heddle.engine.context import RunContext
+from heddle.engine.options import RunOptions
+from heddle.errors import GraphError, HeddleError, LimitError, RunError
+from heddle.graph import FlowGraph, check_flow, node_key
+from heddle.spec import components as c
+
+
+def _llm_configs(flow: c.Flow) -> Iterator[tuple[str, Any]]:
+    for node in flow.nodes:
+        if isinstance(node, c.LlmNode):
+            yield f"LlmNode {node.name!r}", node.llm_config
+        elif isinstance(node, c.AgentNode):
+            yield f"AgentNode {node.name!r}", node.agent.llm_config
+        elif isinstance(node, c.FlowNode):
+            yield from _llm_configs(node.subflow)
+
+
+def resolve_endpoints(flow: c.Flow) -> dict[int, Any]:
+    """Every model endpoint of the flow, with its API key read now: a missing key fails before any node runs."""
+    from heddle.model.client import ModelEndpoint, resolve_api_key
+
+    endpoints: dict[int, Any] = {}
+    for where, config in _llm_configs(flow):
+        if id(config) in endpoints:
+            continue
+        key = resolve_api_key(config.api_key, config_type=config.component_type,
+                              where=f"llm_config {config.name!r} of {where}")
+        endpoints[id(config)] = ModelEndpoint(
+            base_url=config.url, model_id=config.model_id, api_key=key,
+            params=dict(config.default_generation_parameters or {}),
+        )
+    return endpoints
+
+
+@dataclass
+class PreparedRun:
+    """A flow that passed every check that can be made before it runs."""
+
+    flow: c.Flow
+    tools: Mapping[str, Path]
+    tools_dir: Path | None
+    options: RunOptions
+    endpoints: dict[int, Any]
+
+
+def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | None,
+                options: RunOptions, sandbox_flags: tuple[str, ...] = ()) -> PreparedRun:
+    """Graph, tools, keys, mounts and sandbox: everything refused before any node runs."""
+    from heddle.workspace.sandbox import check_policy
+
+    problems = check_flow(flow, tools=tools, tools_dir=tools_dir)
+    if problems:
+        raise GraphError(problems)
+    check_policy(options.sandbox, explicitly_set=sandbox_flags)
+    from heddle.workspace.mounts import check_mounts
+
+    ws = options.workspace
+    check_mounts(ws.mounts, max_entries=ws.max_entries, max_bytes=ws.max_bytes)
+    return PreparedRun(flow, tools, tools_dir, options, resolve_endpoints(flow))
+
+
+def _node_input(graph: FlowGraph, node, state: dict[str, Any],
+                outputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    values = dict(state)
+    key = node_key(node)
+    for edge in graph.flow.data_flow_connections or []:
+        if node_key(edge.destination_node) != key:
+            continue
+        produced = outputs.get(node_key(edge.source_node))
+        if produced is not None and edge.source_output in produced:
+            values[edge.destination_input] = produced[edge.source_output]
+        elif edge.source_output in state:
+            values[edge.destination_input] = state[edge.source_output]
+    return values
+
+
+async def execute_flow(ctx: RunContext, flow: c.Flow, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Walk `flow` from its StartNode; return the input of the EndNode it reaches."""
+    from heddle.engine.nodes import EXECUTORS
+
+    graph = FlowGraph.build(flow)
+    state: dict[str, Any] = dict(inputs)
+    outputs: dict[str, dict[str, Any]] = {}
+    node = graph.nodes.get(node_key(flow.start_node), flow.start_node)
+    while True:
+        ctx.count_iteration(node.name)
+        node_input = _node_input(graph, node, state, outputs)
+        if isinstance(node, c.EndNode):
+            ctx.emit(ev.NodeStart(node=node.name, node_type=node.component_type, inputs=node_input))
+            ctx.emit(ev.NodeComplete(node=node.name, node_type=node.component_type, outputs=node_input,
+                                     branch=None, duration_ms=0.0))
+            return node_input
+        ctx.emit(ev.NodeStart(node=node.name, node_type=node.component_type, inputs=node_input))
+        started = time.perf_counter()
+        try:
+            produced, branch = await EXECUTORS[node.component_type](ctx, node, node_input)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            ctx.emit(ev.NodeError(node=node.name, node_type=node.component_type, error=str(exc)))
+            if isinstance(exc, HeddleError):
+                raise
+            raise RunError(f"node {node.name!r} failed: {type(exc).__name__}: {exc}") from exc
+        outputs[node_key(node)] = produced
+        state.update(produced)
+        ctx.emit(ev.NodeComplete(node=node.name, node_type=node.component_type, outputs=produced,
+                                 branch=branch, duration_ms=(time.perf_counter() - started) * 1000))
+        edge = graph.next_edge(node, branch)
+        if edge is None:
+            raise RunError(f"{node.component_type} {node.name!r} chose branch {branch or 'next'!r} "
+                           "but no control edge leaves by it")
+        node = graph.nodes.get(node_key(edge.to_node), edge.to_node)
+
+
+async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *,
+                       on_event: ev.EventSink = ev.ignore) -> dict[str, Any]:
+    """Run a prepared flow to its end and return the final state."""
+    from heddle.model.client import ModelClient
+    from heddle.workspace.workspace import Workspaces
+
+    options = prepared.options
+
+    def warn(message: str, node: str | None = None) -> None:
+        on_event(ev.Warning(message=message, node=node))
+
+    workspaces = Workspaces(options.workspace, prepared.tools, tools_dir=prepared.tools_dir, warn=warn)
+    workspaces.check()
+    started = time.perf_counter()
+    on_event(ev.FlowStart(flow=prepared.flow.name, inputs=inputs))
+    async with ModelClient(stream=options.stream, timeout=options.model_timeout,
+                           retries=options.model_retries) as client:
+        ctx = RunContext(options=options, tools=prepared.tools, tools_dir=prepared.tools_dir,
+                         client=client, endpoints=prepared.endpoints, workspaces=workspaces, emit=on_event)
+        try:
+            state = await asyncio.wait_for(execute_flow(ctx, prepared.flow, dict(inputs)), options.timeout)
+        except asyncio.TimeoutError:
+            raise LimitError(f"the run exceeded --timeout {options.timeout:g} s and was stopped") from None
+    on_event(ev.FlowComplete(flow=prepared.flow.name, state=state,
+                             duration_ms=(time.perf_counter() - started) * 1000))
+    return state
+
+
+async def run_flow(flow: c.Flow, inputs: dict[str, Any], *, tools: Mapping[str, Path],
+                   tools_dir: Path | None = None, options: RunOptions | None = None,
+                   on_event: ev.EventSink = ev.ignore) -> dict[str, Any]:
+    """Check and run `flow` with `inputs`; the one call most library users need."""
+    prepared = prepare_run(flow, tools=tools, tools_dir=tools_dir, options=options or RunOptions())
+    return await run_prepared(prepared, inputs, on_event=on_event)

@@ -1,0 +1,120 @@
+"""Reading a flow document: bytes -> mapping -> resolved mapping -> typed `Flow`."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from heddle.errors import DocumentError
+from heddle.spec.references import resolve_references
+
+Format = Literal["json", "yaml"]
+
+SUPPORTED_VERSIONS = re.compile(r"^(25|26)\.\d+(\.\d+)?([.-].*)?$")
+
+
+def detect_format(path: Path, forced: str | None = None) -> Format:
+    if forced:
+        if forced not in ("json", "yaml"):
+            raise DocumentError(f"--format must be json or yaml, not {forced!r}")
+        return forced  # type: ignore[return-value]
+    return "yaml" if path.suffix.lower() in (".yaml", ".yml") else "json"
+
+
+def _parse_text(text: str, fmt: Format, source: str) -> Any:
+    if fmt == "yaml":
+        import yaml
+
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise DocumentError(f"{source}:{where} is not valid YAML: {problem}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        hint = " (is it YAML? name it .yaml or pass --format yaml)" if exc.pos == 0 else ""
+        raise DocumentError(
+            f"{source}: line {exc.lineno}, column {exc.colno} is not valid JSON: {exc.msg}{hint}"
+        ) from None
+
+
+def _check_component_types(node: Any, source: str, path: str = "$") -> None:
+    from heddle.spec.components import KNOWN_COMPONENT_TYPES
+
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            _check_component_types(item, source, f"{path}[{i}]")
+    elif isinstance(node, dict):
+        ctype = node.get("component_type")
+        if ctype is not None and ctype not in KNOWN_COMPONENT_TYPES:
+            raise DocumentError(
+                f"{source}: {path} has unknown component_type {ctype!r}; known types: "
+                + ", ".join(KNOWN_COMPONENT_TYPES)
+            )
+        for key, value in node.items():
+            if key not in ("metadata",):
+                _check_component_types(value, source, f"{path}.{key}")
+
+
+def _describe_validation_error(exc: Exception, source: str) -> str:
+    errors = exc.errors()  # type: ignore[attr-defined]
+    parts = []
+    for err in errors[:5]:
+        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
+        # Pydantic puts the union tag in the location; it is noise for a reader.
+        loc = re.sub(r"\.(Flow|StartNode|EndNode|ToolNode|AgentNode|LlmNode|BranchingNode|FlowNode|"
+                     r"Agent|ServerTool|OpenAiConfig|OpenAiCompatibleConfig|VllmConfig|OllamaConfig)"
+                     r"(?=\.|\[|$)", "", loc)
+        parts.append(f"${loc}: {err['msg']}")
+    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+    return f"{source}: " + "; ".join(parts) + more
+
+
+def parse_flow(data: Any, *, source: str = "<flow>"):
+    """Turn a parsed document (dict) into a typed, reference-resolved `Flow`."""
+    from pydantic import ValidationError
+
+    from heddle.spec.components import Flow
+
+    if not isinstance(data, dict):
+        raise DocumentError(f"{source}: the document must be an object with component_type Flow")
+    if data.get("component_type") != "Flow":
+        raise DocumentError(
+            f"{source}: top-level component_type is {data.get('component_type')!r}; heddle runs a Flow"
+        )
+    version = data.get("agentspec_version")
+    if version is not None and not SUPPORTED_VERSIONS.match(str(version)):
+        raise DocumentError(
+            f"{source}: agentspec_version {version!r} is not supported; heddle reads 25.x and 26.x"
+        )
+    resolved = resolve_references(data, source=source)
+    _check_component_types(resolved, source)
+    try:
+        return Flow.model_validate(resolved)
+    except ValidationError as exc:
+        raise DocumentError(_describe_validation_error(exc, source)) from None
+
+
+def load_flow_text(text: str, *, fmt: Format = "json", source: str = "<flow>"):
+    return parse_flow(_parse_text(text, fmt, source), source=source)
+
+
+def load_flow(path: str | Path, *, fmt: str | None = None):
+    """Read, resolve and type the flow at `path`."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DocumentError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise DocumentError(f"{p}: is a directory; give the flow document's path") from None
+    except UnicodeDecodeError:
+        raise DocumentError(f"{p}: is not UTF-8 text") from None
+    except OSError as exc:
+        raise DocumentError(f"{p}: cannot be read: {exc.strerror}") from None
+    return load_flow_text(text, fmt=detect_format(p, fmt), source=str(p))
