@@ -11,10 +11,7 @@ import sys
 import typer
 
 from heddle import __version__
-try:  # TEMP until cli/bundle.py lands
-    from heddle.cli import bundle as bundle_cmds
-except ImportError:
-    bundle_cmds = None
+from heddle.cli import bundle as bundle_cmds
 from heddle.cli import model as model_cmds
 from heddle.cli import run as run_cmds
 
@@ -50,10 +47,9 @@ app.command("run")(run_cmds.run)
 app.command("validate")(run_cmds.validate)
 app.command("bundle")(run_cmds.bundle)
 app.command("init")(run_cmds.init)
-if bundle_cmds is not None:
-    for _name in ("keygen", "sign", "verify", "inspect", "diff", "doctor"):
-        app.command(_name)(getattr(bundle_cmds, _name))
-    app.add_typer(bundle_cmds.trust_app, name="trust")
+for _name in ("keygen", "sign", "verify", "inspect", "diff", "doctor"):
+    app.command(_name)(getattr(bundle_cmds, _name))
+app.add_typer(bundle_cmds.trust_app, name="trust")
 app.add_typer(model_cmds.model_app, name="model")
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 
-import click
 import typer
 
 
@@ -12,25 +11,55 @@ def report(message: str) -> None:
     sys.stderr.write(f"error: {message}\n")
 
 
+def _usage_error_types() -> tuple[type[BaseException], ...]:
+    # typer >= 0.29 carries its own click (typer._click); older ones use click itself.
+    types: list[type[BaseException]] = []
+    try:
+        from typer._click.exceptions import ClickException as TyperClick
+
+        types.append(TyperClick)
+    except ImportError:
+        pass
+    try:
+        from click.exceptions import ClickException
+
+        types.append(ClickException)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+def _exit_types() -> tuple[type[BaseException], ...]:
+    types: list[type[BaseException]] = [typer.Exit]
+    try:
+        from click.exceptions import Exit
+
+        types.append(Exit)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
 def run_app(app: typer.Typer, args: list[str] | None = None) -> int:
+    """Run `app` and return the process exit code, printing library errors as one line."""
     from heddle.errors import HeddleError
 
     try:
-        app(args=args, standalone_mode=False)
+        rc = app(args=args, standalone_mode=False)
     except HeddleError as exc:
         report(exc.message)
         return exc.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         report("aborted")
         return 130
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
+    except _exit_types() as exc:
+        return int(getattr(exc, "exit_code", 0) or 0)
+    except _usage_error_types() as exc:
+        exc.show()  # type: ignore[attr-defined]
+        return int(getattr(exc, "exit_code", 2))
     except KeyboardInterrupt:
         report("interrupted")
         return 130
     except BrokenPipeError:
         return 1
-    return 0
+    return rc if isinstance(rc, int) else 0

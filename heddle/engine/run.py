@@ -8,6 +8,7 @@ input of the EndNode reached is the result.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -34,10 +35,13 @@ def _llm_configs(flow: c.Flow) -> Iterator[tuple[str, Any]]:
 
 def resolve_endpoints(flow: c.Flow) -> dict[int, Any]:
     """Every model endpoint of the flow, with its API key read now: a missing key fails before any node runs."""
+    endpoints: dict[int, Any] = {}
+    configs = list(_llm_configs(flow))
+    if not configs:
+        return endpoints  # a flow of tools alone never loads the HTTP client
     from heddle.model.client import ModelEndpoint, resolve_api_key
 
-    endpoints: dict[int, Any] = {}
-    for where, config in _llm_configs(flow):
+    for where, config in configs:
         if id(config) in endpoints:
             continue
         key = resolve_api_key(config.api_key, config_type=config.component_type,
@@ -129,10 +133,22 @@ async def execute_flow(ctx: RunContext, flow: c.Flow, inputs: dict[str, Any]) ->
         node = graph.nodes.get(node_key(edge.to_node), edge.to_node)
 
 
+@contextlib.asynccontextmanager
+async def _model_client(prepared: PreparedRun):
+    if not prepared.endpoints:
+        yield None
+        return
+    from heddle.model.client import ModelClient
+
+    options = prepared.options
+    async with ModelClient(stream=options.stream, timeout=options.model_timeout,
+                           retries=options.model_retries) as client:
+        yield client
+
+
 async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *,
                        on_event: ev.EventSink = ev.ignore) -> dict[str, Any]:
     """Run a prepared flow to its end and return the final state."""
-    from heddle.model.client import ModelClient
     from heddle.workspace.workspace import Workspaces
 
     options = prepared.options
@@ -144,8 +160,7 @@ async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *,
     workspaces.check()
     started = time.perf_counter()
     on_event(ev.FlowStart(flow=prepared.flow.name, inputs=inputs))
-    async with ModelClient(stream=options.stream, timeout=options.model_timeout,
-                           retries=options.model_retries) as client:
+    async with _model_client(prepared) as client:
         ctx = RunContext(options=options, tools=prepared.tools, tools_dir=prepared.tools_dir,
                          client=client, endpoints=prepared.endpoints, workspaces=workspaces, emit=on_event)
         try:

@@ -1,0 +1,258 @@
+"""The chat-completions client the engine calls: one request per assistant turn.
+
+`POST {base}/chat/completions`, streamed (server-sent events) by default or buffered.
+Connection failures, 429 and 5xx are retried with exponential backoff; anything else,
+or the last failure, becomes a `ModelError` quoting the status and the start of the body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from heddle.errors import ModelError, UsageError
+from heddle.model.sse import event_data
+from heddle.model.turn import AssistantTurn, ToolCall, TurnAssembler, turn_from_completion
+
+__all__ = [
+    "AssistantTurn",
+    "ModelClient",
+    "ModelEndpoint",
+    "ToolCall",
+    "endpoint_url",
+    "resolve_api_key",
+]
+
+_BODY_EXCERPT = 300
+_MAX_RETRY_AFTER_S = 30.0
+_ENV_REF = re.compile(r"^\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))$")
+
+_HINTS = {
+    401: "; check the llm config's api_key",
+    403: "; check the llm config's api_key",
+    404: "; check the llm config's url and model_id",
+}
+
+# Failures where the request can safely be sent again: nothing, or nothing usable, came back.
+_RETRYABLE_TRANSPORT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.WriteError,
+                        httpx.RemoteProtocolError)
+
+
+@dataclass(frozen=True)
+class ModelEndpoint:
+    base_url: str  # as written in the flow; normalised with endpoint_url()
+    model_id: str
+    api_key: str | None  # already resolved (no "$NAME" here)
+    params: dict[str, Any] = field(default_factory=dict)  # default_generation_parameters, passed through
+
+
+def endpoint_url(url: str, *, where: str | None = None) -> str:
+    """The base URL requests go under: `/v1` appended when the URL has no path, no trailing slash."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        at = f"{where}: " if where else ""
+        raise UsageError(f"{at}model url {url!r} is not an http(s) URL; write it as http://HOST[:PORT][/PATH]")
+    path = parts.path.rstrip("/")
+    if not path:
+        # Local servers are usually written as bare host:port; their API lives under /v1.
+        path = "/v1"
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def resolve_api_key(value: str | None, *, config_type: str, where: str) -> str | None:
+    """Turn the flow's `api_key` into the key to send: `$NAME` reads the environment.
+
+    `where` names the llm config in errors and starts the message, e.g. "llm_config 'gpt' of AgentNode 'a'".
+    """
+    if value is None:
+        if config_type == "OpenAiConfig":
+            return os.environ.get("OPENAI_API_KEY") or None
+        return None
+    if not value.startswith("$"):
+        return value
+    match = _ENV_REF.match(value)
+    if match is None:
+        raise UsageError(f"{where}: api_key {value!r} is not a valid environment variable reference;"
+                         " write it as $NAME")
+    name = match.group(1) or match.group(2)
+    key = os.environ.get(name)
+    if key is None:
+        raise UsageError(f"{where}: api_key names environment variable {name}, which is not set;"
+                         f" export {name} before running")
+    if not key:
+        raise UsageError(f"{where}: api_key names environment variable {name}, which is empty;"
+                         f" set {name} to the key")
+    return key
+
+
+class _Retryable(Exception):
+    """One attempt failed in a way another attempt may not."""
+
+    def __init__(self, what: str, detail: str, retry_after: float | None = None) -> None:
+        super().__init__(what)
+        self.what = what  # "HTTP 503", "cannot connect"
+        self.detail = detail  # the start of the body, or the network error
+        self.retry_after = retry_after
+
+
+def _excerpt(data: bytes) -> str:
+    text = " ".join(data.decode("utf-8", "replace").split())
+    return text if len(text) <= _BODY_EXCERPT else text[:_BODY_EXCERPT] + "…"
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after", "")
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None  # the HTTP-date form is rare from model servers; plain backoff applies
+    return min(max(seconds, 0.0), _MAX_RETRY_AFTER_S)
+
+
+async def _read_start(response: httpx.Response, limit: int = 4096) -> bytes:
+    # An error page can be large or endless; the message only quotes its start.
+    data = b""
+    async for chunk in response.aiter_bytes():
+        data += chunk
+        if len(data) >= limit:
+            break
+    return data
+
+
+class ModelClient:
+    """One per run. Owns one HTTP connection pool; use `async with` or call `aclose()`."""
+
+    def __init__(self, *, stream: bool = True, timeout: float = 120.0, retries: int = 3, backoff: float = 0.5,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.stream = stream
+        self.retries = max(0, retries)
+        self.backoff = backoff
+        self.timeout = timeout
+        self._http = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(timeout, connect=min(timeout, 15.0)))
+
+    async def __aenter__(self) -> ModelClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def request_body(self, endpoint: ModelEndpoint, messages: list[dict[str, Any]],
+                     tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = dict(endpoint.params)
+        body.update(model=endpoint.model_id, messages=messages, stream=self.stream)
+        if tools:
+            body["tools"] = tools
+        else:
+            body.pop("tools", None)
+        return body
+
+    async def chat(self, endpoint: ModelEndpoint, messages: list[dict[str, Any]],
+                   tools: list[dict[str, Any]] | None = None,
+                   on_delta: Callable[[str], None] | None = None) -> AssistantTurn:
+        """Ask for one assistant turn. `on_delta` sees content as it arrives (once, whole, when buffered)."""
+        base = endpoint_url(endpoint.base_url)
+        url = base + "/chat/completions"
+        where = f"model {endpoint.model_id!r} at {base}"
+        try:
+            # Encoded once: every retry sends the very same bytes.
+            content = json.dumps(self.request_body(endpoint, messages, tools), ensure_ascii=False,
+                                 separators=(",", ":"), allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"{where}: the request cannot be sent as JSON ({exc});"
+                             " check default_generation_parameters") from None
+        headers = {"content-type": "application/json",
+                   "accept": "text/event-stream" if self.stream else "application/json"}
+        if endpoint.api_key:
+            headers["authorization"] = f"Bearer {endpoint.api_key}"
+        attempt = 0
+        while True:
+            assembler = TurnAssembler(on_delta)
+            try:
+                return await self._attempt(url, content, headers, assembler, where)
+            except _Retryable as failure:
+                if attempt >= self.retries or assembler.emitted:
+                    tries = f" after {attempt + 1} attempts" if attempt else ""
+                    detail = f": {failure.detail}" if failure.detail else ""
+                    raise ModelError(f"{where}: {failure.what}{tries}{detail}") from None
+                delay = self.backoff * (2 ** attempt)
+                if failure.retry_after is not None:
+                    delay = max(delay, failure.retry_after)
+                attempt += 1
+                await asyncio.sleep(delay)
+
+    async def _attempt(self, url: str, content: bytes, headers: dict[str, str], assembler: TurnAssembler,
+                       where: str) -> AssistantTurn:
+        try:
+            async with self._http.stream("POST", url, content=content, headers=headers) as response:
+                status = response.status_code
+                if status == 429 or status >= 500:
+                    raise _Retryable(f"HTTP {status}", _excerpt(await _read_start(response)), _retry_after(response))
+                if not 200 <= status < 300:
+                    hint = _HINTS.get(status, "")
+                    raise ModelError(f"{where}: HTTP {status}: {_excerpt(await _read_start(response))}{hint}")
+                if "text/event-stream" in response.headers.get("content-type", ""):
+                    return await self._read_stream(response, assembler, where)
+                return self._read_buffered(await response.aread(), assembler.on_delta, where)
+        except _RETRYABLE_TRANSPORT as exc:
+            raise _Retryable(*_describe(exc)) from exc
+        except httpx.TimeoutException as exc:
+            raise ModelError(f"{where}: no answer within {self.timeout:g} s ({type(exc).__name__})") from exc
+        except httpx.HTTPError as exc:
+            what, detail = _describe(exc)
+            raise ModelError(f"{where}: {what}: {detail}" if detail else f"{where}: {what}") from exc
+
+    async def _read_stream(self, response: httpx.Response, assembler: TurnAssembler, where: str) -> AssistantTurn:
+        done = False
+        async for data in event_data(response.aiter_lines()):
+            if data.strip() == "[DONE]":
+                done = True
+                break
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                raise ModelError(f"{where}: stream sent an event that is not JSON: {_excerpt(data.encode())}") from None
+            try:
+                assembler.feed(chunk)
+            except ModelError as exc:
+                raise ModelError(f"{where}: {exc.message}") from None
+        if not done and assembler.finish_reason is None:
+            raise ModelError(f"{where}: the answer stream ended before the answer was complete")
+        try:
+            return assembler.turn()
+        except ModelError as exc:
+            raise ModelError(f"{where}: {exc.message}") from None
+
+    def _read_buffered(self, raw: bytes, on_delta: Callable[[str], None] | None, where: str) -> AssistantTurn:
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            raise ModelError(f"{where}: answer is not JSON: {_excerpt(raw)}") from None
+        try:
+            turn = turn_from_completion(obj)
+        except ModelError as exc:
+            raise ModelError(f"{where}: {exc.message}") from None
+        if turn.content and on_delta is not None:
+            on_delta(turn.content)
+        return turn
+
+
+def _describe(exc: httpx.HTTPError) -> tuple[str, str]:
+    kind = {
+        httpx.ConnectError: "cannot connect",
+        httpx.ConnectTimeout: "connection timed out",
+        httpx.RemoteProtocolError: "the server closed the connection",
+        httpx.ReadError: "the connection broke while reading the answer",
+        httpx.WriteError: "the connection broke while sending the request",
+    }.get(type(exc), type(exc).__name__)
+    return kind, " ".join(str(exc).split())
