@@ -79,10 +79,11 @@ def table(rows) -> str:
     return "\n".join(out)
 
 
-def run_part(script: str, args: list[str]) -> str | None:
+def run_part(script: str, quick: bool) -> str | None:
     path = ROOT / "scripts" / script
     if not path.exists():
         return None
+    args = ["--quick"] if quick and "--quick" in path.read_text() else []
     proc = subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True)
     if proc.returncode != 0:
         return f"`{script}` failed: {proc.stderr.strip()[-500:]}"
@@ -95,11 +96,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     args = ap.parse_args()
     runs = 5 if args.quick else 15
-    part_args = ["--quick"] if args.quick else []
     sections = [("Engine", table(bench_engine(runs)))]
     for title, script in (("Workspaces and safe mode", "bench_workspace.py"), ("Bundles", "bench_bundle.py"),
                           ("Plugins", "bench_plugins.py")):
-        text = run_part(script, part_args)
+        text = run_part(script, args.quick)
         if text:
             sections.append((title, text))
     cmd = "scripts/bench" + (" --quick" if args.quick else "")

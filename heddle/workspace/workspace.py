@@ -1,0 +1,311 @@
+"""Workspaces: the folder a node's tools run in.
+
+One `Workspaces` per run builds every node's workspace the same way: the tools under
+`.heddle/bin`, a copy of every mount, and on close the `rw` mounts' changes copied back
+before the tree is removed (or kept under `--workspace DIR`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Callable, Mapping
+
+from heddle.errors import RunError, UsageError
+from heddle.workspace import treecopy
+from heddle.workspace.mounts import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_ENTRIES,
+    RESERVED,
+    Mount,
+    check_mounts,
+)
+
+Warn = Callable[[str], None]
+
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class WorkspaceOptions:
+    mounts: tuple[Mount, ...] = ()
+    keep_root: Path | None = None
+    mount_tools: bool = True
+    max_entries: int = DEFAULT_MAX_ENTRIES
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+
+def folder_name(node_name: str) -> str:
+    """A file name for a node: node names are free text, folder names must not climb or hide."""
+    name = _UNSAFE_NAME.sub("_", node_name).lstrip(".")[:100]
+    return name or "node"
+
+
+def _check_tool_name(name: str) -> None:
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise UsageError(
+            f"tool {name!r}: its name cannot be a file name in {RESERVED}/bin; "
+            "rename the tool or run with --no-mount-tools"
+        )
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _check_keep_root(keep_root: Path, mounts: tuple[Mount, ...]) -> None:
+    root = Path(os.path.realpath(keep_root))
+    if root.exists():
+        if not root.is_dir():
+            raise UsageError(f"--workspace {keep_root}: not a folder; give a folder path")
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise UsageError(f"--workspace {keep_root}: not writable; check its permissions")
+    else:
+        parent = root.parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise UsageError(
+                f"--workspace {keep_root}: cannot be created because {parent} is not a "
+                "writable folder; choose another place"
+            )
+    for mount in mounts:
+        source = Path(os.path.realpath(mount.source))
+        if _within(root, source):
+            raise UsageError(
+                f"--workspace {keep_root}: inside mount {mount.describe()}, so every node "
+                "would copy the earlier workspaces; keep them elsewhere"
+            )
+
+
+class Workspace:
+    """One node execution's workspace. Use as a context manager; see `Workspaces.open`."""
+
+    root: Path
+    bin_dir: Path
+    node_name: str
+
+    def __init__(
+        self,
+        owner: "Workspaces",
+        node_name: str,
+        root: Path,
+        kept: bool,
+    ) -> None:
+        self._owner = owner
+        self.node_name = node_name
+        self.root = root
+        self.kept = kept
+        self.heddle_dir = root / RESERVED
+        self.bin_dir = self.heddle_dir / "bin"
+        self._copies: list[tuple[Mount, Path, treecopy.Snapshot]] = []
+        self._ro_ids: dict[Path, tuple[int, int]] = {}
+        self._closed = False
+
+    @property
+    def ro_paths(self) -> tuple[Path, ...]:
+        """Paths inside the workspace that the sandbox binds read-only."""
+        return (self.heddle_dir,) + tuple(p for m, p, _ in self._copies if m.mode == "ro")
+
+    @property
+    def rw_paths(self) -> tuple[Path, ...]:
+        """Paths the sandbox binds writable: the workspace and nothing else."""
+        return (self.root,)
+
+    def _lstat_inside(self, path: Path) -> os.stat_result | None:
+        """lstat of `path` in the workspace, reached without following any symlink.
+
+        None when it is missing; a symlink stat when it, or a folder on the way, is a link.
+        """
+        st = os.lstat(self.root)
+        where = self.root
+        for part in path.relative_to(self.root).parts:
+            if stat.S_ISLNK(st.st_mode):
+                return st
+            where = where / part
+            try:
+                st = os.lstat(where)
+            except FileNotFoundError:
+                return None
+        return st
+
+    def ro_binds(self) -> tuple[Path, ...]:
+        """`ro_paths`, checked to be the very folders and files this workspace was built with.
+
+        A sandboxed tool cannot write to them, but it can rename a writable folder above
+        one and leave a symlink in its place; binding such a path would let the next call
+        see whatever the link points at on the host.
+        """
+        for path in self.ro_paths:
+            st = self._lstat_inside(path)
+            if st is None or (st.st_dev, st.st_ino) != self._ro_ids[path]:
+                raise RunError(
+                    f"node {self.node_name!r}: {path} in the workspace was moved or replaced by "
+                    "a tool; read-only paths must stay where they were put"
+                )
+        return self.ro_paths
+
+    def path_of(self, mount: Mount) -> Path:
+        return self.root.joinpath(*mount.dest.parts)
+
+    def env(self, base: Mapping[str, str]) -> dict[str, str]:
+        env = dict(base)
+        env["HEDDLE_WORKSPACE"] = str(self.root)
+        env["HEDDLE_WORKSPACE_BIN"] = str(self.bin_dir)
+        # After the system entries, so a tool named like a system command cannot shadow it
+        # for the other tools.
+        system = base.get("PATH") or os.defpath
+        env["PATH"] = f"{system}{os.pathsep}{self.bin_dir}"
+        return env
+
+    def _populate(self, tools: Mapping[str, Path], mount_tools: bool) -> None:
+        self.bin_dir.mkdir(parents=True)
+        if mount_tools:
+            for name, executable in tools.items():
+                # Resolved first: a tool may be a link into a development tree, while
+                # mount contents are never followed.
+                source = Path(os.path.realpath(executable))
+                treecopy.copy_file(source, self.bin_dir / name, mode=0o755)
+        for mount in self._owner.options.mounts:
+            target = self.path_of(mount)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            snap = treecopy.copy_in(
+                mount.source,
+                target,
+                track=mount.mode == "rw",
+                warn=self._owner.warn,
+                label=mount.describe(),
+            )
+            self._copies.append((mount, target, snap))
+        for path in self.ro_paths:
+            st = os.lstat(path)
+            self._ro_ids[path] = (st.st_dev, st.st_ino)
+
+    def close(self) -> None:
+        """Copy `rw` mounts back, then remove the tree unless it is kept. Never raises."""
+        if self._closed:
+            return
+        self._closed = True
+        warn = self._owner.warn
+        with self._owner.sync_lock:
+            for mount, copy, snap in self._copies:
+                if mount.mode != "rw":
+                    continue
+                try:
+                    above = self._lstat_inside(copy.parent)
+                    if above is None:
+                        continue  # the node deleted it; deletions never propagate
+                    if not stat.S_ISDIR(above.st_mode):
+                        # Following a link planted above the copy would bring back files
+                        # from wherever it points, not the node's work.
+                        warn(
+                            f"did not copy back mount {mount.describe()}: a folder above "
+                            f"{copy} was replaced by a symlink or a file"
+                        )
+                        continue
+                    treecopy.copy_back(snap, copy, mount.source, warn=warn, node=self.node_name)
+                except Exception as exc:  # noqa: BLE001 - the node's own error must win
+                    warn(f"could not copy back mount {mount.describe()}: {exc}")
+        if self.kept:
+            return
+        try:
+            treecopy.remove_tree(self.root)
+        except OSError as exc:
+            warn(f"could not remove the workspace {self.root}: {exc.strerror or exc}")
+
+    def __enter__(self) -> "Workspace":
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Workspaces:
+    """Builds the workspaces of one run."""
+
+    def __init__(
+        self,
+        options: WorkspaceOptions,
+        tools: Mapping[str, Path],
+        *,
+        tools_dir: Path | None,
+        warn: Warn,
+    ) -> None:
+        self.options = options
+        self.tools = dict(tools)
+        self.tools_dir = tools_dir
+        self.warn = warn
+        # Copy-backs of nodes closing at the same time must not interleave on one file.
+        self.sync_lock = threading.Lock()
+        self._names_lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+
+    def check(self) -> None:
+        """Every start-up refusal: bad mounts, tool names, the `--workspace` folder."""
+        opts = self.options
+        check_mounts(opts.mounts, max_entries=opts.max_entries, max_bytes=opts.max_bytes)
+        if opts.mount_tools:
+            for name, executable in self.tools.items():
+                _check_tool_name(name)
+                path = Path(executable)
+                if not path.is_file():
+                    raise UsageError(f"tool {name!r}: executable {path} is not a file")
+        if opts.keep_root is not None:
+            _check_keep_root(opts.keep_root, opts.mounts)
+
+    def _make_root(self, node_name: str) -> tuple[Path, bool]:
+        base = folder_name(node_name)
+        if self.options.keep_root is None:
+            return Path(tempfile.mkdtemp(prefix=f"heddle-{base}-")), False
+        keep = self.options.keep_root
+        keep.mkdir(parents=True, exist_ok=True)
+        with self._names_lock:
+            n = self._counts.get(base, 0)
+            while True:
+                n += 1
+                candidate = keep / (base if n == 1 else f"{base}-{n}")
+                try:
+                    candidate.mkdir()
+                except FileExistsError:
+                    continue
+                self._counts[base] = n
+                return candidate, True
+
+    def open(self, node_name: str) -> Workspace:
+        """Build a workspace for one node execution. Close it (or use `with`) when the node ends."""
+        try:
+            root, kept = self._make_root(node_name)
+        except OSError as exc:
+            raise RunError(
+                f"node {node_name!r}: cannot create its workspace: {exc.strerror or exc}"
+            ) from None
+        # Absolute and free of symlinks: the sandbox binds the workspace at this very path,
+        # and tools that change directory still find HEDDLE_WORKSPACE.
+        ws = Workspace(self, node_name, Path(os.path.realpath(root)), kept)
+        try:
+            ws._populate(self.tools, self.options.mount_tools)
+        except BaseException as exc:
+            # A half-built workspace is never handed to a node nor left behind.
+            try:
+                treecopy.remove_tree(root)
+            except OSError:
+                pass
+            if isinstance(exc, OSError):
+                where = f" {exc.filename}" if exc.filename else ""
+                raise RunError(
+                    f"node {node_name!r}: cannot build its workspace:{where}: "
+                    f"{exc.strerror or exc}"
+                ) from None
+            raise
+        return ws

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Benchmark workspaces: the per-call overhead of --safe and the speed of mount copies.
+
+    .venv/bin/python scripts/bench_workspace.py [--calls 40] [--files 2000] [--file-kib 8]
+
+Prints one markdown table. Tool calls run exactly as the engine runs them (confine, then a
+subprocess in the workspace); copies are timed against `cp -r` of the same tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from heddle.workspace import (  # noqa: E402
+    SandboxPolicy,
+    WorkspaceOptions,
+    Workspaces,
+    check_policy,
+    confine,
+    parse_mount,
+)
+
+TOOL = "#!/bin/sh\ncat >/dev/null\necho '{}'\n"
+
+
+def median_ms(fn: Callable[[], None], repeat: int) -> float:
+    fn()  # warm the page cache and the interpreter's imports
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def bench_calls(root: Path, calls: int) -> list[tuple[str, str, str]]:
+    tools_dir = root / "tools"
+    tools_dir.mkdir()
+    tool = tools_dir / "noop"
+    tool.write_text(TOOL)
+    tool.chmod(0o755)
+    spaces = Workspaces(WorkspaceOptions(), {"noop": tool}, tools_dir=tools_dir, warn=print)
+    spaces.check()
+    plain, safe = SandboxPolicy(), SandboxPolicy(safe=True)
+    check_policy(safe, explicitly_set=[])
+
+    def call(policy: SandboxPolicy) -> Callable[[], None]:
+        def run() -> None:
+            argv, env = confine(
+                policy, [str(tool)], workspace=ws, tools_dir=tools_dir, env=ws.env(os.environ)
+            )
+            subprocess.run(argv, input=b"{}", env=env, cwd=ws.root, capture_output=True, check=True)
+
+        return run
+
+    with spaces.open("bench") as ws:
+        plain_ms = median_ms(call(plain), calls)
+        safe_ms = median_ms(call(safe), calls)
+    return [
+        ("tool call, plain (median)", f"{plain_ms:.2f} ms", "1.00x"),
+        ("tool call, --safe (median)", f"{safe_ms:.2f} ms", f"{safe_ms / plain_ms:.2f}x"),
+        ("--safe overhead per call", f"{safe_ms - plain_ms:.2f} ms", ""),
+    ]
+
+
+def make_tree(root: Path, files: int, file_kib: int) -> int:
+    payload = os.urandom(file_kib * 1024)
+    per_dir = 100
+    for i in range(files):
+        folder = root / f"d{i // per_dir:03d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"f{i:05d}.bin").write_bytes(payload)
+    return files * len(payload)
+
+
+def bench_copies(root: Path, files: int, file_kib: int, repeat: int) -> list[tuple[str, str, str]]:
+    tree = root / "tree"
+    size = make_tree(tree, files, file_kib)
+    mib = size / 2**20
+    scratch = root / "scratch"
+    scratch.mkdir()
+    counter = iter(range(1_000_000))
+
+    def cp_r() -> None:
+        target = scratch / f"cp{next(counter)}"
+        subprocess.run(["cp", "-r", str(tree), str(target)], check=True)
+        shutil.rmtree(target)
+
+    def workspace(mode: str) -> Callable[[], None]:
+        spaces = Workspaces(
+            WorkspaceOptions(
+                mounts=(parse_mount(f"{tree}:tree:{mode}"),),
+                max_entries=files * 2 + 100,
+                max_bytes=size * 2,
+            ),
+            {},
+            tools_dir=None,
+            warn=print,
+        )
+        spaces.check()
+
+        def run() -> None:
+            with spaces.open("bench"):
+                pass
+
+        return run
+
+    rows = []
+    cp_ms = median_ms(cp_r, repeat)
+    rows.append(("`cp -r` + remove", f"{cp_ms:.1f} ms ({mib / cp_ms * 1000:.0f} MiB/s)", "1.00x"))
+    for mode, label in (("ro", "ro mount: open + close"), ("rw", "rw mount: open + close")):
+        ms = median_ms(workspace(mode), repeat)
+        rows.append((label, f"{ms:.1f} ms ({mib / ms * 1000:.0f} MiB/s)", f"{ms / cp_ms:.2f}x"))
+    rows.insert(0, ("mount tree", f"{files} files, {mib:.1f} MiB", ""))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=40, help="tool calls per variant")
+    parser.add_argument("--files", type=int, default=2000, help="files in the mount tree")
+    parser.add_argument("--file-kib", type=int, default=8, help="size of each file")
+    parser.add_argument("--repeat", type=int, default=7, help="copies timed per variant")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="heddle-bench-") as tmp:
+        root = Path(tmp)
+        rows = bench_calls(root, args.calls)
+        rows += bench_copies(root, args.files, args.file_kib, args.repeat)
+    print("| workspace benchmark | time | ratio |")
+    print("|---|---:|---:|")
+    for name, value, ratio in rows:
+        print(f"| {name} | {value} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()
