@@ -1,0 +1,153 @@
+"""A bundle archive's layout: one zstd frame holding a ustar stream whose first two entries
+are the manifest and the signatures, then one `payload/<path>` entry per manifest file.
+
+This module reads the head of an archive (the part trust is decided from) and writes whole
+archives; what happens to payload bytes is up to the caller.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import IO, Any
+
+from heddle.bundle.errors import BundleLimitError, MalformedBundleError
+from heddle.bundle.frame import FrameInfo, walk_frame
+from heddle.bundle.limits import Limits
+from heddle.bundle.manifest import MODES, PAYLOAD, Manifest
+from heddle.bundle.tar import END_OF_ARCHIVE, TarHeader, TarReader, describe_type, entry_span, header, padding
+
+MANIFEST_ENTRY = ".heddle/manifest.json"
+SIGNATURES_ENTRY = ".heddle/signatures.json"
+META_MODE = 0o644
+ZSTD_LEVEL = 9
+
+
+class _ZstdSource:
+    """The decompressed stream, with decoder failures reported as a malformed bundle."""
+
+    def __init__(self, stream: Any, what: str) -> None:
+        self._stream = stream
+        self._what = what
+
+    def readinto(self, buffer: memoryview) -> int:
+        import zstandard
+
+        try:
+            return self._stream.readinto(buffer)
+        except zstandard.ZstdError as exc:
+            raise MalformedBundleError(f"{self._what}: the zstd frame is corrupt ({exc})") from None
+
+
+@dataclass
+class Head:
+    manifest_bytes: bytes
+    signatures_bytes: bytes
+    frame: FrameInfo
+    reader: TarReader
+    mtime: int
+
+
+def check_entry(entry: TarHeader, what: str) -> None:
+    """What every entry of a bundle is: a regular file, owned by 0, mode 0644 or 0755."""
+    if not entry.is_regular:
+        raise MalformedBundleError(
+            f"{what}: entry {entry.name!r} is {describe_type(entry.typeflag)}; a bundle holds regular files only"
+        )
+    if entry.linkname:
+        raise MalformedBundleError(f"{what}: entry {entry.name!r} names a link target; a bundle holds no links")
+    if entry.uid or entry.gid:
+        raise MalformedBundleError(f"{what}: entry {entry.name!r} is not owned by uid/gid 0")
+    if entry.mode not in MODES:
+        raise MalformedBundleError(f"{what}: entry {entry.name!r} has mode {entry.mode:o}; a bundle uses 644 or 755")
+
+
+def _read_meta(reader: TarReader, name: str, cap: int, position: str, what: str) -> tuple[bytes, int]:
+    entry = reader.next_header()
+    if entry is None:
+        raise MalformedBundleError(f"{what}: the archive ends before {name}")
+    if entry.name != name:
+        raise MalformedBundleError(
+            f"{what}: the {position} entry is {entry.name!r}; a bundle starts with {MANIFEST_ENTRY} then {SIGNATURES_ENTRY}"
+        )
+    check_entry(entry, what)
+    if entry.size > cap:
+        raise BundleLimitError(f"{what}: {name} is {entry.size} bytes, over the cap of {cap}")
+    return reader.read_data(entry), entry.mtime
+
+
+def read_head(fh: IO[bytes], *, what: str, limits: Limits) -> Head:
+    """Check the frame, then read the manifest and signature entries, and nothing more."""
+    import zstandard
+
+    fd = fh.fileno()
+    frame = walk_frame(fd, os.fstat(fd).st_size, what=what, limits=limits)
+    fh.seek(0)
+    stream = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=False, closefd=False)
+    reader = TarReader(_ZstdSource(stream, what), what=what)
+    manifest_bytes, mtime = _read_meta(reader, MANIFEST_ENTRY, limits.max_manifest_bytes, "first", what)
+    signatures_bytes, _ = _read_meta(reader, SIGNATURES_ENTRY, limits.max_signatures_bytes, "second", what)
+    return Head(manifest_bytes, signatures_bytes, frame, reader, mtime)
+
+
+def tar_size(manifest: Manifest, manifest_len: int, signatures_len: int) -> int:
+    """The exact length of the tar stream such a manifest describes."""
+    size = entry_span(manifest_len) + entry_span(signatures_len) + len(END_OF_ARCHIVE)
+    return size + sum(entry_span(f.size) for f in manifest.files)
+
+
+def check_ratio(manifest: Manifest, head: Head, *, what: str, limits: Limits) -> None:
+    """Refuse, before inflating the payload, an archive that expands past the ratio cap.
+
+    Both the size the frame declares and the size the manifest describes are held to it;
+    neither is trusted to match the other (the decoder enforces the first, the entry-by-entry
+    checks the second).
+    """
+    expanded = max(head.frame.content_size, tar_size(manifest, len(head.manifest_bytes), len(head.signatures_bytes)))
+    allowed = limits.max_expanded_bytes(head.frame.file_size)
+    if expanded > allowed:
+        raise BundleLimitError(
+            f"{what} expands {head.frame.file_size} bytes to {expanded}, over the cap of "
+            f"{limits.max_ratio}:1 past {limits.ratio_floor_bytes} bytes (a decompression bomb?)"
+        )
+
+
+class ArchiveWriter:
+    """Writes one bundle archive: a single zstd frame with its size and checksum declared."""
+
+    def __init__(self, fh: IO[bytes], *, total: int, level: int = ZSTD_LEVEL) -> None:
+        import zstandard
+
+        compressor = zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True)
+        self._out = compressor.stream_writer(fh, size=total, closefd=False)
+        self._left = 0
+        self._pad = 0
+
+    def begin(self, name: str, size: int, mode: int, mtime: int) -> None:
+        self._out.write(header(name, size, mode, mtime))
+        self._left = size
+        self._pad = padding(size)
+
+    def write(self, data: bytes | memoryview) -> None:
+        if len(data) > self._left:
+            raise ValueError("more data than the entry's size")
+        self._out.write(data)
+        self._left -= len(data)
+
+    def end(self) -> None:
+        if self._left:
+            raise ValueError("less data than the entry's size")
+        self._out.write(bytes(self._pad))
+
+    def add(self, name: str, data: bytes, mode: int, mtime: int) -> None:
+        self.begin(name, len(data), mode, mtime)
+        self.write(data)
+        self.end()
+
+    def close(self) -> None:
+        self._out.write(END_OF_ARCHIVE)
+        self._out.close()  # ends the frame; closefd=False leaves the file to the caller
+
+
+def payload_name(path: str) -> str:
+    return PAYLOAD + path

@@ -1,0 +1,71 @@
+"""Where a bundle's mounts come from at run time.
+
+`ro` mounts are used straight from the read-only cache. `rw` mounts are copied out of it
+into a writable data folder first (`--data-dir`, or a fresh temporary folder), so a run
+can change them while the sealed copy stays exactly what was verified. A data folder that
+already holds a mount's destination keeps it: that is how state survives between runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from heddle.bundle.verify import OpenedBundle
+
+
+@dataclass(frozen=True)
+class SeededMount:
+    source: Path
+    dest: PurePosixPath
+    mode: str
+    seeded: bool = False
+
+
+@dataclass(frozen=True)
+class DataDir:
+    path: Path
+    created: bool
+    mounts: list[SeededMount]
+
+
+def _make_writable(root: Path) -> None:
+    if not root.is_dir():
+        root.chmod(0o755 if root.stat().st_mode & 0o111 else 0o644)
+        return
+    for top, dirs, files in os.walk(root):
+        os.chmod(top, 0o755)
+        for name in files:
+            path = os.path.join(top, name)
+            os.chmod(path, 0o755 if os.lstat(path).st_mode & 0o111 else 0o644)
+
+
+def seed_data_dir(opened: "OpenedBundle", data_dir: Path | None = None) -> DataDir:
+    created = data_dir is None
+    base = Path(tempfile.mkdtemp(prefix="heddle-data-")) if data_dir is None else Path(data_dir)
+    mounts: list[SeededMount] = []
+    for mount in opened.manifest.mounts:
+        source = opened.mount_source(mount)
+        dest = PurePosixPath(mount.dest)
+        if mount.mode == "ro":
+            mounts.append(SeededMount(source, dest, "ro"))
+            continue
+        target = base.joinpath(*dest.parts)
+        seeded = not os.path.lexists(target)
+        if seeded:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not os.path.lexists(source):
+                target.mkdir()
+            elif stat.S_ISDIR(os.lstat(source).st_mode):
+                shutil.copytree(source, target, symlinks=True)
+            else:
+                shutil.copy2(source, target, follow_symlinks=False)
+            _make_writable(target)
+        mounts.append(SeededMount(target, dest, "rw", seeded))
+    return DataDir(base, created, mounts)

@@ -1,0 +1,37 @@
+"""Input-schema fingerprints recomputed from a flow, for checking a sealed bundle.
+
+A tool's fingerprint is the sha256 of the canonical JSON of its input JSON Schema, exactly
+as `heddle validate` prints it; recomputing it from the sealed flow catches a manifest
+whose tools do not describe the flow it carries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from heddle.bundle.errors import MalformedBundleError
+from heddle.errors import DocumentError
+
+
+def fingerprints_of(flow: Any) -> dict[str, str]:
+    """{tool name: fingerprint} for every ServerTool a loaded flow (or its subflows) names."""
+    from heddle.graph import referenced_tools
+    from heddle.tools.schema import input_fingerprint
+
+    return {name: input_fingerprint(tool) for name, tool in referenced_tools(flow).items()}
+
+
+def load_sealed_flow(flow_path: Path, fmt: str | None = None, node_types: Iterable[str] = ()) -> Any:
+    """The sealed flow document; one that does not load makes the bundle malformed."""
+    from heddle.spec.document import load_flow
+
+    try:
+        return load_flow(flow_path, fmt=fmt, node_types=node_types)
+    except DocumentError as exc:
+        raise MalformedBundleError(f"the sealed flow does not load: {exc}") from None
+
+
+def flow_tool_fingerprints(flow_path: Path) -> dict[str, str]:
+    return fingerprints_of(load_sealed_flow(flow_path))

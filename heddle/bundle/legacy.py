@@ -1,0 +1,300 @@
+"""Format 1: the older `.heddle`, a gzip of a ustar tar with a `heddle.json` manifest.
+
+It carries no digests and no signatures, so it opens only where unsigned bundles are
+allowed, and always through the same reader as a sealed bundle: the same header parser,
+the same path rules and collision checks, the same staging writer (O_EXCL|O_NOFOLLOW),
+the same caps. Its manifest is translated into the current model so a run sees one shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from pathlib import Path
+from typing import IO, Any
+
+from heddle.bundle.cache import Cache, remove_tree
+from heddle.bundle.errors import (
+    BundleLimitError,
+    MalformedBundleError,
+    UnsignedBundleError,
+    UnsupportedVersionError,
+)
+from heddle.bundle.limits import Limits
+from heddle.bundle.manifest import FileEntry, Manifest, MountEntry, PluginEntry, Proposals, Requires
+from heddle.bundle.paths import PathSet, path_problem
+from heddle.bundle.progress import Progress
+from heddle.bundle.staging import StagedFile, StagingTree
+from heddle.bundle.tar import DIRECTORY, TarReader, describe_type
+from heddle.canonical import loads_strict
+
+LEGACY_MANIFEST = "heddle.json"
+LEGACY_FORMAT = 1
+_READ = 1 << 16
+
+
+class _GzipSource:
+    """One gzip member, inflated on demand, never past a cap, with nothing after it."""
+
+    def __init__(self, fh: IO[bytes], *, what: str, max_out: int) -> None:
+        self._fh = fh
+        self._what = what
+        self._max_out = max_out
+        self._inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        self._produced = 0
+
+    def readinto(self, buffer: memoryview) -> int:
+        while True:
+            if self._inflater.eof:
+                if self._inflater.unused_data or self._fh.read(1):
+                    raise MalformedBundleError(f"{self._what} has bytes after its gzip stream")
+                return 0
+            data = self._inflater.unconsumed_tail or self._fh.read(_READ)
+            if not data:
+                raise MalformedBundleError(f"{self._what} is truncated (the gzip stream ends early)")
+            try:
+                out = self._inflater.decompress(data, len(buffer))
+            except zlib.error as exc:
+                raise MalformedBundleError(f"{self._what}: the gzip stream is corrupt ({exc})") from None
+            if out:
+                self._produced += len(out)
+                if self._produced > self._max_out:
+                    raise BundleLimitError(f"{self._what} inflates past the cap of {self._max_out} bytes")
+                buffer[: len(out)] = out
+                return len(out)
+
+
+class _Hashing:
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def __call__(self, chunk: memoryview) -> None:
+        self.sha.update(chunk)
+        self.size += len(chunk)
+        if self.sink is not None:
+            self.sink.write(chunk)
+
+
+def _walk(
+    fh: IO[bytes],
+    *,
+    what: str,
+    limits: Limits,
+    tree: StagingTree | None,
+    progress: Progress | None,
+) -> tuple[bytes, list[FileEntry]]:
+    cap = limits.max_total_bytes + limits.max_manifest_bytes + (limits.max_files + 4) * 1024
+    reader = TarReader(_GzipSource(fh, what=what, max_out=cap), what=what, strict=False)
+    seen = PathSet()
+    manifest: bytes | None = None
+    files: list[FileEntry] = []
+    total = 0
+    while (entry := reader.next_header()) is not None:
+        name = entry.name.rstrip("/") if entry.typeflag == DIRECTORY else entry.name
+        if entry.typeflag == DIRECTORY:
+            problem = path_problem(name, max_depth=limits.max_depth) or seen.add_dir(name)
+            if problem is not None:
+                raise MalformedBundleError(f"{what}: entry {name!r}: {problem}")
+            if entry.size:
+                raise MalformedBundleError(f"{what}: directory entry {name!r} carries data")
+            if tree is not None:
+                tree.mkdir(name)
+            continue
+        if not entry.is_regular or entry.linkname:
+            raise MalformedBundleError(
+                f"{what}: entry {name!r} is {describe_type(entry.typeflag) if not entry.is_regular else 'a link'}; "
+                "a bundle holds regular files only"
+            )
+        if name == LEGACY_MANIFEST:
+            if manifest is not None:
+                raise MalformedBundleError(f"{what}: {LEGACY_MANIFEST} appears twice")
+            if entry.size > limits.max_manifest_bytes:
+                raise BundleLimitError(f"{what}: {LEGACY_MANIFEST} is over the cap of {limits.max_manifest_bytes} bytes")
+            manifest = reader.read_data(entry)
+            continue
+        problem = path_problem(name, max_depth=limits.max_depth) or seen.add_file(name)
+        if problem is not None:
+            raise MalformedBundleError(f"{what}: entry {name!r}: {problem}")
+        total += entry.size
+        if len(files) >= limits.max_files or entry.size > limits.max_file_bytes or total > limits.max_total_bytes:
+            raise BundleLimitError(f"{what}: entry {name!r} takes the bundle over its caps on files or bytes")
+        mode = 0o755 if entry.mode & 0o111 else 0o644
+        staged = None
+        if tree is not None:
+            staged = StagedFile(tree, name, executable=mode == 0o755)
+        hashing = _Hashing(staged)
+        try:
+            reader.copy_data(entry, hashing)
+        except BaseException:
+            if staged is not None:
+                staged.abort()
+            raise
+        if staged is not None:
+            staged.finish()
+        if progress is not None:
+            progress.advance(entry.size)
+        files.append(FileEntry(name, hashing.size, hashing.sha.hexdigest(), mode))
+    reader.expect_end(allow_zeros=True)
+    if manifest is None:
+        raise MalformedBundleError(f"{what}: there is no {LEGACY_MANIFEST}; this is not a heddle bundle")
+    files.sort(key=lambda f: f.path.encode("utf-8"))
+    return manifest, files
+
+
+def _archive_path(value: Any, field: str, what: str, limits: Limits) -> str:
+    problem = path_problem(value, max_depth=limits.max_depth)
+    if problem is not None:
+        raise MalformedBundleError(f"{what} {LEGACY_MANIFEST} {field} ({value!r}) {problem}")
+    return value
+
+
+def _requires(raw: Any, what: str) -> Requires:
+    if raw is None:
+        return Requires()
+    bins: list[str] = []
+    env: list[str] = []
+    paths: list[str] = []
+    if isinstance(raw, dict):
+        bins = [b for b in raw.get("binaries", []) if isinstance(b, str)]
+        env = [e for e in raw.get("env", []) if isinstance(e, str)]
+    elif isinstance(raw, list):
+        for item in raw:
+            if not isinstance(item, dict):
+                raise MalformedBundleError(f"{what} {LEGACY_MANIFEST} requires holds a non-object entry")
+            binary = item.get("binary")
+            if isinstance(binary, list) and binary and isinstance(binary[0], str):
+                bins.append(binary[0])
+            elif isinstance(binary, str):
+                bins.append(binary)
+            elif isinstance(item.get("env"), str):
+                env.append(item["env"])
+            elif isinstance(item.get("file"), str):
+                paths.append(item["file"])
+    return Requires(tuple(bins), tuple(env), tuple(paths))
+
+
+def translate(raw_bytes: bytes, files: list[FileEntry], *, what: str, limits: Limits) -> tuple[Manifest, str | None]:
+    """The format-1 manifest in the current model, and its tools folder (if any)."""
+    try:
+        raw = loads_strict(raw_bytes)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MalformedBundleError(f"{what}: {LEGACY_MANIFEST} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise MalformedBundleError(f"{what}: {LEGACY_MANIFEST} is not a JSON object")
+    fmt = raw.get("format")
+    if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 1:
+        raise MalformedBundleError(f"{what}: {LEGACY_MANIFEST} has no usable format number")
+    if fmt > LEGACY_FORMAT:
+        raise UnsupportedVersionError(
+            f"{what}: {LEGACY_MANIFEST} is format {fmt}; this heddle reads gzip bundles up to format {LEGACY_FORMAT}"
+        )
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise MalformedBundleError(f"{what}: {LEGACY_MANIFEST} has no name")
+    paths = {f.path for f in files}
+    flow = _archive_path(raw.get("flow"), "flow", what, limits)
+    if flow not in paths:
+        raise MalformedBundleError(f"{what}: {LEGACY_MANIFEST} flow {flow!r} is not in the archive")
+    tools = raw.get("tools")
+    tools_dir = _archive_path(tools, "tools", what, limits) if tools is not None else None
+    plugins = []
+    for i, item in enumerate(raw.get("plugins") or []):
+        manifest_path = _archive_path(item, f"plugins[{i}]", what, limits)
+        if manifest_path not in paths:
+            raise MalformedBundleError(f"{what}: {LEGACY_MANIFEST} plugins[{i}] {manifest_path!r} is not in the archive")
+        folder = manifest_path.rsplit("/", 1)[0] if "/" in manifest_path else ""
+        plugins.append(PluginEntry(name=folder.rsplit("/", 1)[-1] or name, dir=folder, manifest=manifest_path))
+    mounts = []
+    for i, item in enumerate(raw.get("mounts") or []):
+        if not isinstance(item, dict):
+            raise MalformedBundleError(f"{what}: {LEGACY_MANIFEST} mounts[{i}] is not an object")
+        prefix = _archive_path(item.get("path"), f"mounts[{i}].path", what, limits)
+        dest = _archive_path(item.get("dest"), f"mounts[{i}].dest", what, limits)
+        mode = item.get("mode", "ro")
+        if mode not in ("ro", "rw"):
+            raise MalformedBundleError(f"{what}: {LEGACY_MANIFEST} mounts[{i}] mode {mode!r} is not ro or rw")
+        mounts.append(MountEntry(prefix=prefix, dest=dest, mode=mode))
+    data_input = raw.get("input") or {}
+    if not isinstance(data_input, dict):
+        raise MalformedBundleError(f"{what}: {LEGACY_MANIFEST} input is not an object")
+    rounds = raw.get("maxToolRounds")
+    if isinstance(rounds, str) and rounds.strip().lower() in ("unlimited", "none", "inf"):
+        proposals = Proposals("unlimited")
+    elif isinstance(rounds, int) and not isinstance(rounds, bool) and rounds >= 1:
+        proposals = Proposals(rounds)
+    else:
+        proposals = Proposals()
+    manifest = Manifest(
+        name=name,
+        flow=flow,
+        files=tuple(files),
+        tools={},
+        plugins=tuple(plugins),
+        mounts=tuple(mounts),
+        input=data_input,
+        requires=_requires(raw.get("requires"), what),
+        proposals=proposals,
+        heddle_version=f"format {fmt}",
+        version=0,
+    )
+    return manifest, tools_dir
+
+
+def read_legacy_manifest(fh: IO[bytes], *, what: str, limits: Limits) -> Manifest:
+    fh.seek(0)
+    raw, files = _walk(fh, what=what, limits=limits, tree=None, progress=None)
+    return translate(raw, files, what=what, limits=limits)[0]
+
+
+def _file_digest(fh: IO[bytes]) -> str:
+    fh.seek(0)
+    digest = hashlib.sha256()
+    while chunk := fh.read(1 << 20):
+        digest.update(chunk)
+    fh.seek(0)
+    return digest.hexdigest()
+
+
+def open_legacy(
+    fh: IO[bytes],
+    path: Path,
+    *,
+    allow_unsigned: bool,
+    cache: Cache,
+    limits: Limits,
+    progress: Progress | None,
+) -> Any:
+    from heddle.bundle.verify import OpenedBundle
+
+    what = str(path)
+    if not allow_unsigned:
+        raise UnsignedBundleError(
+            f"{what} is a format-1 gzip bundle, which carries no signature; repack it with `heddle bundle` "
+            "or pass --allow-unsigned"
+        )
+    key = "legacy-" + _file_digest(fh)
+    cached = cache.has(key)
+    staging = cache.new_staging()
+    try:
+        tree = StagingTree(staging, what=what)
+        try:
+            if progress is not None:
+                progress.start(0, f"opening {path.name}")
+            raw, files = _walk(fh, what=what, limits=limits, tree=tree, progress=progress)
+        finally:
+            tree.close()
+            if progress is not None:
+                progress.finish()
+        manifest, tools_dir = translate(raw, files, what=what, limits=limits)
+        tree.seal()
+        root = cache.commit(staging, key)
+    except BaseException:
+        remove_tree(staging)
+        raise
+    return OpenedBundle(
+        path=path, root=root, manifest=manifest, digest=key, signers=[], legacy=True,
+        cached=cached, legacy_tools_dir=tools_dir,
+    )
+

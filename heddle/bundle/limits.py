@@ -1,0 +1,34 @@
+"""Caps a verifier enforces before it trusts sizes it has not yet seen.
+
+Every cap is checked from the manifest or the zstd frame header, before the payload is
+decompressed, so an archive that would blow past one is refused having cost a few reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_manifest_bytes: int = 8 * MiB
+    max_signatures_bytes: int = 64 * KiB
+    max_signatures: int = 16
+    max_files: int = 100_000
+    max_file_bytes: int = 2 * GiB
+    max_total_bytes: int = 4 * GiB
+    max_depth: int = 32
+    # Expanded bytes per compressed byte; only applies once the expanded size is past
+    # `ratio_floor_bytes`, because small archives of headers compress far better than that.
+    max_ratio: int = 1000
+    ratio_floor_bytes: int = 64 * MiB
+
+    def max_expanded_bytes(self, compressed_size: int) -> int:
+        return max(self.ratio_floor_bytes, self.max_ratio * compressed_size)
+
+
+DEFAULT_LIMITS = Limits()

@@ -1,0 +1,438 @@
+"""The manifest: the one document a signature covers, naming every byte of the payload.
+
+It is canonical JSON, so one manifest has one encoding and its sha256 (the bundle's
+digest) is well defined. Reading is strict: an unknown field at any level is refused
+rather than ignored, because a field this heddle skips is a promise it silently breaks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Literal, Mapping, NoReturn
+
+from heddle import canonical
+from heddle.bundle.errors import (
+    BundleError,
+    BundleLimitError,
+    MalformedBundleError,
+    UnsupportedVersionError,
+)
+from heddle.bundle.limits import DEFAULT_LIMITS, Limits
+from heddle.bundle.paths import PathSet, all_clean, collision_free, is_within, path_problem
+from heddle.bundle.tar import split_name
+
+FORMAT = "heddle-bundle"
+VERSION = 1
+MODES = (0o644, 0o755)
+PAYLOAD = "payload/"
+RESERVED_DEST = ".heddle"
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_HEX = frozenset("0123456789abcdef")
+_FILE_KEYS = {"path", "size", "sha256", "mode"}
+_FINGERPRINT = re.compile(r"sha256:[0-9a-f]{64}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+MountMode = Literal["ro", "rw"]
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str
+    size: int
+    sha256: str
+    mode: int
+
+    @property
+    def executable(self) -> bool:
+        return self.mode == 0o755
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode, "path": self.path, "sha256": self.sha256, "size": self.size}
+
+
+@dataclass(frozen=True)
+class ToolEntry:
+    entry: str
+    fingerprint: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"entry": self.entry, "fingerprint": self.fingerprint}
+
+
+@dataclass(frozen=True)
+class PluginEntry:
+    name: str
+    dir: str
+    manifest: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dir": self.dir, "manifest": self.manifest, "name": self.name}
+
+
+@dataclass(frozen=True)
+class MountEntry:
+    prefix: str
+    dest: str
+    mode: MountMode = "ro"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dest": self.dest, "mode": self.mode, "prefix": self.prefix}
+
+
+@dataclass(frozen=True)
+class Requires:
+    bins: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.bins or self.env or self.files)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bins": list(self.bins), "env": list(self.env), "files": list(self.files)}
+
+
+@dataclass(frozen=True)
+class Proposals:
+    """What the packer suggests for a run; the command line overrides it.
+
+    `max_tool_rounds` is a whole number, "unlimited", or None for no proposal.
+    """
+
+    max_tool_rounds: int | Literal["unlimited"] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"max_tool_rounds": self.max_tool_rounds}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    flow: str
+    files: tuple[FileEntry, ...]
+    tools: Mapping[str, ToolEntry] = field(default_factory=dict)
+    plugins: tuple[PluginEntry, ...] = ()
+    mounts: tuple[MountEntry, ...] = ()
+    input: Mapping[str, Any] = field(default_factory=dict)
+    requires: Requires = Requires()
+    proposals: Proposals = Proposals()
+    heddle_version: str = ""
+    version: int = VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "files": [f.to_json() for f in self.files],
+            "flow": self.flow,
+            "format": FORMAT,
+            "heddle_version": self.heddle_version,
+            "input": dict(self.input),
+            "mounts": [m.to_json() for m in self.mounts],
+            "name": self.name,
+            "plugins": [p.to_json() for p in self.plugins],
+            "proposals": self.proposals.to_json(),
+            "requires": self.requires.to_json(),
+            "tools": {name: self.tools[name].to_json() for name in sorted(self.tools)},
+            "version": self.version,
+        }
+
+    def to_bytes(self) -> bytes:
+        return canonical.dumps(self.to_json())
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @cached_property
+    def by_path(self) -> dict[str, FileEntry]:
+        return {f.path: f for f in self.files}
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, limits: Limits = DEFAULT_LIMITS, what: str = "manifest") -> "Manifest":
+        """Parse and check manifest bytes as a verifier must; raise the matching outcome."""
+        if len(data) > limits.max_manifest_bytes:
+            raise BundleLimitError(f"{what} is {len(data)} bytes, over the cap of {limits.max_manifest_bytes}")
+        floats: list[str] = []
+
+        def no_constants(name: str) -> Any:
+            raise ValueError(f"{name} is not allowed")
+
+        try:
+            obj = json.loads(data.decode("utf-8"), parse_float=lambda t: floats.append(t) or 0, parse_constant=no_constants)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise MalformedBundleError(f"{what} is not valid JSON: {exc}") from None
+        if not isinstance(obj, dict):
+            raise MalformedBundleError(f"{what} is not a JSON object")
+        if obj.get("format") != FORMAT:
+            raise MalformedBundleError(f"{what} field format is {obj.get('format')!r}, expected {FORMAT!r}")
+        version = obj.get("version")
+        if isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
+            raise UnsupportedVersionError(
+                f"{what} is format version {version}; this heddle reads version {VERSION}: upgrade heddle to open it"
+            )
+        if floats:
+            raise MalformedBundleError(f"{what} is not canonical JSON: it holds the float {floats[0]}; manifests hold integers only")
+        # Re-encoding must give back the very bytes. That also refuses duplicate keys: the
+        # parse kept one of them, so the re-encoding is shorter than the input.
+        if canonical.dumps(obj, strict=False) != data:
+            try:
+                canonical.loads_strict(data)
+            except canonical.CanonicalJSONError as exc:
+                raise MalformedBundleError(f"{what} is not canonical JSON: {exc}") from None
+            raise MalformedBundleError(
+                f"{what} is not canonical JSON (sorted keys, no spaces, minimal escapes, UTF-8)"
+            )
+        return cls.from_json(obj, limits=limits, what=what)
+
+    @classmethod
+    def from_json(
+        cls,
+        obj: Any,
+        *,
+        limits: Limits = DEFAULT_LIMITS,
+        what: str = "manifest",
+        error: type[BundleError] | type[Exception] = MalformedBundleError,
+    ) -> "Manifest":
+        return _Reader(what, limits, error).manifest(obj)
+
+
+class _Reader:
+    """Field-by-field checks, each failure naming the field at fault."""
+
+    TOP = {
+        "files", "flow", "format", "heddle_version", "input", "mounts", "name",
+        "plugins", "proposals", "requires", "tools", "version",
+    }
+
+    def __init__(self, what: str, limits: Limits, error: type[Exception]) -> None:
+        self.what = what
+        self.limits = limits
+        self.error = error
+
+    def fail(self, where: str, problem: str, *, cap: bool = False) -> NoReturn:
+        message = f"{self.what} {where}: {problem}"
+        if cap and self.error is MalformedBundleError:
+            raise BundleLimitError(message)
+        raise self.error(message)
+
+    def keys(self, obj: Any, where: str, expected: set[str]) -> dict[str, Any]:
+        if type(obj) is dict and obj.keys() == expected:
+            return obj
+        if not isinstance(obj, dict):
+            self.fail(where, "must be a JSON object")
+        unknown = sorted(set(obj) - expected)
+        if unknown:
+            self.fail(where, f"unknown field {unknown[0]!r}; this heddle reads format version {VERSION} and refuses fields it does not know")
+        missing = sorted(expected - set(obj))
+        if missing:
+            self.fail(where, f"missing field {missing[0]!r}")
+        return obj
+
+    def text(self, value: Any, where: str, *, max_len: int = 256) -> str:
+        if not isinstance(value, str) or not value:
+            self.fail(where, "must be a non-empty string")
+        if len(value) > max_len:
+            self.fail(where, f"is longer than {max_len} characters")
+        if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value):
+            self.fail(where, "contains a control character")
+        return value
+
+    def integer(self, value: Any, where: str) -> int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            self.fail(where, "must be an integer")
+        return value
+
+    def path(self, value: Any, where: str) -> str:
+        if isinstance(value, str) and value.count("/") >= self.limits.max_depth:
+            self.fail(f"{where} ({value!r})", f"is more than {self.limits.max_depth} levels deep", cap=True)
+        problem = path_problem(value, max_depth=self.limits.max_depth)
+        if problem is not None:
+            self.fail(f"{where} ({value!r})", problem)
+        return value
+
+    def manifest(self, obj: Any) -> Manifest:
+        obj = self.keys(obj, "(top level)", self.TOP)
+        if obj["format"] != FORMAT:
+            self.fail("format", f"is {obj['format']!r}, expected {FORMAT!r}")
+        if obj["version"] != VERSION or isinstance(obj["version"], bool):
+            self.fail("version", f"is {obj['version']!r}; this heddle reads version {VERSION}")
+        files = self.files(obj["files"])
+        by_path = {f.path for f in files}
+        flow = self.path(obj["flow"], "flow")
+        if flow not in by_path:
+            self.fail("flow", f"{flow!r} is not one of the files")
+        return Manifest(
+            name=self.text(obj["name"], "name"),
+            flow=flow,
+            files=files,
+            tools=self.tools(obj["tools"], by_path),
+            plugins=self.plugins(obj["plugins"], by_path),
+            mounts=self.mounts(obj["mounts"]),
+            input=self.input(obj["input"]),
+            requires=self.requires(obj["requires"]),
+            proposals=self.proposals(obj["proposals"]),
+            heddle_version=self.text(obj["heddle_version"], "heddle_version", max_len=64),
+            version=VERSION,
+        )
+
+    def files(self, value: Any) -> tuple[FileEntry, ...]:
+        if not isinstance(value, list):
+            self.fail("files", "must be a list")
+        if len(value) > self.limits.max_files:
+            self.fail("files", f"lists {len(value)} files, over the cap of {self.limits.max_files}", cap=True)
+        fast = self.files_at_once(value)
+        if fast is not None:
+            return fast
+        seen = PathSet()
+        out: list[FileEntry] = []
+        total = 0
+        previous = b""
+        for i, item in enumerate(value):
+            where = f"files[{i}]"
+            item = self.keys(item, where, {"path", "size", "sha256", "mode"})
+            path = self.path(item["path"], f"{where}.path")
+            raw = path.encode("utf-8")
+            if len(raw) + len(PAYLOAD) > 100 and split_name(PAYLOAD + path) is None:
+                self.fail(f"{where}.path ({path!r})", "is too long to store in a tar header")
+            if i and raw <= previous:
+                self.fail(f"{where}.path ({path!r})", "is out of order; files are sorted by the UTF-8 bytes of their paths, each once")
+            previous = raw
+            problem = seen.add_file(path)
+            if problem is not None:
+                self.fail(f"{where}.path", problem)
+            size = self.integer(item["size"], f"{where}.size")
+            if size < 0:
+                self.fail(f"{where}.size", "must not be negative")
+            if size > self.limits.max_file_bytes:
+                self.fail(f"{where}.size ({path!r})", f"{size} bytes is over the cap of {self.limits.max_file_bytes}", cap=True)
+            total += size
+            if total > self.limits.max_total_bytes:
+                self.fail("files", f"add up to more than the cap of {self.limits.max_total_bytes} bytes", cap=True)
+            sha = item["sha256"]
+            if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
+                self.fail(f"{where}.sha256", "must be 64 lowercase hex digits")
+            mode = self.integer(item["mode"], f"{where}.mode")
+            if mode not in MODES:
+                self.fail(f"{where}.mode", f"is {mode}; a file is 420 (0644) or 493 (0755)")
+            out.append(FileEntry(path=path, size=size, sha256=sha, mode=mode))
+        return tuple(out)
+
+    def files_at_once(self, value: list[Any]) -> tuple[FileEntry, ...] | None:
+        """The same checks as the loop in `files`, made over all entries together.
+
+        A manifest can list a hundred thousand files, and re-opening a cached bundle is
+        mostly this check. None means something is off: the loop then names it.
+        """
+        limits = self.limits
+        if not all(type(item) is dict and item.keys() == _FILE_KEYS for item in value):
+            return None
+        paths = [item["path"] for item in value]
+        sizes = [item["size"] for item in value]
+        shas = [item["sha256"] for item in value]
+        modes = [item["mode"] for item in value]
+        if not all(type(n) is int and 0 <= n <= limits.max_file_bytes for n in sizes) or sum(sizes) > limits.max_total_bytes:
+            return None
+        if not all(type(m) is int and m in MODES for m in modes):
+            return None
+        if not all(type(h) is str and len(h) == 64 for h in shas) or not _HEX.issuperset("".join(shas)):
+            return None
+        if not all_clean(paths, max_depth=limits.max_depth):
+            return None
+        raws = [p.encode("utf-8") for p in paths]
+        if any(a >= b for a, b in zip(raws, raws[1:])):
+            return None
+        if any(len(r) + len(PAYLOAD) > 100 and split_name(PAYLOAD + p) is None for p, r in zip(paths, raws)):
+            return None
+        if not collision_free(paths):
+            return None
+        return tuple(map(FileEntry, paths, sizes, shas, modes))
+
+    def tools(self, value: Any, files: set[str]) -> dict[str, ToolEntry]:
+        if not isinstance(value, dict):
+            self.fail("tools", "must be a JSON object")
+        out: dict[str, ToolEntry] = {}
+        for name, item in value.items():
+            where = f"tools[{name!r}]"
+            self.text(name, f"{where} name", max_len=128)
+            item = self.keys(item, where, {"entry", "fingerprint"})
+            entry = self.path(item["entry"], f"{where}.entry")
+            if entry not in files:
+                self.fail(f"{where}.entry", f"{entry!r} is not one of the files")
+            fp = item["fingerprint"]
+            if not isinstance(fp, str) or not _FINGERPRINT.fullmatch(fp):
+                self.fail(f"{where}.fingerprint", "must be 'sha256:' and 64 lowercase hex digits")
+            out[name] = ToolEntry(entry=entry, fingerprint=fp)
+        return out
+
+    def plugins(self, value: Any, files: set[str]) -> tuple[PluginEntry, ...]:
+        if not isinstance(value, list):
+            self.fail("plugins", "must be a list")
+        names: set[str] = set()
+        out: list[PluginEntry] = []
+        for i, item in enumerate(value):
+            where = f"plugins[{i}]"
+            item = self.keys(item, where, {"name", "dir", "manifest"})
+            name = self.path(item["name"], f"{where}.name")
+            if "/" in name:
+                self.fail(f"{where}.name", "must be a single path component")
+            if name in names:
+                self.fail(f"{where}.name", f"{name!r} is used by two plugins")
+            names.add(name)
+            if item["dir"] != f"plugins/{name}":
+                self.fail(f"{where}.dir", f"must be 'plugins/{name}'")
+            manifest = self.path(item["manifest"], f"{where}.manifest")
+            if manifest not in files or not is_within(manifest, item["dir"]):
+                self.fail(f"{where}.manifest", f"{manifest!r} is not a file inside {item['dir']!r}")
+            out.append(PluginEntry(name=name, dir=item["dir"], manifest=manifest))
+        return tuple(out)
+
+    def mounts(self, value: Any) -> tuple[MountEntry, ...]:
+        if not isinstance(value, list):
+            self.fail("mounts", "must be a list")
+        out: list[MountEntry] = []
+        for i, item in enumerate(value):
+            where = f"mounts[{i}]"
+            item = self.keys(item, where, {"prefix", "dest", "mode"})
+            dest = self.path(item["dest"], f"{where}.dest")
+            if dest.split("/", 1)[0] == RESERVED_DEST:
+                self.fail(f"{where}.dest", f"lands in {RESERVED_DEST}, which heddle reserves")
+            if item["prefix"] != f"mounts/{dest}":
+                self.fail(f"{where}.prefix", f"must be 'mounts/{dest}'")
+            if item["mode"] not in ("ro", "rw"):
+                self.fail(f"{where}.mode", f"is {item['mode']!r}; use 'ro' or 'rw'")
+            for other in out:
+                if is_within(dest, other.dest) or is_within(other.dest, dest):
+                    self.fail(f"{where}.dest", f"{dest!r} overlaps the mount at {other.dest!r}")
+            out.append(MountEntry(prefix=item["prefix"], dest=dest, mode=item["mode"]))
+        return tuple(out)
+
+    def input(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            self.fail("input", "must be a JSON object")
+        return value
+
+    def requires(self, value: Any) -> Requires:
+        value = self.keys(value, "requires", {"bins", "env", "files"})
+        lists: dict[str, tuple[str, ...]] = {}
+        for key in ("bins", "env", "files"):
+            items = value[key]
+            if not isinstance(items, list):
+                self.fail(f"requires.{key}", "must be a list of strings")
+            for j, item in enumerate(items):
+                self.text(item, f"requires.{key}[{j}]", max_len=1024)
+                if key == "env" and not _ENV_NAME.fullmatch(item):
+                    self.fail(f"requires.env[{j}]", f"{item!r} is not an environment variable name")
+            lists[key] = tuple(items)
+        return Requires(**lists)
+
+    def proposals(self, value: Any) -> Proposals:
+        value = self.keys(value, "proposals", {"max_tool_rounds"})
+        rounds = value["max_tool_rounds"]
+        if rounds is not None and rounds != "unlimited":
+            rounds = self.integer(rounds, "proposals.max_tool_rounds")
+            if rounds < 1:
+                self.fail("proposals.max_tool_rounds", "must be 1 or more, \"unlimited\", or null")
+        return Proposals(max_tool_rounds=rounds)

@@ -1,0 +1,160 @@
+"""Deciding what a bundle holds from the pieces `heddle bundle` is given.
+
+Payload layout: the flow at `<flow file name>`, the tools folder at `tools/`, each mount
+at `mounts/<dest>`, each plugin's folder at `plugins/<name>/`. Every check that can fail
+is made here, before a byte is read, with the source path that caused it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Mapping, Protocol, Sequence
+
+from heddle.bundle.collect import Collected, collect_tree
+from heddle.bundle.errors import PackError
+from heddle.bundle.limits import DEFAULT_LIMITS, Limits
+from heddle.bundle.manifest import (
+    PAYLOAD,
+    RESERVED_DEST,
+    MountEntry,
+    PluginEntry,
+    Proposals,
+    Requires,
+    ToolEntry,
+)
+from heddle.bundle.seal import PackPlan
+from heddle.bundle.paths import PathSet, path_problem
+from heddle.bundle.tar import split_name
+
+
+class MountLike(Protocol):
+    """A parsed `--mount`: heddle.workspace.mounts.Mount has this shape."""
+
+    source: Path
+    dest: Any
+    mode: str
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool the flow names: its executable (inside the tools folder) and input-schema fingerprint."""
+
+    path: Path
+    fingerprint: str
+
+
+def plugin_name(manifest: Path) -> str:
+    """A plugin's `name` from its JSON manifest, else the name of its folder."""
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("name"), str) and data["name"]:
+        return data["name"]
+    return manifest.resolve().parent.name
+
+
+def make_plan(
+    flow: Path,
+    *,
+    name: str | None = None,
+    tools_dir: Path | None = None,
+    tools: Mapping[str, ToolSpec] | None = None,
+    mounts: Sequence[MountLike] = (),
+    plugins: Sequence[Path] = (),
+    input: Mapping[str, Any] | None = None,
+    requires: Requires | None = None,
+    proposals: Proposals | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+) -> PackPlan:
+    flow = Path(flow)
+    carried = collect_tree(flow, flow.name, what=f"flow {flow}")
+    if tools_dir is not None:
+        if not Path(tools_dir).is_dir():
+            raise PackError(f"--tools-dir {tools_dir}: not a folder")
+        carried.extend(collect_tree(Path(tools_dir), "tools", what=f"--tools-dir {tools_dir}"))
+    tool_entries = _tools(tools or {}, tools_dir, carried)
+    mount_entries = [_mount(m, carried) for m in mounts]
+    plugin_entries = _plugins(plugins, carried)
+    _check_paths(carried, limits)
+    return PackPlan(
+        name=name or flow.stem,
+        flow=flow.name,
+        files=carried.files,
+        tools=tool_entries,
+        plugins=plugin_entries,
+        mounts=mount_entries,
+        input=dict(input or {}),
+        requires=requires or Requires(),
+        proposals=proposals or Proposals(),
+        skipped=carried.skipped,
+    )
+
+
+def _tools(tools: Mapping[str, ToolSpec], tools_dir: Path | None, carried: Collected) -> dict[str, ToolEntry]:
+    paths = {f.path for f in carried.files}
+    out: dict[str, ToolEntry] = {}
+    for name, spec in sorted(tools.items()):
+        if tools_dir is None:
+            raise PackError(f"tool {name!r}: the flow names it but there is no --tools-dir to carry it from")
+        try:
+            rel = Path(spec.path).resolve().relative_to(Path(tools_dir).resolve())
+        except ValueError:
+            raise PackError(f"tool {name!r}: {spec.path} is not inside --tools-dir {tools_dir}") from None
+        entry = f"tools/{rel.as_posix()}"
+        if entry not in paths:
+            raise PackError(
+                f"tool {name!r}: {spec.path} is not carried (files named .env*, *.pem, *.key are left out); rename it"
+            )
+        out[name] = ToolEntry(entry=entry, fingerprint=spec.fingerprint)
+    return out
+
+
+def _mount(mount: MountLike, carried: Collected) -> MountEntry:
+    dest = str(PurePosixPath(str(mount.dest)))
+    what = f"--mount {mount.source}:{dest}"
+    problem = path_problem(dest, max_depth=DEFAULT_LIMITS.max_depth)
+    if problem is not None:
+        raise PackError(f"{what}: DEST {dest!r} {problem}")
+    if dest.split("/", 1)[0] == RESERVED_DEST:
+        raise PackError(f"{what}: DEST {dest!r} is inside {RESERVED_DEST}, which heddle reserves; choose another")
+    if mount.mode not in ("ro", "rw"):
+        raise PackError(f"{what}: mode {mount.mode!r} is not ro or rw")
+    prefix = f"mounts/{dest}"
+    carried.extend(collect_tree(Path(mount.source), prefix, what=what))
+    return MountEntry(prefix=prefix, dest=dest, mode=mount.mode)  # type: ignore[arg-type]
+
+
+def _plugins(manifests: Sequence[Path], carried: Collected) -> list[PluginEntry]:
+    out: list[PluginEntry] = []
+    for manifest in manifests:
+        manifest = Path(manifest)
+        what = f"--plugin {manifest}"
+        if not manifest.is_file():
+            raise PackError(f"{what}: no such manifest file")
+        name = plugin_name(manifest)
+        if "/" in name or path_problem(name, max_depth=1) is not None:
+            raise PackError(f"{what}: plugin name {name!r} cannot name a folder; give the plugin a plain name")
+        if any(p.name == name for p in out):
+            raise PackError(f"{what}: two plugins are named {name!r}; rename one")
+        folder = f"plugins/{name}"
+        carried.extend(collect_tree(manifest.parent, folder, what=what))
+        rel = f"{folder}/{manifest.name}"
+        if rel not in {f.path for f in carried.files}:
+            raise PackError(f"{what}: the manifest itself was left out as a secret; rename it")
+        out.append(PluginEntry(name=name, dir=folder, manifest=rel))
+    return out
+
+
+def _check_paths(carried: Collected, limits: Limits) -> None:
+    seen = PathSet()
+    for item in carried.files:
+        problem = path_problem(item.path, max_depth=limits.max_depth)
+        if problem is None and split_name(PAYLOAD + item.path) is None:
+            problem = "is too long to store in a tar header"
+        if problem is None:
+            problem = seen.add_file(item.path)
+        if problem is not None:
+            raise PackError(f"{item.source}: cannot be carried as {item.path!r}: {problem}; rename or move it")

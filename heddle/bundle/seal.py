@@ -1,0 +1,294 @@
+"""Sealing: writing a bundle archive deterministically and atomically, and re-signing one.
+
+The same plan gives the same bytes: files in UTF-8 byte order, modes reduced to 0644 or
+0755, owners 0, one mtime for every entry (SOURCE_DATE_EPOCH or 0), a fixed compression
+level. The archive is written to a temporary file beside OUT and renamed over it only once
+complete, so OUT is either the old file, the new one, or absent; never half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import stat
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Iterator, Mapping, Sequence
+
+from heddle import __version__, canonical
+from heddle.bundle.archive import (
+    MANIFEST_ENTRY,
+    META_MODE,
+    SIGNATURES_ENTRY,
+    ArchiveWriter,
+    payload_name,
+    read_head,
+    tar_size,
+)
+from heddle.bundle.collect import PlanFile
+from heddle.bundle.errors import PackError
+from heddle.bundle.keys import SigningKey
+from heddle.bundle.limits import DEFAULT_LIMITS, Limits
+from heddle.bundle.manifest import (
+    FileEntry,
+    Manifest,
+    MountEntry,
+    PluginEntry,
+    Proposals,
+    Requires,
+    ToolEntry,
+)
+from heddle.bundle.progress import Progress
+from heddle.bundle.signing import Signatures, sign
+from heddle.errors import UsageError
+
+_CHUNK = 1 << 20
+
+
+@dataclass
+class PackPlan:
+    """Everything a bundle will hold, decided before any byte is read."""
+
+    name: str
+    flow: str
+    files: list[PlanFile]
+    tools: Mapping[str, ToolEntry] = field(default_factory=dict)
+    plugins: Sequence[PluginEntry] = ()
+    mounts: Sequence[MountEntry] = ()
+    input: Mapping[str, Any] = field(default_factory=dict)
+    requires: Requires = Requires()
+    proposals: Proposals = Proposals()
+    skipped: list[Path] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PackResult:
+    path: Path
+    digest: str
+    size: int
+    payload_size: int
+    file_count: int
+    signer: str | None
+    skipped: list[Path]
+    manifest: Manifest
+
+
+def resolve_source_date_epoch(explicit: int | None = None) -> int:
+    if explicit is not None:
+        return explicit
+    raw = os.environ.get("SOURCE_DATE_EPOCH")
+    if raw is None or raw == "":
+        return 0
+    if not raw.isdigit():
+        raise UsageError(f"SOURCE_DATE_EPOCH={raw!r} is not a whole number of seconds; fix or unset it")
+    return int(raw)
+
+
+@contextlib.contextmanager
+def atomic_output(out: Path, *, mode: int | None = None) -> Iterator[IO[bytes]]:
+    """A temporary file beside `out`, renamed onto it only if the block completes."""
+    out = Path(out)
+    if out.is_dir():
+        raise PackError(f"-o {out}: is a folder; name the bundle file to write")
+    if not out.parent.is_dir():
+        raise PackError(f"-o {out}: the folder {out.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+            if mode is None:
+                umask = os.umask(0)
+                os.umask(umask)
+                mode = 0o644 & ~umask
+            os.fchmod(fh.fileno(), mode)
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _open_source(item: PlanFile) -> int:
+    try:
+        fd = os.open(item.source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise PackError(f"{item.source}: cannot be read for {item.path!r}: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise PackError(f"{item.source}: is not a regular file; a bundle carries regular files only")
+    return fd
+
+
+def _size(item: PlanFile) -> int:
+    try:
+        return os.lstat(item.source).st_size
+    except OSError as exc:
+        raise PackError(f"{item.source}: cannot be read for {item.path!r}: {exc.strerror}") from None
+
+
+def _chunks(fd: int, size: int, item: PlanFile) -> Iterator[bytes]:
+    left = size
+    while left:
+        chunk = os.read(fd, min(left, _CHUNK))
+        if not chunk:
+            break
+        left -= len(chunk)
+        yield chunk
+    if left or os.read(fd, 1):
+        raise PackError(f"{item.source} changed size while it was being packed; pack again")
+
+
+def _hash_files(files: Sequence[PlanFile], progress: Progress | None) -> list[tuple[FileEntry, tuple[int, ...]]]:
+    out = []
+    for item in files:
+        fd = _open_source(item)
+        try:
+            st = os.fstat(fd)
+            digest = hashlib.sha256()
+            for chunk in _chunks(fd, st.st_size, item):
+                digest.update(chunk)
+                if progress is not None:
+                    progress.advance(len(chunk))
+        finally:
+            os.close(fd)
+        out.append((FileEntry(item.path, st.st_size, digest.hexdigest(), item.mode), _identity(st)))
+    return out
+
+
+def _as_signing_keys(signing_key: SigningKey | Sequence[SigningKey] | None) -> list[SigningKey]:
+    if signing_key is None:
+        return []
+    if isinstance(signing_key, SigningKey):
+        return [signing_key]
+    return list(signing_key)
+
+
+def build_manifest(plan: PackPlan, entries: Sequence[FileEntry], *, limits: Limits, what: str) -> Manifest:
+    manifest = Manifest(
+        name=plan.name,
+        flow=plan.flow,
+        files=tuple(entries),
+        tools=dict(plan.tools),
+        plugins=tuple(plan.plugins),
+        mounts=tuple(plan.mounts),
+        input=dict(plan.input),
+        requires=plan.requires,
+        proposals=plan.proposals,
+        heddle_version=__version__,
+    )
+    # Read back what would be written, so a bundle this heddle makes is one it can open.
+    try:
+        manifest.to_bytes()
+    except canonical.CanonicalJSONError as exc:
+        raise PackError(f"{what}: the manifest cannot hold {exc} (pass numbers as integers or strings)") from None
+    return Manifest.from_json(manifest.to_json(), limits=limits, what=what, error=PackError)
+
+
+def pack(
+    plan: PackPlan,
+    out: Path,
+    *,
+    signing_key: SigningKey | Sequence[SigningKey] | None = None,
+    source_date_epoch: int | None = None,
+    progress: Progress | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+) -> PackResult:
+    """Seal `plan` into the bundle `out`. Checks everything first; nothing is at `out` on failure."""
+    out = Path(out)
+    what = f"bundle {out.name}"
+    mtime = resolve_source_date_epoch(source_date_epoch)
+    files = sorted(plan.files, key=lambda f: f.path.encode("utf-8"))
+    for a, b in zip(files, files[1:]):
+        if a.path == b.path:
+            raise PackError(f"{what}: {a.source} and {b.source} would both be stored at {a.path!r}")
+    total = sum(_size(f) for f in files)
+    if progress is not None:
+        progress.start(2 * total, f"packing {out.name}")
+    try:
+        hashed = _hash_files(files, progress)
+        manifest = build_manifest(plan, [entry for entry, _ in hashed], limits=limits, what=what)
+        manifest_bytes = manifest.to_bytes()
+        signatures = Signatures(tuple(sign(manifest_bytes, k) for k in _as_signing_keys(signing_key)))
+        signatures_bytes = signatures.to_bytes()
+        with atomic_output(out) as fh:
+            writer = ArchiveWriter(fh, total=tar_size(manifest, len(manifest_bytes), len(signatures_bytes)))
+            writer.add(MANIFEST_ENTRY, manifest_bytes, META_MODE, mtime)
+            writer.add(SIGNATURES_ENTRY, signatures_bytes, META_MODE, mtime)
+            for item, (entry, identity) in zip(files, hashed):
+                fd = _open_source(item)
+                try:
+                    if _identity(os.fstat(fd)) != identity:
+                        raise PackError(f"{item.source} changed while it was being packed; pack again")
+                    writer.begin(payload_name(entry.path), entry.size, entry.mode, mtime)
+                    for chunk in _chunks(fd, entry.size, item):
+                        writer.write(chunk)
+                        if progress is not None:
+                            progress.advance(len(chunk))
+                    writer.end()
+                finally:
+                    os.close(fd)
+            writer.close()
+            size = fh.tell()
+    finally:
+        if progress is not None:
+            progress.finish()
+    return PackResult(
+        path=out,
+        digest=hashlib.sha256(manifest_bytes).hexdigest(),
+        size=size,
+        payload_size=manifest.total_size,
+        file_count=len(manifest.files),
+        signer=", ".join(s.keyid for s in signatures.signatures) or None,
+        skipped=list(plan.skipped),
+        manifest=manifest,
+    )
+
+
+class _ArchiveSink:
+    def __init__(self, writer: ArchiveWriter, entry: FileEntry, mtime: int) -> None:
+        self._writer = writer
+        writer.begin(payload_name(entry.path), entry.size, entry.mode, mtime)
+
+    def write(self, chunk: memoryview) -> None:
+        self._writer.write(chunk)
+
+    def finish(self) -> None:
+        self._writer.end()
+
+    def abort(self) -> None:
+        pass
+
+
+def add_signature(path: Path, key: SigningKey, *, limits: Limits = DEFAULT_LIMITS) -> tuple[str, Signatures]:
+    """Sign the bundle at `path` with `key`, rewriting it atomically; the digest is unchanged.
+
+    The payload is checked against the manifest while it is copied, so a key never signs
+    a bundle whose bytes do not match what it signs. Other signatures are kept; an earlier
+    one by the same key is replaced.
+    """
+    from heddle.bundle.verify import open_file, sealed_manifest, walk_payload
+
+    path = Path(path)
+    what = str(path)
+    with open_file(path) as src:
+        head = read_head(src, what=what, limits=limits)
+        signatures = Signatures.from_bytes(head.signatures_bytes, limits=limits, what=f"{what} signatures")
+        manifest = sealed_manifest(head, what=what, limits=limits)
+        signatures = signatures.with_signature(sign(head.manifest_bytes, key))
+        signatures_bytes = signatures.to_bytes()
+        mode = os.fstat(src.fileno()).st_mode & 0o777
+        with atomic_output(path, mode=mode) as fh:
+            writer = ArchiveWriter(fh, total=tar_size(manifest, len(head.manifest_bytes), len(signatures_bytes)))
+            writer.add(MANIFEST_ENTRY, head.manifest_bytes, META_MODE, head.mtime)
+            writer.add(SIGNATURES_ENTRY, signatures_bytes, META_MODE, head.mtime)
+            walk_payload(head.reader, manifest, lambda item: _ArchiveSink(writer, item, head.mtime), what=what)
+            writer.close()
+    return hashlib.sha256(head.manifest_bytes).hexdigest(), signatures

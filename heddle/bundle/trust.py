@@ -1,0 +1,104 @@
+"""The per-user trust store: a folder of public keys, one `<keyid>.pub` each.
+
+Nothing but `heddle trust add` writes here; `keygen` and `--trust` never do, so what a
+machine trusts is always something its user chose.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+from heddle.bundle.errors import KeyFileError
+from heddle.bundle.keys import PublicKey, load_public_key
+from heddle.errors import UsageError
+
+TRUST_DIR_ENV = "HEDDLE_TRUST_DIR"
+
+
+def default_trust_dir() -> Path:
+    explicit = os.environ.get(TRUST_DIR_ENV)
+    if explicit:
+        return Path(explicit)
+    config = os.environ.get("XDG_CONFIG_HOME")
+    base = Path(config) if config else Path.home() / ".config"
+    return base / "heddle" / "trust"
+
+
+class TrustStore:
+    def __init__(self, directory: Path | None = None) -> None:
+        self.directory = Path(directory) if directory is not None else default_trust_dir()
+
+    def _path(self, keyid: str) -> Path:
+        return self.directory / f"{keyid}.pub"
+
+    def add(self, public_key_file: Path) -> tuple[PublicKey, bool]:
+        """Trust the key in `public_key_file`; return it and whether it was new."""
+        key = load_public_key(public_key_file)
+        target = self._path(key.keyid)
+        if target.exists():
+            return key, False
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.directory / f".{key.keyid}.pub.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        try:
+            os.write(fd, key.pem())
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+        return PublicKey(key.keyid, key.key, str(target)), True
+
+    def list(self) -> list[PublicKey]:
+        if not self.directory.is_dir():
+            return []
+        keys: list[PublicKey] = []
+        for path in sorted(self.directory.glob("*.pub")):
+            key = load_public_key(path)
+            if path.stem != key.keyid:
+                raise KeyFileError(
+                    f"trust store file {path} holds key {key.keyid}; remove it and `heddle trust add` the key again"
+                )
+            keys.append(key)
+        return keys
+
+    def find(self, keyid: str) -> PublicKey | None:
+        """The trusted key with this id, or with this unique id prefix (8 hex digits or more)."""
+        if len(keyid) < 8:
+            return None
+        matches = [k for k in self.list() if k.keyid.startswith(keyid)]
+        if len(matches) > 1:
+            raise UsageError(f"key id {keyid!r} matches {len(matches)} trusted keys; give more of it")
+        return matches[0] if matches else None
+
+    def remove(self, keyid: str) -> PublicKey:
+        key = self.find(keyid)
+        if key is None:
+            raise UsageError(f"no trusted key {keyid!r} in {self.directory}; see `heddle trust list`")
+        self._path(key.keyid).unlink()
+        return key
+
+
+def resolve_trust(names: Sequence[str], store: TrustStore | None = None) -> list[PublicKey]:
+    """The keys one command trusts: those `--trust` names (files or store key ids), else the store.
+
+    Naming keys pins trust to exactly them for this command; naming none trusts every key
+    in the store.
+    """
+    store = store if store is not None else TrustStore()
+    if not names:
+        return store.list()
+    keys: dict[str, PublicKey] = {}
+    for name in names:
+        path = Path(name)
+        if path.exists():
+            key = load_public_key(path)
+        else:
+            found = store.find(name)
+            if found is None:
+                raise UsageError(
+                    f"--trust {name}: neither a public key file nor a key id in the trust store ({store.directory})"
+                )
+            key = found
+        keys[key.keyid] = key
+    return list(keys.values())

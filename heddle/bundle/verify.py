@@ -1,0 +1,324 @@
+"""Opening a bundle: prove it is what a trusted key sealed, then hand back the sealed tree.
+
+One pass over one file descriptor, in this order, and nothing is written before trust is
+decided: the frame layout; the manifest and signature entries; the trust decision; the
+manifest's own rules and caps; then the payload streamed into a private staging folder,
+each file hashed as it is written; then the tree is sealed read-only and renamed into the
+cache under the digest. A digest already in the cache skips the payload, but its
+signatures are still checked against the trust of this call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterable, Mapping, Protocol
+
+from heddle.bundle.archive import Head, check_entry, check_ratio, payload_name, read_head
+from heddle.bundle.cache import Cache, remove_tree
+from heddle.bundle.errors import ContentMismatchError, MalformedBundleError
+from heddle.bundle.frame import GZIP_MAGIC
+from heddle.bundle.keys import PublicKey
+from heddle.bundle.limits import DEFAULT_LIMITS, Limits
+from heddle.bundle.manifest import FileEntry, Manifest, MountEntry
+from heddle.bundle.progress import Progress
+from heddle.bundle.signing import Signatures, decide_trust
+from heddle.bundle.staging import StagedFile, StagingTree
+from heddle.bundle.tar import TarHeader, TarReader
+from heddle.errors import UsageError
+
+ToolFingerprints = Callable[[Path], Mapping[str, str]]
+
+
+@dataclass(frozen=True)
+class OpenedBundle:
+    """A verified bundle: `root` is its read-only payload tree in the cache."""
+
+    path: Path
+    root: Path
+    manifest: Manifest
+    digest: str
+    signers: list[str]
+    legacy: bool = False
+    cached: bool = False
+    legacy_tools_dir: str | None = field(default=None, repr=False)
+
+    @property
+    def flow_path(self) -> Path:
+        return self.root / self.manifest.flow
+
+    @property
+    def tools_dir(self) -> Path:
+        return self.root / (self.legacy_tools_dir or "tools")
+
+    def tool_path(self, name: str) -> Path:
+        return self.root / self.manifest.tools[name].entry
+
+    def mount_source(self, mount: MountEntry) -> Path:
+        return self.root / mount.prefix
+
+
+@dataclass(frozen=True)
+class Peek:
+    """A bundle's manifest and signatures, checked for shape only: no trust, no payload."""
+
+    manifest: Manifest
+    signatures: Signatures
+    manifest_bytes: bytes
+    legacy: bool
+
+    @property
+    def digest(self) -> str | None:
+        return None if self.legacy else hashlib.sha256(self.manifest_bytes).hexdigest()
+
+
+def sealed_manifest(head: Head, *, what: str, limits: Limits) -> Manifest:
+    """The manifest of a head whose trust is decided (or not needed), with its caps checked."""
+    manifest = Manifest.from_bytes(head.manifest_bytes, limits=limits, what=f"{what} manifest")
+    check_ratio(manifest, head, what=what, limits=limits)
+    return manifest
+
+
+def peek(path: Path, *, limits: Limits = DEFAULT_LIMITS) -> Peek:
+    """Read a bundle's manifest and signatures without deciding trust or touching the payload."""
+    path = Path(path)
+    what = str(path)
+    with open_file(path) as fh:
+        if fh.read(2) == GZIP_MAGIC:
+            from heddle.bundle.legacy import read_legacy_manifest
+
+            return Peek(read_legacy_manifest(fh, what=what, limits=limits), Signatures(), b"", True)
+        head = read_head(fh, what=what, limits=limits)
+        signatures = Signatures.from_bytes(head.signatures_bytes, limits=limits, what=f"{what} signatures")
+        return Peek(sealed_manifest(head, what=what, limits=limits), signatures, head.manifest_bytes, False)
+
+
+def read_unverified(path: Path, *, limits: Limits = DEFAULT_LIMITS) -> tuple[Manifest, Signatures]:
+    """The manifest and signatures, checked for shape only: no trust, no payload."""
+    seen = peek(path, limits=limits)
+    return seen.manifest, seen.signatures
+
+
+def open_file(path: Path) -> BinaryIO:
+    """The one descriptor a bundle is read through. A path that is not there is a usage error."""
+    try:
+        return open(path, "rb", buffering=0)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file; give the path of a .heddle bundle") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: is a folder, not a bundle") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot be read: {exc.strerror}") from None
+
+
+def open_bundle(
+    path: Path,
+    *,
+    trusted_keys: Iterable[PublicKey],
+    allow_unsigned: bool = False,
+    cache_root: Path | None = None,
+    deep: bool = False,
+    progress: Progress | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    tool_fingerprints: ToolFingerprints | None = None,
+) -> OpenedBundle:
+    """Verify the bundle at `path` and return its sealed tree, or raise the outcome.
+
+    `tool_fingerprints` maps a flow file to {tool name: input-schema fingerprint}; when
+    given, the fingerprints recomputed from the sealed flow must equal the manifest's.
+    """
+    path = Path(path)
+    what = str(path)
+    cache = Cache(cache_root)
+    with open_file(path) as fh:
+        if fh.read(2) == GZIP_MAGIC:
+            from heddle.bundle.legacy import open_legacy
+
+            return open_legacy(
+                fh, path, allow_unsigned=allow_unsigned, cache=cache, limits=limits, progress=progress
+            )
+        head = read_head(fh, what=what, limits=limits)
+        signatures = Signatures.from_bytes(head.signatures_bytes, limits=limits, what=f"{what} signatures")
+        signers = decide_trust(
+            head.manifest_bytes, signatures, trusted_keys, allow_unsigned=allow_unsigned, what=what
+        )
+        manifest = sealed_manifest(head, what=what, limits=limits)
+        digest = hashlib.sha256(head.manifest_bytes).hexdigest()
+        cached = cache.has(digest)
+        if cached:
+            if deep:
+                rehash(cache, digest, manifest, what=what)
+        else:
+            _fill(cache, digest, manifest, head.reader, what=what, progress=progress, tool_fingerprints=tool_fingerprints)
+    opened = OpenedBundle(path, cache.entry(digest), manifest, digest, signers, cached=cached)
+    if cached and tool_fingerprints is not None:
+        check_tools(opened.root, manifest, tool_fingerprints, what=what)
+    return opened
+
+
+def _fill(
+    cache: Cache,
+    digest: str,
+    manifest: Manifest,
+    reader: TarReader,
+    *,
+    what: str,
+    progress: Progress | None,
+    tool_fingerprints: ToolFingerprints | None,
+) -> None:
+    staging = cache.new_staging()
+    try:
+        tree = StagingTree(staging, what=what)
+        try:
+            walk_payload(reader, manifest, lambda item: StagedFile(tree, item.path, item.executable), what=what, progress=progress)
+        finally:
+            tree.close()
+        if tool_fingerprints is not None:
+            check_tools(staging, manifest, tool_fingerprints, what=what)
+        tree.seal()
+        cache.commit(staging, digest)
+    except BaseException:
+        remove_tree(staging)
+        raise
+
+
+class FileSink(Protocol):
+    def write(self, chunk: memoryview) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+def walk_payload(
+    reader: TarReader,
+    manifest: Manifest,
+    begin: Callable[[FileEntry], FileSink],
+    *,
+    what: str,
+    progress: Progress | None = None,
+) -> None:
+    """Check each payload entry against the manifest, in order, feeding its bytes to a sink
+    from `begin` while hashing them; then check nothing follows but the end of the tar."""
+    expected = {payload_name(f.path): i for i, f in enumerate(manifest.files)}
+    if progress is not None:
+        progress.start(manifest.total_size, f"verifying {Path(what).name}")
+    try:
+        for index, item in enumerate(manifest.files):
+            entry = reader.next_header()
+            want = payload_name(item.path)
+            if entry is None:
+                raise MalformedBundleError(f"{what}: entry {want!r} is missing (the archive ends before it)")
+            check_entry(entry, what)
+            if entry.name != want:
+                found = expected.get(entry.name)
+                if found is None:
+                    raise MalformedBundleError(f"{what}: entry {entry.name!r} is not listed in the manifest")
+                if found < index:
+                    raise MalformedBundleError(f"{what}: entry {entry.name!r} appears twice or out of manifest order")
+                raise MalformedBundleError(
+                    f"{what}: expected entry {want!r} but found {entry.name!r}: an entry is missing or out of manifest order"
+                )
+            if entry.size != item.size:
+                raise ContentMismatchError(
+                    f"{what}: {item.path!r} is {entry.size} bytes in the archive but {item.size} in the manifest"
+                )
+            if entry.mode != item.mode:
+                raise ContentMismatchError(
+                    f"{what}: {item.path!r} has mode {entry.mode:o} in the archive but {item.mode:o} in the manifest"
+                )
+            _copy_checked(reader, entry, item, begin(item), what=what, progress=progress)
+        trailing = reader.next_header()
+        if trailing is not None:
+            raise MalformedBundleError(f"{what}: entry {trailing.name!r} is not listed in the manifest")
+        reader.expect_end()
+    finally:
+        if progress is not None:
+            progress.finish()
+
+
+def _copy_checked(
+    reader: TarReader, entry: TarHeader, item: FileEntry, sink: FileSink, *, what: str, progress: Progress | None
+) -> None:
+    digest = hashlib.sha256()
+
+    def feed(chunk: memoryview) -> None:
+        digest.update(chunk)
+        sink.write(chunk)
+        if progress is not None:
+            progress.advance(len(chunk))
+
+    try:
+        reader.copy_data(entry, feed)
+        if digest.hexdigest() != item.sha256:
+            raise ContentMismatchError(
+                f"{what}: {item.path!r} does not match its sha256 in the manifest (tampered or corrupt)"
+            )
+    except BaseException:
+        sink.abort()
+        raise
+    sink.finish()
+
+
+def check_tools(root: Path, manifest: Manifest, tool_fingerprints: ToolFingerprints, *, what: str) -> None:
+    """The tools the sealed flow names, with their input schemas, are exactly the sealed ones."""
+    found = dict(tool_fingerprints(root / manifest.flow))
+    for name, tool in sorted(manifest.tools.items()):
+        actual = found.pop(name, None)
+        if actual is None:
+            raise ContentMismatchError(f"{what}: tool {name!r} is in the manifest but the sealed flow does not name it")
+        if actual != tool.fingerprint:
+            raise ContentMismatchError(
+                f"{what}: tool {name!r} input-schema fingerprint is {actual} in the sealed flow "
+                f"but {tool.fingerprint} in the manifest"
+            )
+    if found:
+        name = sorted(found)[0]
+        raise ContentMismatchError(f"{what}: the sealed flow names tool {name!r}, which the manifest does not carry")
+
+
+def rehash(cache: Cache, key: str, manifest: Manifest, *, what: str) -> None:
+    """Re-check a cached tree byte for byte; evict it if anything differs."""
+    root = cache.entry(key)
+    problem = _tree_problem(root, manifest)
+    if problem is not None:
+        cache.evict(key)
+        raise ContentMismatchError(
+            f"{what}: the cached copy at {root} was modified ({problem}); it was removed, open the bundle again"
+        )
+
+
+def _tree_problem(root: Path, manifest: Manifest) -> str | None:
+    listed = manifest.by_path
+    seen: set[str] = set()
+    for top, dirs, files in os.walk(root, followlinks=False):
+        base = os.path.relpath(top, root)
+        for name in dirs + files:
+            rel = name if base == "." else f"{base}/{name}"
+            full = os.path.join(top, name)
+            mode = os.lstat(full).st_mode
+            if stat.S_ISDIR(mode):
+                continue
+            item = listed.get(rel)
+            if item is None:
+                return f"{rel!r} is not in the manifest"
+            if not stat.S_ISREG(mode):
+                return f"{rel!r} is not a regular file"
+            if bool(mode & 0o111) != item.executable:
+                return f"{rel!r} changed mode"
+            digest = hashlib.sha256()
+            size = 0
+            with open(full, "rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    digest.update(chunk)
+                    size += len(chunk)
+            if size != item.size or digest.hexdigest() != item.sha256:
+                return f"{rel!r} changed content"
+            seen.add(rel)
+    missing = sorted(set(listed) - seen)
+    if missing:
+        return f"{missing[0]!r} is missing"
+    return None

@@ -1,0 +1,312 @@
+"""`heddle keygen`, `sign`, `verify`, `inspect`, `trust`, `diff` and `doctor`: thin shells over
+heddle.bundle. Only typer and the standard library are imported at the top; the library
+(and cryptography, zstandard) load when a command runs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import typer
+
+if TYPE_CHECKING:
+    from heddle.bundle.manifest import Manifest
+    from heddle.bundle.seal import PackResult
+
+_TRUST = typer.Option(
+    [], "--trust", metavar="KEY.pub|KEYID",
+    help="Trust only this key for this command: a .pub file or a key id in the trust store (repeatable). "
+    "Without it, every key in the trust store is trusted.",
+)
+_ALLOW_UNSIGNED = typer.Option(
+    False, "--allow-unsigned", help="Admit a bundle that carries no signature at all (never one with a bad or untrusted one)."
+)
+_CACHE_DIR = typer.Option(None, "--cache-dir", help="Where verified payloads are kept [default: $HEDDLE_CACHE_DIR or ~/.cache/heddle/bundles].")
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _err(text: str) -> None:
+    sys.stderr.write(text + "\n")
+
+
+def print_pack_result(result: "PackResult") -> None:
+    """What `heddle bundle` reports once a bundle is written: digest, signer, sizes, counts, skipped."""
+    m = result.manifest
+    typer.echo(f"sealed {result.path}")
+    typer.echo(f"  digest   sha256:{result.digest}")
+    typer.echo(f"  signed   {'by ' + result.signer if result.signer else 'no (unsigned: runs only with --allow-unsigned)'}")
+    typer.echo(f"  size     {_size(result.size)} compressed, {_size(result.payload_size)} of payload")
+    typer.echo(f"  contents {result.file_count} files, {len(m.tools)} tools, {len(m.mounts)} mounts, {len(m.plugins)} plugins")
+    for path in result.skipped:
+        _err(f"left out {path} (looks like a secret: .git, .env*, *.pem, *.key)")
+
+
+def keygen(
+    out: Path = typer.Option(..., "--out", metavar="PATH", help="Write PATH.key (private, 0600) and PATH.pub."),
+    no_passphrase: bool = typer.Option(
+        False, "--no-passphrase", help="Leave the private key unencrypted (for CI keys kept in a secret store)."
+    ),
+) -> None:
+    """Make an Ed25519 signing key pair and print its key id.
+
+    The private key is PKCS#8 PEM, encrypted with a passphrase from HEDDLE_KEY_PASSPHRASE or
+    asked for on the terminal. Nothing is trusted by this: use `heddle trust add PATH.pub`
+    where bundles are verified, or `--trust PATH.pub` for one command.
+    """
+    from heddle.bundle.keys import generate, key_paths, passphrase_from_env_or_prompt
+
+    passphrase = None
+    if not no_passphrase:
+        for path in key_paths(out):
+            if path.exists():
+                break
+        else:
+            passphrase = passphrase_from_env_or_prompt(
+                "Passphrase for the new key: ", confirm=True, missing_hint="pass --no-passphrase"
+            )
+    made = generate(out, passphrase)
+    typer.echo(made.keyid)
+    _err(f"wrote {made.private_path} (private: keep it secret) and {made.public_path}")
+    _err(f"to trust it: heddle trust add {made.public_path}")
+
+
+def sign(
+    bundle: Path = typer.Argument(..., metavar="BUNDLE", help="The .heddle file to sign (rewritten in place)."),
+    key: Path = typer.Option(..., "--key", metavar="KEY", help="Private key from `heddle keygen` (PATH.key)."),
+) -> None:
+    """Add a signature to a bundle. The manifest, and so the digest, stay exactly the same."""
+    from heddle.bundle.keys import load_signing_key
+    from heddle.bundle.seal import add_signature
+
+    signing_key = load_signing_key(key)
+    digest, signatures = add_signature(bundle, signing_key)
+    typer.echo(f"signed {bundle} with key {signing_key.keyid}")
+    typer.echo(f"  digest     sha256:{digest} (unchanged)")
+    typer.echo(f"  signatures {', '.join(signatures.keyids)}")
+
+
+def verify(
+    bundle: Path = typer.Argument(..., metavar="BUNDLE", help="The .heddle file to verify."),
+    trust: list[str] = _TRUST,
+    allow_unsigned: bool = _ALLOW_UNSIGNED,
+    json_out: bool = typer.Option(False, "--json", help="Print the outcome as one JSON object on stdout."),
+    deep: bool = typer.Option(False, "--deep", help="Also re-hash a payload already in the cache."),
+    cache_dir: Optional[Path] = _CACHE_DIR,
+) -> None:
+    """Prove a bundle is exactly what a trusted key sealed, and unpack it into the cache.
+
+    Exit codes: 0 verified; 3 unsigned; 4 signed by no trusted key; 5 a bad signature from a
+    trusted key; 6 content does not match the manifest; 7 malformed or over a cap;
+    8 made by a newer heddle; 2 usage.
+    """
+    from heddle.bundle.errors import BundleError
+    from heddle.bundle.fingerprints import flow_tool_fingerprints
+    from heddle.bundle.progress import terminal_progress
+    from heddle.bundle.trust import resolve_trust
+    from heddle.bundle.verify import open_bundle
+
+    keys = resolve_trust(trust)
+    try:
+        opened = open_bundle(
+            bundle, trusted_keys=keys, allow_unsigned=allow_unsigned, cache_root=cache_dir, deep=deep,
+            progress=None if json_out else terminal_progress(), tool_fingerprints=flow_tool_fingerprints,
+        )
+    except BundleError as exc:
+        if not json_out:
+            raise
+        outcome = {"ok": False, "bundle": str(bundle), "error": {"kind": exc.kind, "exit_code": exc.exit_code, "message": exc.message}}
+        typer.echo(json.dumps(outcome, ensure_ascii=False))
+        raise typer.Exit(exc.exit_code) from None
+    m = opened.manifest
+    if json_out:
+        typer.echo(json.dumps({
+            "ok": True, "bundle": str(bundle), "digest": opened.digest, "signers": opened.signers,
+            "legacy": opened.legacy, "cached": opened.cached, "root": str(opened.root), "name": m.name,
+            "files": len(m.files), "payload_bytes": m.total_size, "tools": sorted(m.tools),
+        }, ensure_ascii=False))
+        return
+    typer.echo(f"verified {bundle}")
+    typer.echo(f"  digest   {'sha256:' + opened.digest if not opened.legacy else opened.digest}")
+    if opened.signers:
+        typer.echo(f"  signed   by {', '.join(opened.signers)} (trusted)")
+    else:
+        typer.echo("  signed   no (admitted by --allow-unsigned)")
+    typer.echo(f"  contents {len(m.files)} files ({_size(m.total_size)}), {len(m.tools)} tools, {len(m.mounts)} mounts")
+    typer.echo(f"  cache    {opened.root}{' (already verified, re-hashed)' if opened.cached and deep else ' (already verified)' if opened.cached else ''}")
+
+
+def _status(bundle: Path, seen: Any, trust: list[str], cache_dir: Path | None) -> str:
+    """VERIFIED only when a trusted key signed this manifest and its payload was checked into the cache."""
+    from heddle.bundle.cache import Cache
+    from heddle.bundle.errors import BundleError
+    from heddle.bundle.signing import decide_trust
+    from heddle.bundle.trust import resolve_trust
+
+    if seen.legacy:
+        return "UNVERIFIED (format-1 gzip bundle: carries no signature)"
+    try:
+        signers = decide_trust(seen.manifest_bytes, seen.signatures, resolve_trust(trust), allow_unsigned=False, what=str(bundle))
+    except BundleError as exc:
+        return f"UNVERIFIED ({exc.kind.replace('_', ' ')}: {exc.message})"
+    if Cache(cache_dir).has(seen.digest):
+        return f"VERIFIED (signed by {', '.join(signers)}; payload verified in the cache)"
+    return f"UNVERIFIED (signed by trusted key {', '.join(signers)}; payload not checked yet: run heddle verify)"
+
+
+def inspect(
+    bundle: Path = typer.Argument(..., metavar="BUNDLE", help="The .heddle file to describe."),
+    trust: list[str] = _TRUST,
+    json_out: bool = typer.Option(False, "--json", help="Print the manifest, signatures and status as JSON."),
+    cache_dir: Optional[Path] = _CACHE_DIR,
+) -> None:
+    """Show a bundle's manifest, files and tools with their input-schema fingerprints, without unpacking it.
+
+    The listing is marked UNVERIFIED unless a trusted key signed it and its payload was verified.
+    """
+    from heddle.bundle.verify import peek
+
+    seen = peek(bundle)
+    status = _status(bundle, seen, trust, cache_dir)
+    if json_out:
+        typer.echo(json.dumps({
+            "bundle": str(bundle), "status": status.split(" ", 1)[0], "detail": status, "digest": seen.digest,
+            "signatures": seen.signatures.keyids, "manifest": seen.manifest.to_json(),
+        }, ensure_ascii=False, indent=2))
+        return
+    _print_manifest(bundle, seen.manifest, seen.digest or "", seen.signatures.keyids, status)
+
+
+def _print_manifest(bundle: Path, m: "Manifest", digest: str, keyids: list[str], status: str) -> None:
+    echo = typer.echo
+    echo(f"{bundle}: {status}")
+    echo(f"  name       {m.name}")
+    if digest:
+        echo(f"  digest     sha256:{digest}")
+        echo(f"  format     heddle-bundle {m.version}, packed by heddle {m.heddle_version}")
+    else:
+        echo(f"  format     legacy gzip bundle ({m.heddle_version})")
+    echo(f"  signatures {', '.join(keyids) if keyids else 'none'}")
+    echo(f"  flow       {m.flow}")
+    echo(f"  tools      {len(m.tools)}")
+    for name, tool in sorted(m.tools.items()):
+        echo(f"    {name:<20} {tool.entry:<30} {tool.fingerprint}")
+    echo(f"  mounts     {len(m.mounts)}")
+    for mount in m.mounts:
+        echo(f"    {mount.dest} <- {mount.prefix} ({mount.mode})")
+    echo(f"  plugins    {len(m.plugins)}")
+    for plugin in m.plugins:
+        echo(f"    {plugin.name} ({plugin.manifest})")
+    echo(f"  input      {json.dumps(dict(m.input), ensure_ascii=False)}")
+    if m.requires:
+        echo(f"  requires   bins {list(m.requires.bins)}, env {list(m.requires.env)}, files {list(m.requires.files)}")
+    if m.proposals.max_tool_rounds is not None:
+        echo(f"  proposes   max_tool_rounds {m.proposals.max_tool_rounds}")
+    echo(f"  files      {len(m.files)} ({_size(m.total_size)})")
+    for item in m.files:
+        echo(f"    {item.mode:04o} {item.size:>10} {item.sha256[:16]} {item.path}")
+
+
+def diff(
+    a: Path = typer.Argument(..., metavar="A", help="The older bundle."),
+    b: Path = typer.Argument(..., metavar="B", help="The newer bundle."),
+    json_out: bool = typer.Option(False, "--json", help="Print the differences as JSON."),
+) -> None:
+    """Show the files, tools, input-schema fingerprints and settings that differ from A to B.
+
+    Reads both manifests without verifying either; exits 0 whether or not they differ.
+    """
+    from heddle.bundle.diff import diff_manifests
+    from heddle.bundle.verify import read_unverified
+
+    changes = diff_manifests(read_unverified(a)[0], read_unverified(b)[0])
+    if json_out:
+        typer.echo(json.dumps(changes.to_json(), ensure_ascii=False, indent=2))
+        return
+    if not changes:
+        typer.echo("no differences")
+        return
+    for line in changes.lines():
+        typer.echo(line)
+
+
+def doctor(
+    bundle: Path = typer.Argument(..., metavar="BUNDLE", help="The .heddle file whose requirements to check."),
+) -> None:
+    """Check that this machine has what the bundle `requires`: binaries on PATH, environment
+    variables set (values are never printed), files present. Installs nothing.
+
+    Exits 0 when everything is there, 9 when something is missing.
+    """
+    from heddle.bundle.errors import RequirementsUnmetError
+    from heddle.bundle.requires import check_requires
+    from heddle.bundle.verify import read_unverified
+
+    manifest, _ = read_unverified(bundle)
+    checks = check_requires(manifest.requires)
+    if not checks:
+        typer.echo(f"{bundle} requires nothing of this machine")
+        return
+    for check in checks:
+        typer.echo(f"{'ok     ' if check.ok else 'MISSING'} {check.kind:<4} {check.name}: {check.detail}")
+    missing = [c for c in checks if not c.ok]
+    if missing:
+        names = ", ".join(f"{c.kind} {c.name}" for c in missing)
+        raise RequirementsUnmetError(f"{bundle}: {len(missing)} of {len(checks)} requirements missing: {names}")
+
+
+trust_app = typer.Typer(
+    name="trust",
+    help="The keys this user trusts to sign bundles ($HEDDLE_TRUST_DIR or ~/.config/heddle/trust).",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+
+
+@trust_app.command("add")
+def trust_add(key: Path = typer.Argument(..., metavar="KEY.pub", help="A public key from `heddle keygen`.")) -> None:
+    """Trust a public key for verifying bundles."""
+    from heddle.bundle.trust import TrustStore
+
+    added, new = TrustStore().add(key)
+    typer.echo(f"{'trusted' if new else 'already trusted'} {added.keyid} ({key})")
+
+
+@trust_app.command("list")
+def trust_list() -> None:
+    """List the trusted keys: key id and file."""
+    from heddle.bundle.trust import TrustStore
+
+    store = TrustStore()
+    keys = store.list()
+    if not keys:
+        _err(f"no trusted keys in {store.directory}; add one with `heddle trust add KEY.pub`")
+    for key in keys:
+        typer.echo(f"{key.keyid}  {key.source}")
+
+
+@trust_app.command("remove")
+def trust_remove(keyid: str = typer.Argument(..., metavar="KEYID", help="The key id (or a unique prefix of 8+ digits).")) -> None:
+    """Stop trusting a key."""
+    from heddle.bundle.trust import TrustStore
+
+    removed = TrustStore().remove(keyid)
+    typer.echo(f"removed {removed.keyid}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add these commands to the main app."""
+    for name, fn in (("keygen", keygen), ("sign", sign), ("verify", verify), ("inspect", inspect),
+                     ("diff", diff), ("doctor", doctor)):
+        app.command(name)(fn)
+    app.add_typer(trust_app, name="trust")

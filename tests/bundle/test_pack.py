@@ -1,0 +1,204 @@
+"""Packing: checks before writing, deterministic bytes, atomic output, and a round trip."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from heddle.bundle.errors import PackError
+from heddle.bundle.fingerprints import flow_tool_fingerprints
+from heddle.bundle.plan import ToolSpec, make_plan
+from heddle.bundle.seal import pack
+from heddle.bundle.verify import open_bundle, peek
+from heddle.workspace.mounts import Mount
+
+from .conftest import KeyPair, agent_plan, snapshot, write_agent
+
+
+def _touch_all(root: Path, when: float) -> None:
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            os.utime(os.path.join(top, name), (when, when))
+
+
+def test_same_tree_packed_twice_gives_identical_bytes(sandbox: Path, keypair: KeyPair) -> None:
+    first = write_agent(sandbox / "a")
+    out1 = sandbox / "one.heddle"
+    pack(agent_plan(first), out1, signing_key=keypair.signing)
+
+    # The same content elsewhere, created in another order, other mtimes, another umask.
+    old = os.umask(0o077)
+    try:
+        second = write_agent(sandbox / "b")
+        (second["notes"] / "readme.md").unlink()
+        time.sleep(0.01)
+        (second["notes"] / "readme.md").write_text("# notes\n")
+        _touch_all(sandbox / "b", 1_000_000)
+        out2 = sandbox / "two.heddle"
+        pack(agent_plan(second), out2, signing_key=keypair.signing)
+    finally:
+        os.umask(old)
+    assert out1.read_bytes() == out2.read_bytes()
+
+
+def test_source_date_epoch_sets_every_mtime(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import zstandard
+
+    paths = write_agent(sandbox / "agent")
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    a, b = sandbox / "a.heddle", sandbox / "b.heddle"
+    pack(agent_plan(paths), a)
+    pack(agent_plan(paths), b)
+    assert a.read_bytes() == b.read_bytes()
+    tar = zstandard.ZstdDecompressor().decompress(a.read_bytes())
+    mtimes = {tar[i + 136 : i + 147] for i in range(0, len(tar) - 1024, 512) if tar[i + 257 : i + 262] == b"ustar"}
+    assert mtimes == {format(1_700_000_000, "o").rjust(11, "0").encode()}
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    with pytest.raises(Exception, match="SOURCE_DATE_EPOCH"):
+        pack(agent_plan(paths), sandbox / "c.heddle")
+    assert not (sandbox / "c.heddle").exists()
+
+
+def test_round_trip_layout_and_skipped_secrets(sandbox: Path, keypair: KeyPair) -> None:
+    paths = write_agent(sandbox / "agent")
+    (paths["tools"] / ".git").mkdir()
+    (paths["tools"] / ".git" / "config").write_text("[core]\n")
+    plan = agent_plan(paths, input={"text": "hi"})
+    result = pack(plan, sandbox / "app.heddle", signing_key=keypair.signing)
+    assert sorted(p.name for p in result.skipped) == [".env", ".git", "server.pem"]
+    assert result.signer == keypair.signing.keyid
+    opened = open_bundle(sandbox / "app.heddle", trusted_keys=[keypair.public], tool_fingerprints=flow_tool_fingerprints)
+    assert opened.digest == result.digest
+    m = opened.manifest
+    assert [f.path for f in m.files] == [
+        "flow.json", "mounts/notes/readme.md", "mounts/notes/sub/deep.txt", "mounts/work/draft.txt", "tools/echo.py",
+    ]
+    assert m.tools["echo"].entry == "tools/echo.py"
+    assert [(x.dest, x.prefix, x.mode) for x in m.mounts] == [("notes", "mounts/notes", "ro"), ("work", "mounts/work", "rw")]
+    assert dict(m.input) == {"text": "hi"}
+    assert (opened.root / "tools/echo.py").read_bytes() == (paths["tools"] / "echo.py").read_bytes()
+    assert os.access(opened.tool_path("echo"), os.X_OK)
+    assert opened.tools_dir == opened.root / "tools"
+
+
+@pytest.mark.parametrize("make_bad, message", [
+    (lambda d: os.symlink("/etc/passwd", d / "link"), "symbolic link"),
+    (lambda d: os.mkfifo(d / "pipe"), "FIFO"),
+    (lambda d: socket.socket(socket.AF_UNIX).bind(str(d / "sock")), "socket"),
+])
+def test_links_fifos_and_sockets_are_refused_naming_them(sandbox: Path, make_bad, message: str) -> None:
+    paths = write_agent(sandbox / "agent")
+    make_bad(paths["notes"] / "sub")
+    out = sandbox / "app.heddle"
+    out.write_bytes(b"the previous bundle")
+    with pytest.raises(PackError, match=message) as caught:
+        pack(agent_plan(paths), out)
+    assert str(paths["notes"] / "sub") in caught.value.message
+    assert out.read_bytes() == b"the previous bundle"
+
+
+def test_failure_leaves_nothing_at_out(sandbox: Path) -> None:
+    paths = write_agent(sandbox / "agent")
+    plan = agent_plan(paths, input={"temperature": 0.5})
+    before = snapshot(sandbox)
+    with pytest.raises(PackError, match="float"):
+        pack(plan, sandbox / "app.heddle")
+    assert snapshot(sandbox) == before
+
+
+def test_a_file_changing_while_packed_is_refused(sandbox: Path) -> None:
+    paths = write_agent(sandbox / "agent")
+    plan = agent_plan(paths)
+
+    class ChangeWhenHashed:
+        """Appends to a source once every byte has been hashed, before it is written."""
+
+        def start(self, total: int, label: str) -> None:
+            self.left = total // 2
+
+        def advance(self, n: int) -> None:
+            self.left -= n
+            if self.left == 0:
+                with open(paths["work"] / "draft.txt", "a") as fh:
+                    fh.write("more\n")
+
+        def finish(self) -> None:
+            pass
+
+    with pytest.raises(PackError, match="changed while it was being packed"):
+        pack(plan, sandbox / "app.heddle", progress=ChangeWhenHashed())
+    assert sorted(os.listdir(sandbox)) == ["agent", "cache", "home", "trust"]
+
+
+def test_plan_refusals_name_the_source(sandbox: Path) -> None:
+    paths = write_agent(sandbox / "agent")
+    (paths["notes"] / "Readme.md").write_text("twin\n")
+    with pytest.raises(PackError, match="case folding") as caught:
+        agent_plan(paths)
+    assert "Readme.md" in caught.value.message
+
+    (paths["notes"] / "Readme.md").unlink()
+    (paths["notes"] / "con.txt").write_text("device\n")
+    with pytest.raises(PackError, match="reserved device name"):
+        agent_plan(paths)
+    (paths["notes"] / "con.txt").unlink()
+
+    with pytest.raises(PackError, match="reserves"):
+        agent_plan(paths, mounts=[Mount(paths["notes"], PurePosixPath(".heddle/x"), "ro")])
+    with pytest.raises(PackError, match="overlaps"):
+        from heddle.bundle.seal import pack as _pack
+
+        _pack(agent_plan(paths, mounts=[Mount(paths["notes"], PurePosixPath("a"), "ro"),
+                                        Mount(paths["work"], PurePosixPath("a/b"), "rw")]), sandbox / "x.heddle")
+    assert not (sandbox / "x.heddle").exists()
+
+
+def test_every_tool_the_flow_names_must_be_carried(sandbox: Path) -> None:
+    paths = write_agent(sandbox / "agent")
+    fps = flow_tool_fingerprints(paths["flow"])
+    with pytest.raises(PackError, match="no --tools-dir"):
+        make_plan(paths["flow"], tools={"echo": ToolSpec(paths["tools"] / "echo.py", fps["echo"])})
+    secret = paths["tools"] / "echo.key"
+    secret.write_text("x")
+    with pytest.raises(PackError, match="not carried"):
+        make_plan(paths["flow"], tools_dir=paths["tools"], tools={"echo": ToolSpec(secret, fps["echo"])})
+
+
+def test_plugins_are_carried_as_folders(sandbox: Path) -> None:
+    paths = write_agent(sandbox / "agent")
+    plugin = sandbox / "agent" / "plug"
+    plugin.mkdir()
+    (plugin / "plugin.json").write_text('{"name": "greeter", "entry": "main.py"}')
+    (plugin / "main.py").write_text("print('hi')\n")
+    result = pack(agent_plan(paths, plugins=[plugin / "plugin.json"]), sandbox / "p.heddle")
+    m = peek(result.path).manifest
+    assert [(p.name, p.dir, p.manifest) for p in m.plugins] == [("greeter", "plugins/greeter", "plugins/greeter/plugin.json")]
+    assert "plugins/greeter/main.py" in m.by_path
+
+
+def test_progress_is_a_bar_on_a_terminal_and_silent_in_a_pipe(sandbox: Path, keypair: KeyPair) -> None:
+    import io
+
+    from heddle.bundle.progress import TerminalProgress, terminal_progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert terminal_progress(io.StringIO()) is None
+    assert isinstance(terminal_progress(Terminal()), TerminalProgress)
+    paths = write_agent(sandbox / "agent")
+    screen = Terminal()
+    pack(agent_plan(paths), sandbox / "app.heddle", progress=TerminalProgress(screen, min_bytes=0))
+    assert "packing app.heddle" in screen.getvalue()
+    screen = Terminal()
+    open_bundle(sandbox / "app.heddle", trusted_keys=[], allow_unsigned=True,
+                progress=TerminalProgress(screen, min_bytes=0))
+    assert "verifying app.heddle" in screen.getvalue()
+    quiet = Terminal()
+    pack(agent_plan(paths), sandbox / "small.heddle", progress=TerminalProgress(quiet, min_bytes=1 << 30))
+    assert quiet.getvalue() == ""
