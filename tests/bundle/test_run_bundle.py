@@ -1,0 +1,225 @@
+"""`heddle bundle` and `heddle run X.heddle` end to end, through the real command."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+from tests.bundle.conftest import VECTORS
+from tests.support.cli import error_line, heddle, state_of
+from tests.support.flows import FlowDoc, server_tool, write_tool
+
+
+def project(root: Path) -> tuple[Path, Path]:
+    """A flow whose one tool reads a mounted file, appends to an rw mount and echoes its input."""
+    tools = root / "tools"
+    write_tool(tools, "work.py", (
+        "notes = open('notes/readme.md', encoding='utf-8').read().strip()\n"
+        "with open('data/log.txt', 'a', encoding='utf-8') as fh:\n    fh.write(args['text'] + '\\n')\n"
+        "lines = open('data/log.txt', encoding='utf-8').read().split()\n"
+        "out = {'notes': notes, 'lines': lines}"))
+    f = FlowDoc("sealed-work")
+    s = f.start(["text"])
+    t = f.tool_node("work", server_tool("work", ["text"]))
+    e = f.end(["notes", "lines"])
+    f.control(s, t)
+    f.control(t, e)
+    flow = f.write(root / "flow.json")
+    (root / "notes").mkdir()
+    (root / "notes" / "readme.md").write_text("sealed notes ✓\n", encoding="utf-8")
+    (root / "data").mkdir()
+    (root / "data" / "log.txt").write_text("seed\n")
+    return flow, tools
+
+
+def seal(sandbox: Path, keypair, *extra: str) -> Path:
+    flow, tools = project(sandbox / "src")
+    out = sandbox / "app.heddle"
+    proc = heddle("bundle", flow, "--tools-dir", tools, "--mount", f"{sandbox / 'src' / 'notes'}",
+                  "--mount", f"{sandbox / 'src' / 'data'}:data:rw", "--input", '{"text": "recorded"}',
+                  "--sign-key", keypair.key_path, "-o", out, *extra)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_bundle_then_run_exactly_what_was_sealed(sandbox, keypair):
+    (sandbox / "src").mkdir()
+    out = seal(sandbox, keypair)
+    proc = heddle("bundle", "--help")
+    assert "--sign-key" in proc.stdout
+    state = state_of(heddle("run", out, "--trust", keypair.pub_path))
+    assert state["notes"] == "sealed notes ✓" and state["lines"] == ["seed", "recorded"]
+    # --input replaces the recorded input
+    state = state_of(heddle("run", out, "--trust", keypair.pub_path, "--input", '{"text": "given"}'))
+    assert state["lines"] == ["seed", "given"]
+    # editing the source after sealing changes nothing
+    (sandbox / "src" / "notes" / "readme.md").write_text("changed\n")
+    assert state_of(heddle("run", out, "--trust", keypair.pub_path))["notes"] == "sealed notes ✓"
+    report = heddle("validate", out, "--trust", keypair.pub_path)
+    assert report.returncode == 0 and "graph     valid" in report.stdout
+
+
+def test_rw_mounts_are_seeded_into_a_data_dir_never_the_cache(sandbox, keypair):
+    (sandbox / "src").mkdir()
+    out = seal(sandbox, keypair)
+    data = sandbox / "data-dir"
+    for expected in (["seed", "one"], ["seed", "one", "two"]):
+        proc = heddle("run", out, "--trust", keypair.pub_path, "--data-dir", data, "--input",
+                      json.dumps({"text": expected[-1]}))
+        assert state_of(proc)["lines"] == expected
+        assert f"rw mounts are seeded in {data}" in proc.stderr
+    assert (data / "data" / "log.txt").read_text().split() == ["seed", "one", "two"]
+    # without --data-dir each run starts from the sealed seed, in a folder it names
+    proc = heddle("run", out, "--trust", keypair.pub_path)
+    assert state_of(proc)["lines"] == ["seed", "recorded"] and "rw mounts are seeded in " in proc.stderr
+    cache = sandbox / "cache"
+    for top, dirs, files in os.walk(cache):
+        for name in files:
+            st = os.stat(os.path.join(top, name))
+            assert not st.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH), name
+            if name == "log.txt":
+                assert Path(top, name).read_text() == "seed\n"
+
+
+def test_tools_dir_with_a_bundle_is_refused(sandbox, keypair):
+    (sandbox / "src").mkdir()
+    out = seal(sandbox, keypair)
+    proc = heddle("run", out, "--trust", keypair.pub_path, "--tools-dir", sandbox / "src" / "tools")
+    assert proc.returncode == 2
+    assert "--tools-dir cannot be used with the bundle" in error_line(proc)
+    proc = heddle("run", sandbox / "src" / "flow.json", "--trust", keypair.pub_path)
+    assert proc.returncode == 2 and "apply to bundles" in error_line(proc)
+
+
+def test_a_mount_given_at_run_time_adds_to_the_bundles(sandbox, keypair):
+    (sandbox / "src").mkdir()
+    flow, tools = project(sandbox / "src")
+    write_tool(tools, "work.py", "out = {'extra': open('extra/x.txt').read(), 'notes': os.listdir('notes')}")
+    out = sandbox / "app.heddle"
+    assert heddle("bundle", flow, "-t", tools, "--mount", sandbox / "src" / "notes", "--sign-key",
+                  keypair.key_path, "-o", out).returncode == 0
+    (sandbox / "extra").mkdir()
+    (sandbox / "extra" / "x.txt").write_text("added")
+    state = state_of(heddle("run", out, "--trust", keypair.pub_path, "--mount", sandbox / "extra",
+                            "--input", '{"text": "t"}'))
+    assert state["extra"] == "added" and state["notes"] == ["readme.md"]
+
+
+def test_secrets_are_left_out_and_listed(sandbox, keypair):
+    src = sandbox / "src"
+    src.mkdir()
+    flow, tools = project(src)
+    for name in (".env", ".env.local", "id.pem", "signing.key"):
+        (src / "notes" / name).write_text("secret")
+    (src / "notes" / ".git").mkdir()
+    (src / "notes" / ".git" / "config").write_text("secret")
+    out = sandbox / "app.heddle"
+    proc = heddle("bundle", flow, "-t", tools, "--mount", src / "notes", "--mount", f"{src / 'data'}:data:rw",
+                  "--sign-key", keypair.key_path, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    for name in (".env", ".env.local", "id.pem", "signing.key", ".git"):
+        assert f"left out {src / 'notes' / name}" in proc.stderr
+    listing = heddle("inspect", out).stdout
+    assert "readme.md" in listing and ".env" not in listing and "id.pem" not in listing
+
+
+def test_a_failed_bundle_leaves_nothing_at_the_output(sandbox, keypair):
+    src = sandbox / "src"
+    src.mkdir()
+    flow, tools = project(src)
+    out = sandbox / "app.heddle"
+    (src / "notes" / "link").symlink_to("/etc/passwd")
+    proc = heddle("bundle", flow, "-t", tools, "--mount", src / "notes", "--sign-key", keypair.key_path, "-o", out)
+    assert proc.returncode == 2 and "link" in error_line(proc)
+    assert not out.exists()
+    (src / "notes" / "link").unlink()
+    out.write_bytes(b"previous bundle")
+    (tools / "work.py").unlink()
+    proc = heddle("bundle", flow, "-t", tools, "--sign-key", keypair.key_path, "-o", out)
+    assert proc.returncode == 2 and "ServerTool 'work' has no executable" in error_line(proc)
+    assert out.read_bytes() == b"previous bundle"
+    assert sorted(p.name for p in sandbox.iterdir() if p.name.startswith("app")) == ["app.heddle"]
+
+
+def test_packing_twice_gives_the_same_bytes_and_digest(sandbox, keypair):
+    src = sandbox / "src"
+    src.mkdir()
+    flow, tools = project(src)
+    outs = []
+    for i, umask in enumerate((0o022, 0o077)):
+        os.utime(flow, (1000 + i, 1000 + i))
+        old = os.umask(umask)
+        try:
+            out = sandbox / f"app{i}.heddle"
+            assert heddle("bundle", flow, "-t", tools, "--sign-key", keypair.key_path, "-o", out).returncode == 0
+        finally:
+            os.umask(old)
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+
+
+def test_untrusted_and_tampered_bundles_never_run(sandbox, keypair):
+    src = sandbox / "src"
+    src.mkdir()
+    flow, tools = project(src)
+    write_tool(tools, "work.py", f"open({str(sandbox / 'RAN')!r}, 'w').close()\nout = {{}}")
+    out = sandbox / "app.heddle"
+    assert heddle("bundle", flow, "-t", tools, "--sign-key", keypair.key_path, "-o", out).returncode == 0
+    proc = heddle("run", out, "--input", '{"text": "x"}')
+    assert proc.returncode == 4 and keypair.public.keyid in error_line(proc)
+    data = bytearray(out.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    tampered = sandbox / "tampered.heddle"
+    tampered.write_bytes(bytes(data))
+    proc = heddle("run", tampered, "--trust", keypair.pub_path, "--input", '{"text": "x"}')
+    assert proc.returncode in (6, 7), proc.stderr
+    assert not (sandbox / "RAN").exists()
+    assert state_of(heddle("run", out, "--trust", keypair.pub_path, "--input", '{"text": "x"}')) is not None
+    assert (sandbox / "RAN").exists()
+
+
+def test_an_unsigned_bundle_runs_only_with_allow_unsigned(sandbox):
+    src = sandbox / "src"
+    src.mkdir()
+    flow, tools = project(src)
+    out = sandbox / "app.heddle"
+    proc = heddle("bundle", flow, "-t", tools, "--mount", src / "notes", "--mount", f"{src / 'data'}:data:rw",
+                  "-o", out)
+    assert proc.returncode == 0 and "unsigned" in proc.stdout
+    proc = heddle("run", out, "--input", '{"text": "x"}')
+    assert proc.returncode == 3
+    assert state_of(heddle("run", out, "--allow-unsigned", "--input", '{"text": "x"}'))["lines"] == ["seed", "x"]
+
+
+def test_recorded_tool_round_proposal_and_command_line_override(sandbox, keypair):
+    from tests.support.scripted_model import scripted_model
+
+    src = sandbox / "src"
+    src.mkdir()
+    write_tool(src / "tools", "echo.py", "out = args")
+    calls = [{"tool_calls": [{"name": "echo", "arguments": {"m": str(i)}}]} for i in range(3)]
+    with scripted_model([*calls, {"content": "done"}, *calls, {"content": "done"}], sandbox) as model:
+        f = FlowDoc("rounds")
+        s = f.start(["query"])
+        a = f.agent("agent", model.url, tools=[server_tool("echo", ["m"])])
+        e = f.end(["result"])
+        f.control(s, a)
+        f.control(a, e)
+        flow = f.write(src / "flow.json")
+        out = sandbox / "app.heddle"
+        assert heddle("bundle", flow, "-t", src / "tools", "--max-tool-rounds", "2", "--sign-key",
+                      keypair.key_path, "-o", out).returncode == 0
+        proc = heddle("run", out, "--trust", keypair.pub_path, "--input", '{"query": "q"}')
+        assert proc.returncode == 1 and "--max-tool-rounds 2" in error_line(proc)
+        proc = heddle("run", out, "--trust", keypair.pub_path, "--input", '{"query": "q"}', "--max-tool-rounds", "5")
+        assert state_of(proc)["result"] == "done"
+
+
+def test_a_format_1_bundle_runs_only_with_allow_unsigned(sandbox):
+    legacy = VECTORS / "legacy-gzip.heddle"
+    proc = heddle("run", legacy)
+    assert proc.returncode == 3
+    state = state_of(heddle("run", legacy, "--allow-unsigned"))
+    assert state == {"text": "hi", "echoed": "hi"}
