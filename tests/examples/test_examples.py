@@ -1,0 +1,78 @@
+"""Every example seals with its one command and runs end to end from the signed bundle."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import heddle, state_of
+from tests.support.scripted_model import scripted_model
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SCRIPTED_URL = "http://127.0.0.1:4320/v1"
+
+CASES = {
+    "skills-agent": (["--mount", "./skills"], {"request": "a haiku about weaving"}),
+    "notes-rw": (["--mount", "./notes:notes:rw"], {"note": "buy more warp thread"}),
+    "triage": ([], {"message": "How do I trust a key?"}),
+}
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEDDLE_TRUST_DIR", str(tmp_path / "trust"))
+    monkeypatch.setenv("HEDDLE_CACHE_DIR", str(tmp_path / "cache"))
+    assert heddle("keygen", "--out", tmp_path / "me", "--no-passphrase").returncode == 0
+    return tmp_path
+
+
+def sealed(name: str, env: Path, model_url: str) -> Path:
+    work = env / name
+    shutil.copytree(EXAMPLES / name, work)
+    flow = work / "flow.yaml"
+    flow.write_text(flow.read_text().replace(SCRIPTED_URL, model_url))
+    extra, _ = CASES[name]
+    out = env / f"{name}.heddle"
+    proc = heddle("bundle", "flow.yaml", "--tools-dir", "tools", *extra, "--sign-key", env / "me.key", "-o", out,
+                  cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def run(bundle: Path, env: Path, inputs: dict, *extra) -> dict:
+    return state_of(heddle("run", bundle, "--trust", env / "me.pub", "--input", json.dumps(inputs), *extra))
+
+
+def test_skills_agent_reads_its_mounted_skills(env):
+    script = EXAMPLES / "skills-agent" / "model.yaml"
+    with scripted_model(script, env) as model:
+        state = run(sealed("skills-agent", env, model.url), env, CASES["skills-agent"][1])
+        requests = model.requests()
+    assert "a heddle lifts every thread" in state["result"]
+    tool_results = [m["content"] for m in requests[2]["body"]["messages"] if m["role"] == "tool"]
+    assert json.loads(tool_results[0]) == {"skills": ["haiku", "limerick"]}
+    assert "five, seven and five syllables" in json.loads(tool_results[1])["text"]
+
+
+def test_notes_rw_hands_the_agents_write_to_the_next_node(env):
+    with scripted_model(EXAMPLES / "notes-rw" / "model.yaml", env) as model:
+        bundle = sealed("notes-rw", env, model.url)
+        state = run(bundle, env, CASES["notes-rw"][1], "--data-dir", env / "data")
+    assert state["count"] == 2 and state["result"] == "Saved your note."
+    journal = (env / "data" / "notes" / "journal.md").read_text()
+    assert "buy more warp thread" in journal and "oiled on Monday" in journal
+
+
+def test_triage_routes_each_kind_of_message(env):
+    with scripted_model(EXAMPLES / "triage" / "model.yaml", env) as model:
+        bundle = sealed("triage", env, model.url)
+        question = run(bundle, env, CASES["triage"][1])
+        bug = run(bundle, env, {"message": "The app crashes on start"})
+        other = run(bundle, env, {"message": "thanks!"})
+        assert len(model.requests()) == 2
+    assert question["category"] == "question" and "heddle trust add" in question["outcome"]
+    assert bug["category"] == "bug" and bug["outcome"].startswith("filed BUG-")
+    assert other["outcome"] == "archived: thanks!"
