@@ -33,5 +33,23 @@ def load_sealed_flow(flow_path: Path, fmt: str | None = None, node_types: Iterab
         raise MalformedBundleError(f"the sealed flow does not load: {exc}") from None
 
 
-def flow_tool_fingerprints(flow_path: Path) -> dict[str, str]:
-    return fingerprints_of(load_sealed_flow(flow_path))
+def sealed_flow(flow_path: Path, manifest: Any = None, *, fmt: str | None = None,
+                node_types: Iterable[str] = ()) -> tuple[Any, frozenset[str]]:
+    """The sealed flow, read with the node types of the plugins the bundle carries, and the
+    names of the tools those plugins provide (they are fingerprinted with the plugin, not here)."""
+    plugin_tools: frozenset[str] = frozenset()
+    types = set(node_types)
+    if manifest is not None and manifest.plugins:
+        from heddle.plugins.sealed import read_sealed
+
+        # The flow sits at the payload root, beside the plugins/ folder (SPEC: payload layout).
+        carried = read_sealed(flow_path.parent, manifest)
+        types |= carried.node_types
+        plugin_tools = carried.tool_names
+    return load_sealed_flow(flow_path, fmt, node_types=types), plugin_tools
+
+
+def flow_tool_fingerprints(flow_path: Path, manifest: Any = None) -> dict[str, str]:
+    """{tool name: fingerprint} of the tools the sealed flow names and the tools folder must carry."""
+    flow, plugin_tools = sealed_flow(flow_path, manifest)
+    return {n: f for n, f in fingerprints_of(flow).items() if n not in plugin_tools}

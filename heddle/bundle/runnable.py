@@ -50,7 +50,7 @@ def open_runnable(
 ) -> SealedRun:
     """Verify `path` against the trusted keys and return what to run. Raises the bundle errors."""
     from heddle.bundle.datadir import seed_data_dir
-    from heddle.bundle.fingerprints import fingerprints_of, load_sealed_flow
+    from heddle.bundle.fingerprints import fingerprints_of, sealed_flow
     from heddle.bundle.trust import resolve_trust
     from heddle.bundle.verify import open_bundle
     from heddle.tools.registry import discover_tools
@@ -58,16 +58,17 @@ def open_runnable(
 
     loaded: list[Any] = []
 
-    def sealed_fingerprints(flow_path: Path) -> dict[str, str]:
-        # The flow is parsed once: for the fingerprint check and then for the run.
-        loaded.append(load_sealed_flow(flow_path, fmt, node_types=node_types))
-        return fingerprints_of(loaded[-1])
+    def sealed_fingerprints(flow_path: Path, manifest: Any) -> dict[str, str]:
+        # Parsed once, here, after every payload byte matched: for the check and for the run.
+        flow, plugin_tools = sealed_flow(flow_path, manifest, fmt=fmt, node_types=node_types)
+        loaded.append(flow)
+        return {n: f for n, f in fingerprints_of(flow).items() if n not in plugin_tools}
 
     keys = resolve_trust([str(t) for t in trust])
     opened = open_bundle(Path(path), trusted_keys=keys, allow_unsigned=allow_unsigned, cache_root=cache_root,
                          progress=progress, tool_fingerprints=sealed_fingerprints)
     manifest = opened.manifest
-    flow = loaded[-1] if loaded else load_sealed_flow(opened.flow_path, fmt, node_types=node_types)
+    flow = loaded[-1] if loaded else sealed_flow(opened.flow_path, manifest, fmt=fmt, node_types=node_types)[0]
     tools_dir = opened.tools_dir
     # Every sealed tool is on .heddle/bin (tools may call each other); the ones the flow names
     # come from the manifest's own entries, whose fingerprints were just checked.

@@ -30,7 +30,8 @@ from heddle.bundle.staging import StagedFile, StagingTree
 from heddle.bundle.tar import TarHeader, TarReader
 from heddle.errors import UsageError
 
-ToolFingerprints = Callable[[Path], Mapping[str, str]]
+# (sealed flow path, manifest) -> {tool name: input-schema fingerprint}
+ToolFingerprints = Callable[[Path, Manifest], Mapping[str, str]]
 
 
 @dataclass(frozen=True)
@@ -265,7 +266,7 @@ def _copy_checked(
 
 def check_tools(root: Path, manifest: Manifest, tool_fingerprints: ToolFingerprints, *, what: str) -> None:
     """The tools the sealed flow names, with their input schemas, are exactly the sealed ones."""
-    found = dict(tool_fingerprints(root / manifest.flow))
+    found = dict(tool_fingerprints(root / manifest.flow, manifest))
     for name, tool in sorted(manifest.tools.items()):
         actual = found.pop(name, None)
         if actual is None:

@@ -44,6 +44,10 @@ class EventPrinter:
         elif isinstance(event, ev.ToolResult):
             mark = "ok" if event.ok else "failed"
             self._line(f"  tool {event.tool} {mark} in {event.duration_ms:.0f} ms: {_short(event.output)}")
+        elif event.type == "plugin_log":
+            self._line(f"  plugin {event.plugin} {event.level}: {event.message}")
+        elif event.type == "plugin_event":
+            self._line(f"  plugin {event.plugin} event {event.name}: {_short(event.data)}")
 
     @staticmethod
     def _line(text: str) -> None:

@@ -16,6 +16,36 @@ _INPUT = typer.Option(None, "--input", "-i", help="The run's input: a JSON objec
 _MOUNT = typer.Option([], "--mount", "-m", metavar="SRC[:DEST][:ro|:rw]",
                       help="Put a file or folder into every workspace (repeatable; ro is a private copy, rw copies changes back).")
 _PLUGIN = typer.Option([], "--plugin", metavar="MANIFEST", help="A plugin's plugin.json (repeatable).")
+_PLUGIN_CONFIG = typer.Option([], "--plugin-config", metavar="TYPE=JSON|@FILE",
+                              help="Settings of a plugin component type, checked against its configSchema (repeatable).")
+_PLUGIN_TIMEOUT = typer.Option(30.0, "--plugin-timeout", min=0.001,
+                               help="Seconds a plugin call may stay silent before it is cancelled and the plugin killed.")
+_MAX_NODE_ATTEMPTS = typer.Option(3, "--max-node-attempts", min=1,
+                                  help="Times a node may run when a nodeError plugin asks to retry it.")
+
+
+def _node_types(plugins: list[Path]) -> frozenset[str]:
+    """The node types the `--plugin` manifests add (read only: nothing starts, no settings needed)."""
+    if not plugins:
+        return frozenset()
+    from heddle.plugins.sealed import read_carried
+
+    return read_carried(plugins).node_types
+
+
+def _load_plugins(plugins: list[Path], configs: list[str], timeout: float, max_node_attempts: int, *,
+                  require_settings: bool = True):
+    """The plugins named on the command line, read and checked (nothing starts), or None."""
+    if not plugins:
+        if configs:
+            from heddle.errors import UsageError
+
+            raise UsageError("--plugin-config sets a plugin component's settings; load the plugin with --plugin MANIFEST")
+        return None
+    from heddle.plugins import PluginHost
+
+    return PluginHost.load(plugins, config_specs=configs, timeout=timeout, max_node_attempts=max_node_attempts,
+                           require_settings=require_settings)
 
 
 def _read_input(value: str | None) -> dict:
@@ -87,7 +117,7 @@ def run(
     timeout: float = typer.Option(300.0, "--timeout", min=0.001, help="Seconds the whole run may take."),
     tool_timeout: float = typer.Option(30.0, "--tool-timeout", min=0.001, help="Seconds one tool call may take."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show nodes and tool calls on stderr."),
-    protocol: Optional[str] = typer.Option(None, "--protocol", help="Print events on stdout instead of the final state: heddle (JSON lines)."),
+    protocol: Optional[str] = typer.Option(None, "--protocol", help="Print events on stdout instead of the final state: heddle (JSON lines), or an encoder plugin's protocol."),
     mount: list[str] = _MOUNT,
     workspace: Optional[Path] = typer.Option(None, "--workspace", help="Keep each node's workspace at DIR/<node-name> instead of removing it."),
     no_mount_tools: bool = typer.Option(False, "--no-mount-tools", help="Leave .heddle/bin empty in workspaces."),
@@ -102,6 +132,10 @@ def run(
     trust: list[Path] = typer.Option([], "--trust", help="With a bundle: a public key (.pub) trusted for this command (repeatable)."),
     allow_unsigned: bool = typer.Option(False, "--allow-unsigned", help="With a bundle: admit a bundle that carries no signature at all."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="With a bundle: where rw mounts are seeded (default: a temporary folder)."),
+    plugin: list[Path] = _PLUGIN,
+    plugin_config: list[str] = _PLUGIN_CONFIG,
+    plugin_timeout: float = _PLUGIN_TIMEOUT,
+    max_node_attempts: int = _MAX_NODE_ATTEMPTS,
 ) -> None:
     """Run a flow (or a sealed bundle) and print its final state as one JSON object.
 
@@ -121,8 +155,6 @@ def run(
     from heddle.workspace.mounts import parse_mount
     from heddle.workspace.workspace import WorkspaceOptions
 
-    if protocol not in (None, "heddle"):
-        raise UsageError(f"--protocol {protocol!r}: the built-in protocol is 'heddle' (JSON lines of events)")
     policy, given = _sandbox_flags(safe, sandbox, allow_read, allow_write, allow_env, deny_net)
     inputs = _read_input(input)
     mounts = [parse_mount(m) for m in mount]
@@ -134,13 +166,16 @@ def run(
         if tools_dir is not None:
             raise UsageError(f"--tools-dir cannot be used with the bundle {target}: a sealed bundle runs only its own tools")
         sealed = load_sealed(target, trust=trust, allow_unsigned=allow_unsigned, data_dir=data_dir,
-                             fmt=format, verbose=verbose)
+                             fmt=format, verbose=verbose, node_types=_node_types(plugin))
+        # The bundle's own plugins run from the verified cache, before any given here.
+        host = _load_plugins([*getattr(sealed, "plugins", ()), *plugin], plugin_config, plugin_timeout,
+                             max_node_attempts)
         flow, tools, tools_root = sealed.flow, sealed.tools, sealed.tools_dir
         mounts = [*sealed.mounts, *mounts]
         if input is None:
             inputs = dict(sealed.input)
         if max_tool_rounds is None and sealed.max_tool_rounds is not None:
-            rounds = sealed.max_tool_rounds
+            rounds = parse_max_tool_rounds(sealed.max_tool_rounds)
     else:
         if trust or allow_unsigned or data_dir:
             raise UsageError("--trust, --allow-unsigned and --data-dir apply to bundles; "
@@ -148,9 +183,14 @@ def run(
         from heddle.spec import load_flow
         from heddle.tools.registry import discover_tools
 
-        flow = load_flow(target, fmt=format)
+        host = _load_plugins(plugin, plugin_config, plugin_timeout, max_node_attempts)
+        flow = load_flow(target, fmt=format, node_types=host.node_types() if host else ())
         tools = discover_tools(tools_dir)
         tools_root = tools_dir.absolute() if tools_dir else None
+    if protocol not in (None, "heddle"):
+        from heddle.plugins.encoder import encoder_for
+
+        encoder_for(host, protocol)
 
     options = RunOptions(
         max_iterations=max_iterations, max_tool_rounds=rounds, timeout=timeout, tool_timeout=tool_timeout,
@@ -159,9 +199,21 @@ def run(
                                    max_entries=mount_max_entries, max_bytes=mount_max_bytes),
         sandbox=policy,
     )
-    prepared = prepare_run(flow, tools=tools, tools_dir=tools_root, options=options, sandbox_flags=given)
-    printer = EventPrinter(verbose=verbose, protocol=protocol)
-    state = asyncio.run(run_prepared(prepared, inputs, on_event=printer))
+    prepared = prepare_run(flow, tools=tools, tools_dir=tools_root, options=options, sandbox_flags=given,
+                           plugins=host)
+    printer = EventPrinter(verbose=verbose, protocol=protocol if protocol == "heddle" else None)
+    if host is None:
+        state = asyncio.run(run_prepared(prepared, inputs, on_event=printer))
+    else:
+        from heddle.plugins.runner import run_with_plugins
+
+        def write(text: str) -> None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+        encoder = protocol if protocol not in (None, "heddle") else None
+        state = asyncio.run(run_with_plugins(prepared, inputs, host=host, on_event=printer, protocol=encoder,
+                                             write=write))
     if protocol is None:
         sys.stdout.write(json.dumps(state, ensure_ascii=False) + "\n")
 
@@ -173,6 +225,10 @@ def validate(
     trust: list[Path] = typer.Option([], "--trust", help="With a bundle: a public key trusted for this command."),
     allow_unsigned: bool = typer.Option(False, "--allow-unsigned", help="With a bundle: admit an unsigned bundle."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    plugin: list[Path] = _PLUGIN,
+    plugin_config: list[str] = _PLUGIN_CONFIG,
+    plugin_timeout: float = _PLUGIN_TIMEOUT,
+    max_node_attempts: int = _MAX_NODE_ATTEMPTS,
 ) -> None:
     """Check a flow without running it: parse, graph, tools and their input-schema fingerprints.
 
@@ -189,22 +245,36 @@ def validate(
         if tools_dir is not None:
             raise UsageError(f"--tools-dir cannot be used with the bundle {target}: a sealed bundle runs only its own tools")
         sealed = load_sealed(target, trust=trust, allow_unsigned=allow_unsigned, data_dir=None, fmt=format,
-                             verbose=False, seed_data=False)
+                             verbose=False, seed_data=False, node_types=_node_types(plugin))
+        host = _load_plugins([*getattr(sealed, "plugins", ()), *plugin], plugin_config, plugin_timeout,
+                             max_node_attempts)
         flow, tools, source = sealed.flow, sealed.tools, f"{target} (sealed {sealed.digest})"
     else:
         from heddle.spec import load_flow
         from heddle.tools.registry import discover_tools
 
-        flow = load_flow(target, fmt=format)
+        host = _load_plugins(plugin, plugin_config, plugin_timeout, max_node_attempts)
+        flow = load_flow(target, fmt=format, node_types=host.node_types() if host else ())
         tools = discover_tools(tools_dir) if tools_dir is not None else None
         source = str(target)
-    report = validation_report(flow, tools=tools, source=source, tools_dir=tools_dir)
+    if host is not None:
+        if tools is not None or host.tools:
+            tools = host.known_tools(tools or {})
+        report = validation_report(flow, tools=tools, source=source, tools_dir=tools_dir)
+        report["problems"] += host.check_flow(flow)
+        report["valid"] = not report["problems"]
+        report["plugins"] = host.describe()
+    else:
+        report = validation_report(flow, tools=tools, source=source, tools_dir=tools_dir)
     if json_out:
         sys.stdout.write(json.dumps(report, ensure_ascii=False, indent=2) + "\n")
     else:
         from heddle.cli.report import print_validation
 
         print_validation(report)
+        for row in report.get("plugins", []):
+            kinds = ", ".join(f"{c['componentType']} ({c['kind']})" for c in row["components"]) or "no components"
+            sys.stdout.write(f"plugin    {row['name']} {row['version']}: {kinds}; {len(row['tools'])} tool(s)\n")
     if report["problems"]:
         raise GraphError(report["problems"])
 
@@ -214,6 +284,9 @@ def bundle(
     tools_dir: Optional[Path] = _TOOLS_DIR,
     mount: list[str] = _MOUNT,
     plugin: list[Path] = _PLUGIN,
+    plugin_config: list[str] = _PLUGIN_CONFIG,
+    plugin_timeout: float = _PLUGIN_TIMEOUT,
+    max_node_attempts: int = _MAX_NODE_ATTEMPTS,
     input: Optional[str] = typer.Option(None, "--input", "-i", help="The default input recorded in the bundle (JSON, @FILE or -)."),
     requires: Optional[str] = typer.Option(None, "--requires", help='What the bundle needs on the host: JSON or @FILE, e.g. {"bins": ["git"], "env": ["OPENAI_API_KEY"]}.'),
     max_tool_rounds: Optional[str] = typer.Option(None, "--max-tool-rounds", metavar="N|unlimited", help="Proposed tool-round limit recorded in the bundle."),
@@ -237,6 +310,9 @@ def bundle(
     """
     from heddle.cli.sealed import seal
 
+    # Manifests, and the settings given, are checked before anything is packed; settings are
+    # not sealed: the operator gives them where the bundle runs.
+    _load_plugins(plugin, plugin_config, plugin_timeout, max_node_attempts, require_settings=False)
     seal(flow_path, tools_dir=tools_dir, mounts=mount, plugins=plugin, input_text=input, requires=requires,
          max_tool_rounds=max_tool_rounds, sign_key=sign_key, name=name, fmt=format, output=output,
          max_entries=mount_max_entries, max_bytes=mount_max_bytes, read_input=_read_input)

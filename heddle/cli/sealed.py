@@ -10,14 +10,6 @@ from typing import Any, Callable
 from heddle.errors import GraphError, UsageError
 
 
-def _plugin_node_types(plugins: list[Path]) -> frozenset[str]:
-    if not plugins:
-        return frozenset()
-    from heddle.plugins import PluginHost
-
-    return PluginHost.load(plugins).node_types()
-
-
 def seal(
     flow_path: Path,
     *,
@@ -45,20 +37,24 @@ def seal(
     from heddle.cli.bundle import print_pack_result
     from heddle.engine.options import parse_max_tool_rounds
     from heddle.graph import check_flow, referenced_tools
+    from heddle.plugins.sealed import read_carried
     from heddle.spec import load_flow
     from heddle.tools.registry import discover_tools
     from heddle.tools.schema import input_fingerprint
     from heddle.workspace.mounts import check_mounts, parse_mount
 
-    flow = load_flow(flow_path, fmt=fmt, node_types=_plugin_node_types(plugins))
+    # Plugins are read, never started, to seal them: their settings come at run time.
+    carried = read_carried(plugins)
+    flow = load_flow(flow_path, fmt=fmt, node_types=carried.node_types)
     tools = discover_tools(tools_dir)
-    problems = check_flow(flow, tools=tools, tools_dir=tools_dir)
+    problems = check_flow(flow, tools={**tools, **dict.fromkeys(carried.tool_names, flow_path)},
+                          tools_dir=tools_dir)
     if problems:
         raise GraphError(problems)
     parsed_mounts = [parse_mount(m) for m in mounts]
     check_mounts(parsed_mounts, max_entries=max_entries, max_bytes=max_bytes)
     specs = {name_: ToolSpec(path=tools[name_], fingerprint=input_fingerprint(tool))
-             for name_, tool in referenced_tools(flow).items()}
+             for name_, tool in referenced_tools(flow).items() if name_ not in carried.tool_names}
     proposal: int | str | None = None
     if max_tool_rounds is not None:
         rounds = parse_max_tool_rounds(max_tool_rounds)

@@ -60,8 +60,12 @@ async def run_agent(ctx: RunContext, node, inputs: dict[str, Any]) -> dict[str, 
         rounds = 0
         while True:
             rounds += 1
-            turn = await ctx.client.chat(endpoint, messages, definitions, on_delta=on_delta)
+            if ctx.plugins is not None:
+                await ctx.plugins.round_before(node.name, rounds, messages)
+            turn = await ctx.chat(node.name, endpoint, messages, definitions, on_delta)
             if not turn.tool_calls:
+                if ctx.plugins is not None:
+                    await ctx.plugins.round_after(node.name, rounds, turn, [])
                 return answer_outputs(turn.content or "", node)
             if limit is not None and rounds >= limit:
                 raise LimitError(
@@ -77,9 +81,13 @@ async def run_agent(ctx: RunContext, node, inputs: dict[str, Any]) -> dict[str, 
                     for call in turn.tool_calls
                 ],
             })
+            results = []
             for call in turn.tool_calls:
                 result = await _one_call(ctx, node.name, call, tools, schemas, workspace, check_arguments)
                 messages.append(_tool_message(call.id, result))
+                results.append({"id": call.id, "name": call.name, "result": result})
+            if ctx.plugins is not None:
+                await ctx.plugins.round_after(node.name, rounds, turn, results)
 
 
 async def _one_call(ctx, node_name, call, tools, schemas, workspace, check_arguments) -> Any:

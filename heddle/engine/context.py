@@ -29,6 +29,7 @@ class RunContext:
     emit: ev.EventSink
     iterations: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    plugins: Any = None  # a heddle.plugins PluginRun when plugins are loaded: the seams go through it
 
     def count_iteration(self, node_name: str) -> None:
         self.iterations += 1
@@ -44,6 +45,20 @@ class RunContext:
     async def call_tool(self, node_name: str, tool_name: str, arguments: dict[str, Any],
                         workspace: "Workspace", call_id: str | None = None) -> dict[str, Any]:
         """Run one tool in `workspace`, emitting tool_call/tool_result. Raises ToolError."""
+        if self.plugins is not None:
+            return await self.plugins.call_tool(node_name, tool_name, arguments, workspace, call_id)
+        return await self.run_tool(node_name, tool_name, arguments, workspace, call_id=call_id)
+
+    async def chat(self, node_name: str, endpoint: "ModelEndpoint", messages: list[dict[str, Any]],
+                   tools: list[dict[str, Any]] | None, on_delta=None):
+        """Ask the node's model for one assistant turn."""
+        if self.plugins is not None:
+            return await self.plugins.chat(node_name, endpoint, messages, tools, on_delta)
+        return await self.client.chat(endpoint, messages, tools, on_delta=on_delta)
+
+    async def run_tool(self, node_name: str, tool_name: str, arguments: dict[str, Any],
+                       workspace: "Workspace", call_id: str | None = None) -> dict[str, Any]:
+        """Run one executable of the tools folder, with no plugin in between."""
         from heddle.tools.process import run_tool_process
         from heddle.workspace.sandbox import confine
 

@@ -51,8 +51,8 @@ async def llm_node(ctx: RunContext, node: c.LlmNode, inputs: dict[str, Any]) -> 
     from heddle.engine import events as ev
 
     prompt = render(node.prompt_template, inputs)
-    turn = await ctx.client.chat(
-        ctx.endpoint(node.llm_config), [{"role": "user", "content": prompt}], None,
+    turn = await ctx.chat(
+        node.name, ctx.endpoint(node.llm_config), [{"role": "user", "content": prompt}], None,
         on_delta=lambda text: ctx.emit(ev.TokenDelta(node=node.name, text=text)),
     )
     titles = node.output_titles()

@@ -31,6 +31,8 @@ def _llm_configs(flow: c.Flow) -> Iterator[tuple[str, Any]]:
             yield f"AgentNode {node.name!r}", node.agent.llm_config
         elif isinstance(node, c.FlowNode):
             yield from _llm_configs(node.subflow)
+        elif isinstance(node, c.PluginNode) and node.llm_config is not None:
+            yield f"{node.component_type} {node.name!r}", node.llm_config
 
 
 def resolve_endpoints(flow: c.Flow) -> dict[int, Any]:
@@ -62,14 +64,23 @@ class PreparedRun:
     tools_dir: Path | None
     options: RunOptions
     endpoints: dict[int, Any]
+    plugins: Any = None  # a heddle.plugins.PluginHost, when plugins are loaded
 
 
 def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | None,
-                options: RunOptions, sandbox_flags: tuple[str, ...] = ()) -> PreparedRun:
-    """Graph, tools, keys, mounts and sandbox: everything refused before any node runs."""
+                options: RunOptions, sandbox_flags: tuple[str, ...] = (), plugins: Any = None) -> PreparedRun:
+    """Graph, tools, keys, mounts and sandbox: everything refused before any node runs.
+
+    `plugins` (a heddle.plugins.PluginHost) adds its node types, tools, files and middleware.
+    """
     from heddle.workspace.sandbox import check_policy
 
-    problems = check_flow(flow, tools=tools, tools_dir=tools_dir)
+    if plugins is None:
+        problems = check_flow(flow, tools=tools, tools_dir=tools_dir)
+    else:
+        problems = check_flow(flow, tools=plugins.known_tools(tools), tools_dir=tools_dir)
+        problems += plugins.check_flow(flow)
+        options = plugins.with_files(options)
     if problems:
         raise GraphError(problems)
     check_policy(options.sandbox, explicitly_set=sandbox_flags)
@@ -77,7 +88,7 @@ def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | No
 
     ws = options.workspace
     check_mounts(ws.mounts, max_entries=ws.max_entries, max_bytes=ws.max_bytes)
-    return PreparedRun(flow, tools, tools_dir, options, resolve_endpoints(flow))
+    return PreparedRun(flow, tools, tools_dir, options, resolve_endpoints(flow), plugins)
 
 
 def _node_input(graph: FlowGraph, node, state: dict[str, Any],
@@ -114,7 +125,10 @@ async def execute_flow(ctx: RunContext, flow: c.Flow, inputs: dict[str, Any]) ->
         ctx.emit(ev.NodeStart(node=node.name, node_type=node.component_type, inputs=node_input))
         started = time.perf_counter()
         try:
-            produced, branch = await EXECUTORS[node.component_type](ctx, node, node_input)
+            if ctx.plugins is None:
+                produced, branch = await EXECUTORS[node.component_type](ctx, node, node_input)
+            else:
+                produced, branch = await ctx.plugins.run_node(node, node_input)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -163,6 +177,8 @@ async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *,
     async with _model_client(prepared) as client:
         ctx = RunContext(options=options, tools=prepared.tools, tools_dir=prepared.tools_dir,
                          client=client, endpoints=prepared.endpoints, workspaces=workspaces, emit=on_event)
+        if prepared.plugins is not None:
+            ctx.plugins = prepared.plugins.start_run(ctx)
         try:
             state = await asyncio.wait_for(execute_flow(ctx, prepared.flow, dict(inputs)), options.timeout)
         except asyncio.TimeoutError:

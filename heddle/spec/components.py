@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 Property = dict[str, Any]
 """A JSON Schema fragment with a `title`: an input or output of a component."""
@@ -161,9 +161,39 @@ class FlowNode(NodeBase):
     subflow: "Flow"
 
 
+class PluginNode(NodeBase):
+    """A node of a type a loaded plugin declares; the plugin's process executes it.
+
+    The document reader admits such a type only when a plugin declaring it is loaded. Fields
+    beyond the common ones are the node's own properties, passed to the plugin as they are.
+    """
+
+    component_type: str
+    llm_config: LlmConfig | None = None
+
+
+_BUILTIN_NODES = ("StartNode", "EndNode", "ToolNode", "LlmNode", "AgentNode", "BranchingNode", "FlowNode")
+
+
+def _node_tag(value: Any) -> str | None:
+    ctype = value.get("component_type") if isinstance(value, dict) else getattr(value, "component_type", None)
+    if ctype is None or ctype in _BUILTIN_NODES:
+        return ctype
+    return "PluginNode"
+
+
 Node = Annotated[
-    Union[StartNode, EndNode, ToolNode, LlmNode, AgentNode, BranchingNode, FlowNode],
-    Field(discriminator="component_type"),
+    Union[
+        Annotated[StartNode, Tag("StartNode")],
+        Annotated[EndNode, Tag("EndNode")],
+        Annotated[ToolNode, Tag("ToolNode")],
+        Annotated[LlmNode, Tag("LlmNode")],
+        Annotated[AgentNode, Tag("AgentNode")],
+        Annotated[BranchingNode, Tag("BranchingNode")],
+        Annotated[FlowNode, Tag("FlowNode")],
+        Annotated[PluginNode, Tag("PluginNode")],
+    ],
+    Discriminator(_node_tag),
 ]
 
 # --------------------------------------------------------------------------- edges and flow

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,22 +44,22 @@ def _parse_text(text: str, fmt: Format, source: str) -> Any:
         ) from None
 
 
-def _check_component_types(node: Any, source: str, path: str = "$") -> None:
+def _check_component_types(node: Any, source: str, path: str = "$",
+                           node_types: frozenset[str] = frozenset()) -> None:
     from heddle.spec.components import KNOWN_COMPONENT_TYPES
 
     if isinstance(node, list):
         for i, item in enumerate(node):
-            _check_component_types(item, source, f"{path}[{i}]")
+            _check_component_types(item, source, f"{path}[{i}]", node_types)
     elif isinstance(node, dict):
         ctype = node.get("component_type")
-        if ctype is not None and ctype not in KNOWN_COMPONENT_TYPES:
-            raise DocumentError(
-                f"{source}: {path} has unknown component_type {ctype!r}; known types: "
-                + ", ".join(KNOWN_COMPONENT_TYPES)
-            )
+        if ctype is not None and ctype not in KNOWN_COMPONENT_TYPES and ctype not in node_types:
+            known = ", ".join((*KNOWN_COMPONENT_TYPES, *sorted(node_types)))
+            hint = "" if node_types else " (a plugin's node type needs --plugin MANIFEST)"
+            raise DocumentError(f"{source}: {path} has unknown component_type {ctype!r}; known types: {known}{hint}")
         for key, value in node.items():
             if key not in ("metadata",):
-                _check_component_types(value, source, f"{path}.{key}")
+                _check_component_types(value, source, f"{path}.{key}", node_types)
 
 
 def _describe_validation_error(exc: Exception, source: str) -> str:
@@ -68,15 +69,19 @@ def _describe_validation_error(exc: Exception, source: str) -> str:
         loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
         # Pydantic puts the union tag in the location; it is noise for a reader.
         loc = re.sub(r"\.(Flow|StartNode|EndNode|ToolNode|AgentNode|LlmNode|BranchingNode|FlowNode|"
-                     r"Agent|ServerTool|OpenAiConfig|OpenAiCompatibleConfig|VllmConfig|OllamaConfig)"
+                     r"PluginNode|Agent|ServerTool|OpenAiConfig|OpenAiCompatibleConfig|VllmConfig|OllamaConfig)"
                      r"(?=\.|\[|$)", "", loc)
         parts.append(f"${loc}: {err['msg']}")
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
     return f"{source}: " + "; ".join(parts) + more
 
 
-def parse_flow(data: Any, *, source: str = "<flow>"):
-    """Turn a parsed document (dict) into a typed, reference-resolved `Flow`."""
+def parse_flow(data: Any, *, source: str = "<flow>", node_types: Iterable[str] = ()):
+    """Turn a parsed document (dict) into a typed, reference-resolved `Flow`.
+
+    `node_types` are the node component types loaded plugins declare; any other unknown
+    type is refused.
+    """
     from pydantic import ValidationError
 
     from heddle.spec.components import Flow
@@ -93,18 +98,18 @@ def parse_flow(data: Any, *, source: str = "<flow>"):
             f"{source}: agentspec_version {version!r} is not supported; heddle reads 25.x and 26.x"
         )
     resolved = resolve_references(data, source=source)
-    _check_component_types(resolved, source)
+    _check_component_types(resolved, source, node_types=frozenset(node_types))
     try:
         return Flow.model_validate(resolved)
     except ValidationError as exc:
         raise DocumentError(_describe_validation_error(exc, source)) from None
 
 
-def load_flow_text(text: str, *, fmt: Format = "json", source: str = "<flow>"):
-    return parse_flow(_parse_text(text, fmt, source), source=source)
+def load_flow_text(text: str, *, fmt: Format = "json", source: str = "<flow>", node_types: Iterable[str] = ()):
+    return parse_flow(_parse_text(text, fmt, source), source=source, node_types=node_types)
 
 
-def load_flow(path: str | Path, *, fmt: str | None = None):
+def load_flow(path: str | Path, *, fmt: str | None = None, node_types: Iterable[str] = ()):
     """Read, resolve and type the flow at `path`."""
     p = Path(path)
     try:
@@ -117,4 +122,4 @@ def load_flow(path: str | Path, *, fmt: str | None = None):
         raise DocumentError(f"{p}: is not UTF-8 text") from None
     except OSError as exc:
         raise DocumentError(f"{p}: cannot be read: {exc.strerror}") from None
-    return load_flow_text(text, fmt=detect_format(p, fmt), source=str(p))
+    return load_flow_text(text, fmt=detect_format(p, fmt), source=str(p), node_types=node_types)

@@ -1,0 +1,110 @@
+"""What a plugin may ask heddle while one of heddle's calls is in flight: `runTool`,
+`callModel`, `emitEvent` and `log`. Each acts within the call it names: that call's run,
+node, workspace and model."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from heddle.plugins.events import LOG_LEVELS, PluginEvent, PluginLog
+from heddle.plugins.process import CallbackError, Handler
+
+if TYPE_CHECKING:
+    from heddle.plugins.middleware import PluginRun
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Where a heddle call happens: the node it is for, its workspace and model, when there are."""
+
+    node: str | None = None
+    workspace: Any = None  # heddle.workspace.Workspace
+    endpoint: Any = None  # heddle.model.client.ModelEndpoint
+
+
+def endpoint_of(ctx: Any, node: Any) -> Any:
+    """The model endpoint a node talks to, if it has one."""
+    config = getattr(node, "llm_config", None)
+    if config is None and getattr(node, "agent", None) is not None:
+        config = node.agent.llm_config
+    if config is None:
+        return None
+    return ctx.endpoints.get(id(config))
+
+
+def _string(params: dict[str, Any], key: str, method: str) -> str:
+    value = params.get(key)
+    if not isinstance(value, str) or not value:
+        raise CallbackError(f"{method}: params.{key} must be a non-empty string")
+    return value
+
+
+def handler_for(run: "PluginRun", plugin: str, scope: Scope) -> Handler:
+    """The handler answering `plugin`'s requests made for one call in `scope`."""
+
+    async def handle(method: str, params: dict[str, Any]) -> Any:
+        ctx = run.ctx
+        if method == "log":
+            level = params.get("level", "info")
+            if level not in LOG_LEVELS:
+                raise CallbackError(f"log: params.level must be one of {', '.join(LOG_LEVELS)}")
+            message = params.get("message")
+            if not isinstance(message, str):
+                raise CallbackError("log: params.message must be a string")
+            ctx.emit(PluginLog(plugin=plugin, level=level, message=message, node=scope.node))
+            return {}
+        if method == "emitEvent":
+            name = _string(params, "name", method)
+            ctx.emit(PluginEvent(plugin=plugin, name=name, data=params.get("data"), node=scope.node))
+            return {}
+        if method == "runTool":
+            return await _run_tool(run, plugin, scope, params)
+        if method == "callModel":
+            return await _call_model(run, plugin, scope, params)
+        raise CallbackError(f"unknown method {method!r}")
+
+    return handle
+
+
+async def _run_tool(run: "PluginRun", plugin: str, scope: Scope, params: dict[str, Any]) -> Any:
+    from heddle.errors import ToolError
+
+    name = _string(params, "name", "runTool")
+    arguments = params.get("arguments", {})
+    if not isinstance(arguments, dict):
+        raise CallbackError("runTool: params.arguments must be a JSON object")
+    if name not in run.ctx.tools and name not in run.host.tools:
+        known = ", ".join(sorted({*run.ctx.tools, *run.host.tools})) or "none"
+        raise CallbackError(f"runTool: there is no tool named {name!r}; the tools are: {known}")
+    node = scope.node or f"plugin:{plugin}"
+    with contextlib.ExitStack() as stack:
+        workspace = scope.workspace
+        if workspace is None:
+            workspace = stack.enter_context(run.ctx.workspaces.open(node))
+        try:
+            output = await run.call_tool(node, name, arguments, workspace, call_id=None, caller=plugin)
+        except ToolError as exc:
+            raise CallbackError(str(exc)) from None
+    return {"output": output}
+
+
+async def _call_model(run: "PluginRun", plugin: str, scope: Scope, params: dict[str, Any]) -> Any:
+    from heddle.errors import ModelError
+    from heddle.plugins.turns import turn_to_json
+
+    if scope.endpoint is None:
+        where = f"node {scope.node!r}" if scope.node else "this call"
+        raise CallbackError(f"callModel: {where} has no model; give the node an llm_config")
+    messages = params.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise CallbackError("callModel: params.messages must be a list of chat messages")
+    tools = params.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise CallbackError("callModel: params.tools must be a list of tool definitions")
+    try:
+        turn = await run.chat(scope.node or "", scope.endpoint, messages, tools, None, caller=plugin)
+    except ModelError as exc:
+        raise CallbackError(f"callModel: {exc}") from None
+    return turn_to_json(turn)

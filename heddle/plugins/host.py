@@ -1,0 +1,243 @@
+"""The plugins one heddle process has loaded: manifests, settings, and a process per plugin.
+
+A host is made once (by `heddle run`, or once for the whole of `heddle-server`) and serves
+every run: each run gets a `PluginRun` (heddle.plugins.middleware) whose calls name it.
+Loading reads manifests and checks settings; no process starts until its first call.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import os
+import tempfile
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from heddle.plugins.config import parse_config_options, resolve_configs
+from heddle.plugins.errors import PluginLoadError
+from heddle.plugins.manifest import CAPABILITIES, Component, Phase, PluginManifest, PluginTool, load_manifest
+
+if TYPE_CHECKING:
+    from heddle.engine.context import RunContext
+    from heddle.engine.options import RunOptions
+    from heddle.plugins.middleware import PluginRun
+    from heddle.plugins.process import PluginProcess
+
+DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_MAX_NODE_ATTEMPTS = 3
+
+# The id of the run being started in this task: set by whoever starts it (so its encoder
+# and its middleware calls name the same run), made up otherwise.
+RUN_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("heddle_plugin_run_id", default=None)
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+class PluginHost:
+    """Loaded plugins. Use `PluginHost.load(paths, ...)`; `await aclose()` stops their processes."""
+
+    def __init__(self, manifests: Sequence[PluginManifest], *, configs: Mapping[str, Any] | None = None,
+                 timeout: float = DEFAULT_TIMEOUT_S, max_node_attempts: int = DEFAULT_MAX_NODE_ATTEMPTS,
+                 grant: Iterable[str] | None = None, require_settings: bool = True) -> None:
+        if not timeout > 0:
+            raise PluginLoadError(f"--plugin-timeout {timeout:g}: must be more than 0 seconds")
+        if max_node_attempts < 1:
+            raise PluginLoadError(f"--max-node-attempts {max_node_attempts}: must be at least 1")
+        self.timeout = float(timeout)
+        self.max_node_attempts = max_node_attempts
+        granted = set(CAPABILITIES if grant is None else grant)
+        self.manifests: dict[str, PluginManifest] = {}
+        self.components: dict[str, Component] = {}
+        self.tools: dict[str, PluginTool] = {}
+        self.encoders: dict[str, Component] = {}
+        self.middleware: dict[tuple[str, Phase], list[Component]] = {}
+        self.granted: dict[str, frozenset[str]] = {}
+        for manifest in manifests:
+            self._add(manifest, granted)
+        self.configs = resolve_configs(self.components, configs or {}, require=require_settings)
+        self._processes: dict[str, "PluginProcess"] = {}
+        self._homes: dict[str, tuple[Path, bool]] = {}
+
+    @classmethod
+    def load(cls, paths: Iterable[str | Path], *, config_specs: Iterable[str] = (), **kwargs: Any) -> "PluginHost":
+        """Read every manifest in `paths` and the `--plugin-config` settings; start nothing."""
+        return cls([load_manifest(p) for p in paths], configs=parse_config_options(config_specs), **kwargs)
+
+    def _add(self, manifest: PluginManifest, granted: set[str]) -> None:
+        source = str(manifest.path)
+        other = self.manifests.get(manifest.name)
+        if other is not None:
+            raise PluginLoadError(f"{source}: plugin name {manifest.name!r} is also the name of {other.path}; "
+                                  "load each plugin once, or rename one")
+        for i, comp in enumerate(manifest.components):
+            taken = self.components.get(comp.component_type)
+            if taken is not None:
+                raise PluginLoadError(f"{source}: components[{i}].componentType {comp.component_type!r} is also declared "
+                                      f"by plugin {taken.plugin!r} ({self.manifests[taken.plugin].path}); rename one")
+            if comp.kind == "encoder" and comp.protocol in self.encoders:
+                taken = self.encoders[comp.protocol]
+                raise PluginLoadError(f"{source}: components[{i}].protocol {comp.protocol!r} is also the protocol of "
+                                      f"plugin {taken.plugin!r}; give each encoder its own")
+        for tool in manifest.tools:
+            taken_tool = self.tools.get(tool.name)
+            if taken_tool is not None and not tool.shadows:
+                raise PluginLoadError(f"{source}: {tool.where}.name {tool.name!r} is also a tool of plugin "
+                                      f"{taken_tool.plugin!r}; set \"shadows\": true to replace it, or rename it")
+        self.manifests[manifest.name] = manifest
+        self.granted[manifest.name] = frozenset(manifest.capabilities & granted)
+        for comp in manifest.components:
+            self.components[comp.component_type] = comp
+            if comp.kind == "encoder":
+                self.encoders[comp.protocol] = comp
+            for seam_phase in sorted(comp.seams):
+                self.middleware.setdefault(seam_phase, []).append(comp)
+        for tool in manifest.tools:
+            self.tools[tool.name] = tool
+
+    # ---------------------------------------------------------------- what the flow may use
+
+    def node_types(self) -> frozenset[str]:
+        """The node component types a flow may use with these plugins."""
+        return frozenset(c.component_type for c in self.components.values() if c.kind == "node")
+
+    def node_component(self, component_type: str) -> Component | None:
+        comp = self.components.get(component_type)
+        return comp if comp is not None and comp.kind == "node" else None
+
+    def chain(self, seam: str, phase: Phase) -> list[Component]:
+        return self.middleware.get((seam, phase), [])
+
+    def known_tools(self, tools: Mapping[str, Path]) -> dict[str, Path]:
+        """`tools` with the plugins' tools added, for checking a flow; a plugin tool that takes the
+        name of one of `tools` without `"shadows": true` is refused."""
+        out = dict(tools)
+        for name, tool in sorted(self.tools.items()):
+            if name in tools and not tool.shadows:
+                manifest = self.manifests[tool.plugin]
+                raise PluginLoadError(f"{manifest.path}: {tool.where}.name {name!r} is also the tool {tools[name]}; "
+                                      "set \"shadows\": true to replace it, or rename it")
+            out[name] = tool.path or manifest_path(self, tool)
+        return out
+
+    def check_flow(self, flow: Any) -> list[str]:
+        """Problems with the plugin nodes of `flow` (and its subflows): branches without an edge,
+        edges leaving by a branch the node type does not have."""
+        from heddle.graph import FlowGraph, node_key
+        from heddle.spec import components as c
+
+        problems: list[str] = []
+
+        def walk(f: Any, prefix: str) -> None:
+            graph = FlowGraph.build(f)
+            for node in f.nodes:
+                if isinstance(node, c.FlowNode):
+                    walk(node.subflow, f"{prefix}FlowNode {node.name!r} > ")
+                if not isinstance(node, c.PluginNode):
+                    continue
+                comp = self.node_component(node.component_type)
+                if comp is None:
+                    problems.append(f"{prefix}{node.component_type} {node.name!r}: no loaded plugin declares the node "
+                                    f"type {node.component_type!r}")
+                    continue
+                edges = graph.edges_from.get(node_key(node), [])
+                covered = {e.from_branch for e in edges}
+                for edge in edges:
+                    if edge.from_branch is not None and edge.from_branch not in comp.branches:
+                        problems.append(f"{prefix}control edge {edge.name!r} leaves {node.component_type} {node.name!r} "
+                                        f"by branch {edge.from_branch!r}, which {comp.label()} does not declare "
+                                        f"(it declares: {', '.join(comp.branches)})")
+                if edges and None not in covered:
+                    for branch in comp.branches:
+                        if branch not in covered:
+                            problems.append(f"{prefix}{node.component_type} {node.name!r} can take branch {branch!r} "
+                                            "but no control edge leaves by it")
+
+        walk(flow, "")
+        return problems
+
+    def with_files(self, options: "RunOptions") -> "RunOptions":
+        """`options` with every plugin's `files` added as read-only mounts of every workspace."""
+        from heddle.workspace.mounts import Mount
+
+        mounts = [Mount(source=m.root.joinpath(*PurePosixPath(rel).parts), dest=PurePosixPath(rel), mode="ro")
+                  for m in self.manifests.values() for rel in m.files]
+        if not mounts:
+            return options
+        workspace = dataclasses.replace(options.workspace, mounts=(*options.workspace.mounts, *mounts))
+        return dataclasses.replace(options, workspace=workspace)
+
+    # ---------------------------------------------------------------- processes
+
+    def home(self, plugin: str, options: "RunOptions") -> Path:
+        """The plugin process's own folder, where it runs and the one place it may write."""
+        if plugin not in self._homes:
+            keep_root = options.workspace.keep_root
+            if keep_root is not None:
+                home = Path(keep_root) / f"plugin-{plugin}"
+                home.mkdir(parents=True, exist_ok=True)
+                self._homes[plugin] = (Path(os.path.realpath(home)), True)
+            else:
+                made = tempfile.mkdtemp(prefix=f"heddle-plugin-{plugin}-")
+                self._homes[plugin] = (Path(os.path.realpath(made)), False)
+        return self._homes[plugin][0]
+
+    def process(self, plugin: str, options: "RunOptions") -> "PluginProcess":
+        """The plugin's process, made (not started) on first use with the first run's sandbox policy."""
+        proc = self._processes.get(plugin)
+        if proc is None:
+            from heddle.plugins.launch import plan_launch
+            from heddle.plugins.process import PluginProcess
+
+            manifest = self.manifests[plugin]
+            policy = options.sandbox
+
+            def launch():
+                return plan_launch(manifest, home=self.home(plugin, options), policy=policy)
+
+            proc = PluginProcess(plugin, launch, timeout=self.timeout, capabilities=self.granted[plugin])
+            self._processes[plugin] = proc
+        return proc
+
+    def start_run(self, ctx: "RunContext") -> "PluginRun":
+        from heddle.plugins.middleware import PluginRun
+
+        return PluginRun(self, ctx, RUN_ID.get() or new_run_id())
+
+    async def aclose(self) -> None:
+        """Stop every plugin process and remove the homes heddle made for them."""
+        from heddle.workspace.treecopy import remove_tree
+
+        processes, self._processes = self._processes, {}
+        for proc in processes.values():
+            await proc.close()
+        homes, self._homes = self._homes, {}
+        for home, kept in homes.values():
+            if not kept:
+                try:
+                    remove_tree(home)
+                except OSError:
+                    pass
+
+    def describe(self) -> list[dict[str, Any]]:
+        """What `heddle validate` reports about the loaded plugins."""
+        rows = []
+        for m in self.manifests.values():
+            rows.append({
+                "name": m.name, "version": m.version, "manifest": str(m.path), "fingerprint": m.fingerprint,
+                "capabilities": sorted(self.granted[m.name]),
+                "components": [{"componentType": c.component_type, "kind": c.kind,
+                                **({"seams": sorted(f"{s}.{p}" for s, p in c.seams)} if c.kind == "middleware" else {}),
+                                **({"protocol": c.protocol} if c.kind == "encoder" else {})}
+                               for c in m.components],
+                "tools": [{"name": t.name, "fingerprint": t.fingerprint} for t in m.tools],
+            })
+        return rows
+
+
+def manifest_path(host: PluginHost, tool: PluginTool) -> Path:
+    return host.manifests[tool.plugin].path

@@ -1,0 +1,105 @@
+"""Executing a node whose type a plugin declares: `execute` on its process.
+
+The node gets its declared inputs (the node's own `inputs`, else the component's), a fresh
+workspace inside the plugin's home (so a confined plugin can write it), and its properties
+from the flow document. It answers `{output, branch?}`; partials `{"text": ...}` stream as
+token deltas of the node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from heddle.engine import events as ev
+from heddle.errors import RunError
+from heddle.plugins.callbacks import Scope, endpoint_of
+from heddle.plugins.errors import PluginError
+from heddle.plugins.process import PluginCallError
+
+if TYPE_CHECKING:
+    from heddle.plugins.middleware import PluginRun
+
+
+def _inputs(node: Any, declared: list[dict[str, Any]], values: dict[str, Any]) -> dict[str, Any]:
+    if not declared:
+        return dict(values)
+    out: dict[str, Any] = {}
+    missing = []
+    for prop in declared:
+        title = prop["title"]
+        if title in values:
+            out[title] = values[title]
+        elif "default" in prop:
+            out[title] = prop["default"]
+        else:
+            missing.append(title)
+    if missing:
+        names = ", ".join(repr(m) for m in missing)
+        raise RunError(f"{node.component_type} {node.name!r} needs input {names}; give it from an earlier node's "
+                       "output or the flow's input")
+    return out
+
+
+@contextlib.contextmanager
+def plugin_workspace(run: "PluginRun", plugin: str, node_name: str) -> Iterator[Any]:
+    """A workspace built like every other, but inside the plugin's home."""
+    from heddle.workspace.treecopy import remove_tree
+    from heddle.workspace.workspace import Workspaces
+
+    ctx = run.ctx
+    home = run.host.home(plugin, ctx.options)
+    shared = ctx.workspaces
+    options = dataclasses.replace(shared.options, keep_root=home / "workspaces")
+    owner = Workspaces(options, shared.tools, tools_dir=shared.tools_dir, warn=shared.warn)
+    workspace = owner.open(node_name)
+    try:
+        yield workspace
+    finally:
+        workspace.close()
+        if shared.options.keep_root is None:
+            with contextlib.suppress(OSError):
+                remove_tree(workspace.root)
+
+
+async def execute_plugin_node(run: "PluginRun", node: Any, node_input: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    comp = run.host.node_component(node.component_type)
+    if comp is None:
+        raise RunError(f"{node.component_type} {node.name!r}: no loaded plugin declares this node type")
+    declared_in = list(node.inputs) or list(comp.inputs)
+    values = _inputs(node, declared_in, node_input)
+    properties = dict(node.model_extra or {})
+    endpoint = endpoint_of(run.ctx, node)
+
+    def on_partial(value: Any) -> None:
+        if isinstance(value, dict) and isinstance(value.get("text"), str):
+            run.ctx.emit(ev.TokenDelta(node=node.name, text=value["text"]))
+
+    with plugin_workspace(run, comp.plugin, node.name) as workspace:
+        params = {"node": {"name": node.name, "id": node.id, "type": node.component_type, "properties": properties},
+                  "input": values, "workspace": str(workspace.root)}
+        try:
+            result = await run.ask(comp.plugin, comp.component_type, "execute", params,
+                                   Scope(node=node.name, workspace=workspace, endpoint=endpoint), on_partial=on_partial)
+        except PluginCallError as exc:
+            raise RunError(f"{node.component_type} {node.name!r} failed: {exc}") from None
+    if not isinstance(result, dict) or not isinstance(result.get("output"), dict):
+        raise PluginError(comp.plugin, f"{comp.component_type} answered execute for node {node.name!r} without an "
+                                       "'output' object; answer {\"output\": {...}, \"branch\": ...}")
+    output: dict[str, Any] = dict(result["output"])
+    for prop in list(node.outputs) or list(comp.outputs):
+        if prop["title"] not in output:
+            if "default" not in prop:
+                raise PluginError(comp.plugin, f"{comp.component_type} node {node.name!r} returned no output "
+                                               f"{prop['title']!r}, which it declares")
+            output[prop["title"]] = prop["default"]
+    branch = result.get("branch")
+    if branch is None and "next" not in comp.branches:
+        raise PluginError(comp.plugin, f"{comp.component_type} node {node.name!r} chose no branch; answer with "
+                                       "\"branch\": one of " + ", ".join(comp.branches))
+    if branch is not None and (not isinstance(branch, str) or branch not in comp.branches):
+        raise PluginError(comp.plugin, f"{comp.component_type} node {node.name!r} chose branch {branch!r}; it declares "
+                                       + ", ".join(comp.branches))
+    return output, (None if branch == "next" and comp.branches == ("next",) else branch)

@@ -1,0 +1,339 @@
+"""One plugin process: started on its first call, spoken to in JSON Lines, restarted after a crash.
+
+Calls are multiplexed by id, so runs share one process. A call whose process says nothing
+(no answer, no partial, no request acting for it) for longer than the timeout is given up
+and the process killed. When the process dies, every call in flight fails with the last
+lines it wrote on stderr, and the next call starts it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from heddle.plugins import protocol
+from heddle.plugins.errors import PluginError
+from heddle.plugins.launch import Launch
+
+# Answers a plugin's request (method, params); raising CallbackError answers with an error.
+Handler = Callable[[str, dict[str, Any]], Awaitable[Any]]
+OnPartial = Callable[[Any], None]
+
+STDERR_LINES = 20
+SHUTDOWN_GRACE_S = 2.0
+# Starting an interpreter is not silence: init may take this long even under a shorter timeout.
+START_TIMEOUT_S = 10.0
+
+
+class CallbackError(Exception):
+    """Raised by a handler: the plugin's request is answered with this message."""
+
+
+class PluginCallError(Exception):
+    """The plugin answered a call with `{"error": {"message}}`."""
+
+
+@dataclass
+class _Pending:
+    method: str
+    future: asyncio.Future
+    handler: Handler | None
+    on_partial: OnPartial | None
+    last_heard: float
+    busy: int = 0  # our answers to the plugin's requests for this call still being worked out
+
+    def touch(self) -> None:
+        self.last_heard = asyncio.get_running_loop().time()
+
+
+@dataclass
+class _Running:
+    """One started process and the calls in flight on it."""
+
+    proc: asyncio.subprocess.Process
+    stderr: collections.deque = field(default_factory=lambda: collections.deque(maxlen=STDERR_LINES))
+    pending: dict[int, _Pending] = field(default_factory=dict)
+    tasks: set[asyncio.Task] = field(default_factory=set)
+    dead: bool = False
+    killed: bool = False  # set the moment heddle kills it, before its reader notices the exit
+    reason: str | None = None  # why heddle killed it, when it did
+    ended: str | None = None  # how it ended, with "{method}" for the call it ended during
+
+    @property
+    def usable(self) -> bool:
+        return not (self.dead or self.killed)
+
+    def kill(self, reason: str | None = None) -> None:
+        if reason and self.reason is None:
+            self.reason = reason
+        # A call made now must start a new process, not write to this dying one.
+        self.killed = True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def write(self, line: bytes) -> None:
+        stdin = self.proc.stdin
+        if stdin is None or stdin.is_closing():
+            return
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            stdin.write(line)
+
+    def last_stderr(self, lines: int = 6) -> str:
+        tail = [line for line in list(self.stderr)[-lines:] if line.strip()]
+        return " | ".join(tail)
+
+
+class PluginProcess:
+    """A plugin's process, as calls: `await call(method, params)` starts it when needed."""
+
+    def __init__(self, name: str, launch: Callable[[], Launch], *, timeout: float, capabilities: frozenset[str]) -> None:
+        self.name = name
+        self._launch = launch
+        self.timeout = timeout
+        self.capabilities = capabilities
+        self._running: _Running | None = None
+        self._start_lock = asyncio.Lock()
+        self._next_id = 0
+        self.starts = 0
+
+    @property
+    def alive(self) -> bool:
+        return self._running is not None and self._running.usable
+
+    @property
+    def pid(self) -> int | None:
+        return self._running.proc.pid if self.alive else None  # type: ignore[union-attr]
+
+    # ---------------------------------------------------------------- calls
+
+    async def call(self, method: str, params: dict[str, Any], *, handler: Handler | None = None,
+                   on_partial: OnPartial | None = None) -> Any:
+        """Ask the plugin `method` and return its result; PluginError on any failure of the process,
+        PluginCallError when the plugin answered with an error."""
+        running = await self._ensure_started()
+        return await self._call(running, method, params, handler, on_partial)
+
+    async def _call(self, running: _Running, method: str, params: dict[str, Any], handler: Handler | None,
+                    on_partial: OnPartial | None, timeout: float | None = None) -> Any:
+        loop = asyncio.get_running_loop()
+        timeout = self.timeout if timeout is None else timeout
+        self._next_id += 1
+        call_id = self._next_id
+        if not running.usable:
+            ended = running.ended or (f"was stopped: {running.reason}" if running.reason else "has stopped")
+            raise PluginError(self.name, ended.replace("{method}", repr(method)))
+        pending = _Pending(method, loop.create_future(), handler, on_partial, loop.time())
+        running.pending[call_id] = pending
+        try:
+            running.write(protocol.request(call_id, method, params))
+            while True:
+                if pending.busy:
+                    wait = timeout  # heddle is answering the plugin: the plugin is not silent
+                else:
+                    wait = timeout - (loop.time() - pending.last_heard)
+                    if wait <= 0:
+                        message = (f"call {method!r} was silent for more than {timeout:g} s "
+                                   "(--plugin-timeout); it was cancelled and the process killed")
+                        running.kill(f"killed because {message}")
+                        raise PluginError(self.name, message)
+                try:
+                    return await asyncio.wait_for(asyncio.shield(pending.future), wait)
+                except asyncio.TimeoutError:
+                    continue
+        finally:
+            running.pending.pop(call_id, None)
+            if not pending.future.done():
+                pending.future.cancel()
+
+    # ---------------------------------------------------------------- life
+
+    async def _ensure_started(self) -> _Running:
+        if self._running is not None and self._running.usable:
+            return self._running
+        async with self._start_lock:
+            if self._running is not None and self._running.usable:
+                return self._running
+            running = await self._spawn()
+            try:
+                answer = await self._call(running, "init", {"protocol": protocol.PROTOCOL_VERSION,
+                                                             "capabilities": sorted(self.capabilities)}, None, None,
+                                          timeout=max(self.timeout, START_TIMEOUT_S))
+            except PluginCallError as exc:
+                running.kill()
+                raise PluginError(self.name, f"refused init: {exc}") from None
+            except BaseException:
+                running.kill()
+                raise
+            version = answer.get("protocol") if isinstance(answer, dict) else None
+            if version != protocol.PROTOCOL_VERSION:
+                running.kill()
+                raise PluginError(self.name, f"answered init with protocol {version!r}; heddle speaks protocol "
+                                             f"{protocol.PROTOCOL_VERSION}, answer {{\"protocol\": 1}}")
+            self._running = running
+            return running
+
+    async def _spawn(self) -> _Running:
+        launch = self._launch()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *launch.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, cwd=str(launch.cwd), env=launch.env,
+                start_new_session=True, limit=protocol.MAX_LINE,
+            )
+        except FileNotFoundError:
+            raise PluginError(self.name, f"cannot start {launch.argv[0]}: not found") from None
+        except PermissionError:
+            raise PluginError(self.name, f"cannot start {launch.argv[0]}: not executable; run chmod +x on it") from None
+        except OSError as exc:
+            hint = " (a script needs a #! line)" if exc.errno == 8 else ""
+            raise PluginError(self.name, f"cannot start {launch.argv[0]}: {exc.strerror}{hint}") from None
+        self.starts += 1
+        running = _Running(proc)
+        err = asyncio.create_task(self._read_stderr(running))
+        out = asyncio.create_task(self._read_stdout(running, err))
+        running.tasks.update((err, out))
+        return running
+
+    async def _read_stderr(self, running: _Running) -> None:
+        assert running.proc.stderr is not None
+        with contextlib.suppress(ValueError, ConnectionError):
+            async for raw in running.proc.stderr:
+                running.stderr.append(raw.decode("utf-8", "replace").rstrip()[:500])
+
+    async def _read_stdout(self, running: _Running, stderr_task: asyncio.Task) -> None:
+        assert running.proc.stdout is not None
+        try:
+            while True:
+                try:
+                    line = await running.proc.stdout.readline()
+                except (ValueError, asyncio.LimitOverrunError):
+                    running.kill(f"wrote a line longer than {protocol.MAX_LINE} bytes")
+                    break
+                if not line:
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    message = protocol.decode(line)
+                except protocol.ProtocolViolation as exc:
+                    running.kill(str(exc))
+                    break
+                self._dispatch(running, message)
+        finally:
+            await self._ended(running, stderr_task)
+
+    async def _ended(self, running: _Running, stderr_task: asyncio.Task) -> None:
+        running.dead = True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(running.proc.pid, signal.SIGKILL)  # children it left must not outlive it
+        code = await running.proc.wait()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(stderr_task), 1.0)
+        tail = running.last_stderr()
+        if running.reason:
+            what = "was stopped during {method}: " + running.reason
+        elif code < 0:
+            what = f"was killed by signal {-code} during " + "{method}"
+        else:
+            what = f"exited with status {code} during " + "{method}"
+        if tail:
+            what += f"; its last stderr lines: {tail}"
+        elif not running.reason:
+            what += "; it printed nothing on stderr"
+        running.ended = what
+        for pending in list(running.pending.values()):
+            if not pending.future.done():
+                pending.future.set_exception(PluginError(self.name, what.replace("{method}", repr(pending.method))))
+
+    # ---------------------------------------------------------------- messages from the plugin
+
+    def _dispatch(self, running: _Running, message: protocol.Message) -> None:
+        if isinstance(message, protocol.Answer):
+            pending = running.pending.get(message.id)  # type: ignore[arg-type]
+            if pending is None or pending.future.done():
+                return  # a call given up on (cancelled, timed out): its late answer is dropped
+            if message.error is not None:
+                pending.future.set_exception(PluginCallError(message.error))
+            else:
+                pending.future.set_result(message.result)
+        elif isinstance(message, protocol.Partial):
+            pending = running.pending.get(message.id)  # type: ignore[arg-type]
+            if pending is not None and not pending.future.done():
+                pending.touch()
+                if pending.on_partial is not None:
+                    try:
+                        pending.on_partial(message.value)
+                    except Exception as exc:  # noqa: BLE001 - a bad partial fails its call, not the reader
+                        pending.future.set_exception(PluginError(self.name, f"sent a partial heddle cannot use: {exc}"))
+        else:
+            self._request(running, message)
+
+    def _request(self, running: _Running, request: protocol.Request) -> None:
+        method, params = request.method, request.params
+        if method not in protocol.PLUGIN_METHODS:
+            allowed = ", ".join(protocol.PLUGIN_METHODS)
+            running.write(protocol.failure(request.id, f"unknown method {method!r}; a plugin may call {allowed}"))
+            return
+        if method not in self.capabilities:
+            running.write(protocol.failure(
+                request.id, f"{method}: this plugin was not granted the {method!r} capability; "
+                            f"list it in the manifest's capabilities"))
+            return
+        target = params.get("for")
+        pending = running.pending.get(target) if isinstance(target, int) and not isinstance(target, bool) else None
+        if pending is None or pending.handler is None or pending.future.done():
+            running.write(protocol.failure(
+                request.id, f"{method}: params.for must name the heddle call this acts for, one still in flight "
+                            f"(got {target!r})"))
+            return
+        pending.busy += 1
+        pending.touch()
+        task = asyncio.create_task(self._answer(running, request, pending))
+        running.tasks.add(task)
+        task.add_done_callback(running.tasks.discard)
+
+    async def _answer(self, running: _Running, request: protocol.Request, pending: _Pending) -> None:
+        assert pending.handler is not None
+        try:
+            result = await pending.handler(request.method, request.params)
+        except CallbackError as exc:
+            running.write(protocol.failure(request.id, str(exc)))
+        except asyncio.CancelledError:
+            running.write(protocol.failure(request.id, f"{request.method}: cancelled"))
+            raise
+        except Exception as exc:  # noqa: BLE001 - the plugin hears every failure as an error answer
+            running.write(protocol.failure(request.id, f"{request.method}: {exc}"))
+        else:
+            try:
+                running.write(protocol.answer(request.id, result))
+            except (TypeError, ValueError) as exc:
+                running.write(protocol.failure(request.id, f"{request.method}: the result is not JSON ({exc})"))
+        finally:
+            pending.busy -= 1
+            pending.touch()
+
+    # ---------------------------------------------------------------- stopping
+
+    async def close(self) -> None:
+        """Ask the process to shut down, then make sure it and its children are gone."""
+        running, self._running = self._running, None
+        if running is None:
+            return
+        if not running.dead:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._call(running, "shutdown", {}, None, None), SHUTDOWN_GRACE_S)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(running.proc.wait(), SHUTDOWN_GRACE_S)
+        running.kill()
+        for task in list(running.tasks):
+            if not task.done():
+                with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
+                    await asyncio.wait_for(asyncio.shield(task), 1.0)
+        for task in list(running.tasks):
+            task.cancel()

@@ -1,0 +1,89 @@
+"""A bundle carries its plugins' folders: sealed on one machine, run on another from the
+`.heddle` file alone (and the signer's public key), the plugin started from the verified cache."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from tests.support.cli import error_line, heddle, state_of
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plugins"
+
+
+def seal(tmp_path: Path, example: str, *extra: str) -> tuple[Path, Path]:
+    """Seal the example in a checkout of its own; return (bundle, public key) copied to a clean
+    place, with the checkout removed."""
+    src = tmp_path / "checkout"
+    shutil.copytree(EXAMPLES / example, src)
+    assert heddle("keygen", "--out", src / "me", "--no-passphrase").returncode == 0
+    proc = heddle("bundle", src / "flow.yaml", "-t", src / "tools", "--plugin", src / "plugin" / "plugin.json",
+                  "--sign-key", src / "me.key", "-o", src / "app.heddle", *extra)
+    assert proc.returncode == 0, proc.stderr
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    shutil.copy(src / "app.heddle", other / "app.heddle")
+    shutil.copy(src / "me.pub", other / "me.pub")
+    shutil.rmtree(src)
+    return other / "app.heddle", other / "me.pub"
+
+
+def elsewhere(tmp_path: Path) -> dict[str, str]:
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    return {"HOME": str(home), "HEDDLE_CACHE_DIR": str(tmp_path / "cache")}
+
+
+def test_a_bundle_with_a_plugin_node_type_runs_from_the_file_alone(tmp_path):
+    bundle, key = seal(tmp_path, "custom-node")
+    env = elsewhere(tmp_path)
+    proc = heddle("run", bundle, "--trust", key, "--input", '{"text": "Short. Sweet."}', env=env, cwd=bundle.parent)
+    assert state_of(proc) == {"text": "Short. Sweet.", "words": 2, "sentences": 2, "reading_seconds": 1}
+    proc = heddle("validate", bundle, "--trust", key, "--json", env=env, cwd=bundle.parent)
+    assert proc.returncode == 0, proc.stderr
+    [row] = json.loads(proc.stdout)["plugins"]
+    assert row["name"] == "text-stats" and str(tmp_path / "cache") in row["manifest"]
+    inspected = heddle("inspect", bundle, env=env, cwd=bundle.parent)
+    assert "text-stats" in inspected.stdout
+
+
+def test_a_bundle_installs_its_middleware_and_takes_settings_where_it_runs(tmp_path):
+    bundle, key = seal(tmp_path, "audit-log", "--requires", '{"bins": ["node"]}')
+    env = elsewhere(tmp_path)
+    log = tmp_path / "audit.jsonl"
+    proc = heddle("run", bundle, "--trust", key, "--input", '{"title": "a b c"}', env=env)
+    assert proc.returncode == 2
+    assert "--plugin-config AuditLog: the settings do not match the schema of plugin 'audit' (AuditLog): " \
+           "'path' is a required property" in error_line(proc)
+    proc = heddle("run", bundle, "--trust", key, "--input", '{"title": "a b c"}',
+                  "--plugin-config", f'AuditLog={{"path": "{log}"}}', env=env)
+    assert state_of(proc)["words"] == 3
+    assert [json.loads(line)["node"] for line in log.read_text().splitlines()] == [
+        "start", "start", "slug", "slug", "count", "count"]
+
+
+def test_a_flow_naming_a_plugin_tool_is_sealed_with_the_plugin_not_the_tools_folder(tmp_path):
+    from tests.plugins.support import make_plugin
+    from tests.support.flows import FlowDoc, server_tool
+
+    src = tmp_path / "checkout"
+    make_plugin(src / "plugin", name="reverser", code='''
+@plugin.tool("reverse")
+def reverse(call):
+    return {"reversed": call.arguments["text"][::-1]}
+''', tools=[{"name": "reverse", "description": "Reverses a text.", "componentType": "Reverser",
+             "inputSchema": {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}}}])
+    f = FlowDoc("reverse")
+    s = f.start(["text"])
+    t = f.tool_node("reverse", server_tool("reverse", ["text"]))
+    e = f.end(["reversed"])
+    f.control(s, t)
+    f.control(t, e)
+    f.write(src / "flow.json")
+    proc = heddle("bundle", src / "flow.json", "--plugin", src / "plugin" / "plugin.json", "-o", tmp_path / "app.heddle")
+    assert proc.returncode == 0, proc.stderr
+    shutil.rmtree(src)
+    proc = heddle("run", tmp_path / "app.heddle", "--allow-unsigned", "--input", '{"text": "abc"}',
+                  env=elsewhere(tmp_path))
+    assert state_of(proc) == {"text": "abc", "reversed": "cba"}
