@@ -1,0 +1,3 @@
+from heddle.server.cli import main
+
+main()

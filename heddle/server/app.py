@@ -1,0 +1,146 @@
+"""The HTTP routes: a thin layer from requests to the service, and errors to JSON."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from heddle.errors import HeddleError
+from heddle.server.body import Gone, read_json_object
+from heddle.server.errors import ApiError, as_api_error, bad_request, error_body
+from heddle.server.service import Service
+
+log = logging.getLogger("heddle.server")
+
+_HTTP_TYPES = {404: "not_found", 405: "method_not_allowed"}
+
+
+class _JSON(JSONResponse):
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=False, default=str).encode("utf-8")
+
+
+def _error(status: int, type_: str, message: str, headers: dict[str, str] | None = None) -> Response:
+    return _JSON(error_body(type_, message), status_code=status, headers=headers)
+
+
+def _stream_flag(request: Request) -> bool:
+    value = request.query_params.get("stream")
+    if value is None or value.lower() in ("false", "0"):
+        return False
+    if value.lower() in ("true", "1"):
+        return True
+    raise bad_request(f"query parameter stream={value!r}: use true or false")
+
+
+def build_app(service: Service) -> Starlette:
+    """The ASGI application serving `service`."""
+    from heddle import __version__
+
+    config = service.config
+
+    async def healthz(request: Request) -> Response:
+        status = "draining" if service.admission.draining else "ok"
+        return _JSON({"status": status, "version": __version__})
+
+    async def readyz(request: Request) -> Response:
+        if service.admission.draining:
+            return _JSON({"status": "draining"}, status_code=503)
+        return _JSON({"status": "ready"})
+
+    async def metrics(request: Request) -> Response:
+        return Response(service.metrics.render(), media_type=service.metrics.content_type)
+
+    async def capabilities(request: Request) -> Response:
+        return _JSON(service.capabilities())
+
+    async def openapi(request: Request) -> Response:
+        from heddle.server.openapi import openapi_document
+
+        return _JSON(openapi_document(__version__, auth=config.auth_token is not None))
+
+    async def validate(request: Request) -> Response:
+        body = await read_json_object(request, config.max_body_bytes)
+        return _JSON(await service.validate(body))
+
+    async def runs(request: Request) -> Any:
+        from heddle.server.runner import RunResponse
+
+        protocol = request.query_params.get("protocol")
+        encoder = service.encoder(protocol)
+        stream = _stream_flag(request) or protocol == "heddle"
+        body = await read_json_object(request, config.max_body_bytes)
+        ticket = service.admission.admit()
+        try:
+            job = await service.prepare(body)
+        except BaseException:
+            ticket.release()
+            raise
+        return RunResponse(service, job, ticket, stream=stream, encoder=encoder)
+
+    async def on_api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return _error(exc.status, exc.type, exc.message, exc.headers)
+
+    async def on_heddle_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HeddleError)
+        api = as_api_error(exc)
+        return _error(api.status, api.type, api.message)
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        type_ = _HTTP_TYPES.get(exc.status_code, "http_error")
+        if exc.status_code == 404:
+            message = f"no route {request.url.path}; see GET /openapi.json for the routes"
+        elif exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow")
+            message = f"{request.method} is not allowed on {request.url.path}" + (
+                f"; allowed: {allowed}" if allowed else "")
+        else:
+            message = exc.detail
+        return _error(exc.status_code, type_, message, dict(exc.headers or {}))
+
+    async def on_gone(request: Request, exc: Exception) -> Response:
+        return _error(400, "client_gone", "the client closed the connection while sending its request")
+
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        log.error("request %s %s failed", request.method, request.url.path, exc_info=exc)
+        return _error(500, "internal_error", f"the server failed on this request ({type(exc).__name__}); "
+                                             "see the server log")
+
+    middleware: list[Middleware] = []
+    if config.cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
+                                     allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"],
+                                     max_age=600))
+    if config.auth_token is not None:
+        from heddle.server.auth import BearerAuth
+
+        middleware.append(Middleware(BearerAuth, token=config.auth_token))
+
+    routes = [
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/v1/capabilities", capabilities, methods=["GET"]),
+        Route("/v1/validate", validate, methods=["POST"]),
+        Route("/v1/runs", runs, methods=["POST"]),
+    ]
+    return Starlette(routes=routes, middleware=middleware, exception_handlers={
+        ApiError: on_api_error,
+        HeddleError: on_heddle_error,
+        HTTPException: on_http_error,
+        Gone: on_gone,
+        Exception: on_unexpected,
+    })

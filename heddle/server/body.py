@@ -1,0 +1,75 @@
+"""Reading a request body: at most the size cap, and it must be one JSON object."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
+
+from heddle.canonical import CanonicalJSONError, loads_strict
+from heddle.server.errors import ApiError, bad_request
+
+# Past the cap the rest of the body is still read (up to this much) and dropped, so the client
+# gets the 413 instead of a reset connection while it is still sending.
+DISCARD_LIMIT = 8 << 20
+
+
+class Gone(Exception):
+    """The client went away while sending its body; there is no one to answer."""
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, "body_too_large", f"the request body is over {limit} bytes; send a smaller body "
+                                           "(large data belongs in mounts or tools, not in the request)")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            length = int(declared)
+        except ValueError:
+            raise bad_request(f"Content-Length {declared!r} is not a number") from None
+        if length > DISCARD_LIMIT:
+            raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                chunks.clear()
+                if size > DISCARD_LIMIT:
+                    break
+                continue
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise Gone() from None
+    if size > limit:
+        raise _too_large(limit)
+    return b"".join(chunks)
+
+
+async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
+    """The body as a JSON object; an empty body is `{}`."""
+    raw = await read_body(request, limit)
+    if not raw.strip():
+        return {}
+    try:
+        value = loads_strict(raw)
+    except UnicodeDecodeError:
+        raise bad_request("the request body is not UTF-8; send JSON text") from None
+    except (ValueError, CanonicalJSONError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise bad_request("the request body nests too deeply to be read; flatten it") from None
+    if not isinstance(value, dict):
+        raise bad_request(f"the request body must be a JSON object, not {type(value).__name__}")
+    try:
+        # JSON escapes can spell lone surrogates, which no file, pipe or tool can carry.
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request("the request body has a string with a lone surrogate escape (such as \\ud800); "
+                          "send valid Unicode text") from None
+    return value

@@ -1,0 +1,84 @@
+"""Turning what a request names (`flow` inline, or `flowPath`) into a typed flow.
+
+The document is untrusted: YAML aliases are refused (they can expand a small text into an
+enormous tree), and any failure to read it is the caller's 400, never the server's 500.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from heddle.errors import DocumentError, HeddleError
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    import yaml
+
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise DocumentError(f"{source}: line {mark.line + 1}: YAML aliases (*name) are not accepted "
+                                    "in a request; write the value out")
+            return super().compose_node(parent, index)
+
+    try:
+        return yaml.load(text, Loader=NoAliases)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise DocumentError(f"{source}:{where} is not valid YAML: {problem}") from None
+
+
+def _typed(data: Any, source: str, node_types: frozenset[str]):
+    from heddle.spec import parse_flow
+
+    try:
+        return parse_flow(data, source=source, node_types=node_types)
+    except HeddleError:
+        raise
+    except RecursionError:
+        raise DocumentError(f"{source}: the document nests too deeply to be read") from None
+    except Exception as exc:  # noqa: BLE001 - an unreadable document is the caller's error
+        raise DocumentError(f"{source}: cannot be read as a flow ({type(exc).__name__}: {exc})") from None
+
+
+def flow_from_value(value: Any, *, source: str = "flow", node_types: frozenset[str] = frozenset()):
+    """A request's `flow`: a document object, or its JSON or YAML text. `node_types` are the
+    node types the server's plugins add."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("{"):
+            from heddle.canonical import CanonicalJSONError, loads_strict
+
+            try:
+                value = loads_strict(text)
+            except (ValueError, CanonicalJSONError) as exc:
+                raise DocumentError(f"{source}: is not valid JSON: {exc}") from None
+            except RecursionError:
+                raise DocumentError(f"{source}: the document nests too deeply to be read") from None
+        else:
+            value = _load_yaml(text, source)
+    elif not isinstance(value, dict):
+        raise DocumentError(f"{source}: must be a flow document (an object, or its JSON or YAML text), "
+                            f"not {type(value).__name__}")
+    return _typed(value, source, node_types)
+
+
+def flow_from_file(root: Path, name: str, *, node_types: frozenset[str] = frozenset()):
+    """A request's `flowPath`, read under `root` the way `heddle run` reads a file (the operator
+    put it there); errors name the path as the caller wrote it, not where it lives."""
+    from heddle.server.flows_root import read_flow_text
+    from heddle.spec import load_flow_text
+
+    text = read_flow_text(root, name)
+    fmt = "yaml" if Path(name).suffix.lower() in (".yaml", ".yml") else "json"
+    source = f"flowPath {name}"
+    try:
+        return load_flow_text(text, fmt=fmt, source=source, node_types=node_types)
+    except HeddleError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - an unreadable document is the caller's error
+        raise DocumentError(f"{source}: cannot be read as a flow ({type(exc).__name__}: {exc})") from None

@@ -1,0 +1,44 @@
+"""Errors as the HTTP surface reports them: a status code and `{"error": {"type", "message"}}`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from heddle.errors import DocumentError, HeddleError, UsageError
+
+
+class ServeError(HeddleError):
+    """The server could not start: the port cannot be opened, a folder is unusable."""
+
+    exit_code = 1
+    kind = "serve_failed"
+
+
+class ApiError(Exception):
+    """A request the server refuses, with the status and the error `type` the client sees."""
+
+    def __init__(self, status: int, type_: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type_
+        self.message = message
+        self.headers = headers or {}
+
+
+def bad_request(message: str, type_: str = "bad_request") -> ApiError:
+    return ApiError(400, type_, message)
+
+
+def error_body(type_: str, message: str) -> dict[str, Any]:
+    return {"error": {"type": type_, "message": message}}
+
+
+def status_of(exc: HeddleError) -> int:
+    """Errors found before a run starts are the caller's to fix (400); a run that fails is a 500."""
+    if isinstance(exc, (DocumentError, UsageError)):
+        return 400
+    return 500
+
+
+def as_api_error(exc: HeddleError) -> ApiError:
+    return ApiError(status_of(exc), exc.kind, exc.message)

@@ -1,0 +1,53 @@
+"""The server's Prometheus metrics, in a registry of its own (never the process-global one)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Runs take from milliseconds (a tool chain) to minutes (an agent with a slow model).
+RUN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+# Tools sent with a request have caller-chosen names; one label value keeps the series bounded.
+REQUEST_TOOL = "(request)"
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, max_concurrent: int) -> None:
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        self.max_concurrent = max_concurrent
+        self.active = Gauge("heddle_active_runs", "Runs in progress.", registry=self.registry)
+        self.ceiling = Gauge("heddle_max_concurrent_runs", "Runs allowed at once (--max-concurrent).",
+                             registry=self.registry)
+        self.ceiling.set(max_concurrent)
+        self.saturation = Gauge("heddle_run_saturation", "Runs in progress divided by --max-concurrent.",
+                                registry=self.registry)
+        self.accepted = Counter("heddle_runs_accepted", "Runs started (admitted and prepared).", registry=self.registry)
+        self.rejected = Counter("heddle_runs_rejected", "Runs refused before starting, by reason (busy, draining).",
+                                ["reason"], registry=self.registry)
+        self.duration = Histogram("heddle_run_duration_seconds", "Run wall time, by outcome.", ["outcome"],
+                                  buckets=RUN_BUCKETS, registry=self.registry)
+        self.tool_calls = Counter("heddle_tool_calls", "Tool calls, by tool and outcome (ok, error).",
+                                  ["tool", "outcome"], registry=self.registry)
+
+    def runs_changed(self, active: int) -> None:
+        self.active.set(active)
+        self.saturation.set(active / self.max_concurrent)
+
+    def run_accepted(self) -> None:
+        self.accepted.inc()
+
+    def run_rejected(self, reason: str) -> None:
+        self.rejected.labels(reason=reason).inc()
+
+    def run_finished(self, outcome: str, seconds: float) -> None:
+        self.duration.labels(outcome=outcome).observe(seconds)
+
+    def tool_called(self, tool: str, ok: bool) -> None:
+        self.tool_calls.labels(tool=tool, outcome="ok" if ok else "error").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,140 @@
+"""Which model endpoints a flow may reach from this server, and with which key.
+
+A flow sent in a request is written by the caller, so it may not aim the server at its own
+network (loopback, private and link-local addresses; the operator names exceptions with
+`--allow-net`), nor read the server's environment (`api_key: $VAR`, or the OpenAI default of
+`OPENAI_API_KEY`). The one key the server lends is `HEDDLE_LLM_DEFAULT_KEY`, and only to
+the endpoint named by `--llm-default-url`.
+
+Names are resolved when the request is checked; a name that resolves differently a moment
+later (DNS rebinding) is not caught here. Run request code under `--safe --deny-net` and put
+the server where its network holds nothing a caller must not reach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import ipaddress
+import re
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from heddle.errors import UsageError
+from heddle.server.errors import bad_request
+
+RESOLVE_TIMEOUT_S = 5.0
+_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?\Z")
+
+
+def llm_configs(flow: Any) -> Iterator[tuple[str, Any]]:
+    """(where, llm config) for every model the flow and its subflows call."""
+    from heddle.spec import components as c
+
+    for node in flow.nodes:
+        if isinstance(node, c.LlmNode):
+            yield f"llm_config {node.llm_config.name!r} of LlmNode {node.name!r}", node.llm_config
+        elif isinstance(node, c.AgentNode):
+            yield f"llm_config {node.agent.llm_config.name!r} of AgentNode {node.name!r}", node.agent.llm_config
+        elif isinstance(node, c.FlowNode):
+            yield from llm_configs(node.subflow)
+        elif isinstance(node, c.PluginNode) and node.llm_config is not None:
+            # A plugin node's model is called through the plugin (callModel): the same rules apply.
+            yield f"llm_config {node.llm_config.name!r} of {node.component_type} {node.name!r}", node.llm_config
+
+
+def check_allow_net(entries: tuple[str, ...]) -> tuple[str, ...]:
+    out = []
+    for entry in entries:
+        host = entry.strip().strip("[]").lower()
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            if not _HOSTNAME.match(host):
+                raise UsageError(f"--allow-net {entry!r}: give a host name or an IP address, without scheme "
+                                 "or port (e.g. --allow-net 127.0.0.1)") from None
+        out.append(host)
+    return tuple(out)
+
+
+def _normalised(url: str) -> str | None:
+    from heddle.model.client import endpoint_url
+
+    try:
+        return endpoint_url(url).lower()
+    except UsageError:
+        return None
+
+
+def _internal(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return not address.is_global or address.is_multicast
+
+
+async def _addresses(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    try:
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        pass
+    loop = asyncio.get_running_loop()
+    infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), RESOLVE_TIMEOUT_S)
+    return [ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos]
+
+
+@dataclass(frozen=True)
+class ModelPolicy:
+    allow_net: tuple[str, ...] = ()
+    default_url: str | None = None
+    default_key: str | None = None
+
+    def _is_default(self, url: str) -> bool:
+        return self.default_url is not None and _normalised(url) == _normalised(self.default_url)
+
+    async def check_request_flow(self, flow: Any) -> None:
+        """Refuse (400) a request's flow that reads server secrets or reaches the server's network."""
+        for where, config in llm_configs(flow):
+            key = config.api_key
+            if isinstance(key, str) and key.startswith("$"):
+                raise bad_request(f"{where}: api_key {key!r} would read this server's environment, which a "
+                                  "request may not do; send the key itself, or use the server's default model",
+                                  "forbidden_key")
+            await self._check_url(where, config.url)
+
+    async def _check_url(self, where: str, url: str) -> None:
+        if self._is_default(url):
+            return
+        parts = urlsplit(url.strip())
+        try:
+            host, port = parts.hostname, parts.port
+        except ValueError:
+            host, port = None, None
+        if parts.scheme not in ("http", "https") or not host:
+            raise bad_request(f"{where}: model url {url!r} is not an http(s) URL", "invalid_flow")
+        host = host.lower()
+        if host in self.allow_net:
+            return
+        port = port or (443 if parts.scheme == "https" else 80)
+        try:
+            addresses = await _addresses(host, port)
+        except (OSError, asyncio.TimeoutError, UnicodeError, ValueError):
+            raise bad_request(f"{where}: model url {url!r}: host {host!r} does not resolve from this server",
+                              "forbidden_url") from None
+        inside = [a for a in addresses if _internal(a)]
+        if inside:
+            raise bad_request(f"{where}: model url {url!r} points at {inside[0]}, an address of this server's "
+                              "own network; the operator can allow it with --allow-net " + host, "forbidden_url")
+
+    def assign_keys(self, flow: Any, endpoints: dict[int, Any], *, from_request: bool) -> None:
+        """Give the default endpoint its key; strip keys a request flow took from the environment."""
+        for _, config in llm_configs(flow):
+            endpoint = endpoints.get(id(config))
+            if endpoint is None or config.api_key is not None:
+                continue
+            if self._is_default(config.url):
+                endpoints[id(config)] = dataclasses.replace(endpoint, api_key=self.default_key)
+            elif from_request and endpoint.api_key is not None:
+                endpoints[id(config)] = dataclasses.replace(endpoint, api_key=None)

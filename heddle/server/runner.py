@@ -1,0 +1,223 @@
+"""Running one admitted job for its HTTP caller, as one JSON answer or as a stream of events.
+
+The run is a task of its own, watched together with the connection: when the caller goes
+away the task is cancelled, which aborts model calls and kills the tools' process groups.
+When the server cancels it (drain timeout, second signal) the caller hears 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from starlette.types import Receive, Scope, Send
+
+from heddle.errors import HeddleError
+from heddle.server import sse
+from heddle.server.admission import Ticket
+from heddle.server.errors import error_body, status_of
+from heddle.server.service import Job, Service
+
+log = logging.getLogger("heddle.server")
+
+KEEPALIVE_S = 15.0
+_DONE = object()
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the client has closed the connection (the request body is already read)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _settle(task: asyncio.Task) -> None:
+    """Wait for a task to finish without taking on its exception or cancellation."""
+    if not task.done():
+        await asyncio.wait({task})
+
+
+def _outcome(run: asyncio.Task) -> str:
+    if run.cancelled():
+        return "cancelled"
+    return "error" if run.exception() is not None else "ok"
+
+
+def _failure(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    if isinstance(exc, HeddleError):
+        return status_of(exc), error_body(exc.kind, exc.message)
+    log.error("run failed unexpectedly", exc_info=exc)
+    return 500, error_body("internal_error", f"the run failed unexpectedly ({type(exc).__name__}); "
+                                             "see the server log")
+
+
+_CANCELLED = (503, error_body("cancelled", "the server is shutting down and stopped this run "
+                                           "(--drain-timeout passed); retry on another instance"))
+
+
+class RunResponse:
+    """An ASGI response that runs the job while it answers."""
+
+    def __init__(self, service: Service, job: Job, ticket: Ticket, *, stream: bool, encoder: Any = None) -> None:
+        self.service = service
+        self.job = job
+        self.ticket = ticket
+        self.stream = stream
+        self.encoder = encoder  # an encoder plugin's component: the run is rendered in its protocol
+
+    def _sink(self, queue: asyncio.Queue | None):
+        from heddle.engine import events as ev
+
+        loop = asyncio.get_running_loop()
+        loop_thread = threading.get_ident()
+        metrics, job = self.service.metrics, self.job
+
+        def deliver(event: Any) -> None:
+            if isinstance(event, ev.ToolResult):
+                metrics.tool_called(job.tool_label(event.tool), event.ok)
+            if queue is not None:
+                queue.put_nowait(event)
+
+        def on_event(event: Any) -> None:
+            if threading.get_ident() == loop_thread:
+                deliver(event)
+            else:
+                loop.call_soon_threadsafe(deliver, event)
+
+        return on_event
+
+    def _start(self, queue: asyncio.Queue | None, *, write: Any = None) -> asyncio.Task:
+        job = self.job
+        sink = self._sink(queue)
+        if job.host is None:
+            from heddle.engine import run_prepared
+
+            run = run_prepared(job.prepared, job.inputs, on_event=sink)
+        else:
+            from heddle.plugins.runner import run_with_plugins
+
+            # The host serves every run of this server: it is closed when the server stops.
+            run = run_with_plugins(job.prepared, job.inputs, host=job.host, on_event=sink, close=False,
+                                   protocol=self.encoder.protocol if self.encoder is not None else None,
+                                   write=write)
+        task = asyncio.create_task(run)
+        self.ticket.attach(task)
+        return task
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        outcome = "error"
+        self.service.metrics.run_accepted()
+        try:
+            if self.encoder is not None:
+                outcome = await self._encoded(receive, send)
+            elif self.stream:
+                outcome = await self._streamed(receive, send)
+            else:
+                outcome = await self._answered(receive, send)
+        finally:
+            self._finish()
+            self.service.metrics.run_finished(outcome, time.perf_counter() - started)
+
+    def _finish(self) -> None:
+        """Free the slot and remove the run's folder. Called before the last bytes go out, so a
+        caller that has its answer can count on both; safe to call again."""
+        self.job.close()
+        self.ticket.release()
+
+    async def _watch(self, run: asyncio.Task, receive: Receive) -> bool:
+        """Wait for the run to end; True if the client left first (the run is then cancelled)."""
+        gone = asyncio.create_task(_disconnected(receive))
+        try:
+            await asyncio.wait({run, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            left = gone.done() and not gone.cancelled()
+            if not run.done():
+                run.cancel()
+                await _settle(run)
+            gone.cancel()
+        return left and run.cancelled()
+
+    async def _answered(self, receive: Receive, send: Send) -> str:
+        run = self._start(None)
+        if await self._watch(run, receive):
+            return "disconnected"
+        if run.cancelled():
+            status, body = _CANCELLED
+        elif run.exception() is not None:
+            status, body = _failure(run.exception())
+        else:
+            status, body = 200, {"flow": self.job.flow_name, "state": run.result()}
+        data = json.dumps(body, ensure_ascii=False, default=str).encode("utf-8")
+        self._finish()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(data)).encode())]})
+        await send({"type": "http.response.body", "body": data})
+        return _outcome(run)
+
+    async def _streamed(self, receive: Receive, send: Send) -> str:
+        queue: asyncio.Queue = asyncio.Queue()
+        run = self._start(queue)
+
+        def tail() -> bytes:
+            if run.cancelled():
+                return sse.frame("error", _CANCELLED[1])
+            if run.exception() is not None:
+                return sse.frame("error", _failure(run.exception())[1])
+            return b""
+
+        return await self._relay(run, queue, receive, send, headers=sse.HEADERS,
+                                 render=lambda event: sse.frame(event.type, event.to_dict()),
+                                 keepalive=sse.KEEPALIVE, tail=tail)
+
+    async def _encoded(self, receive: Receive, send: Send) -> str:
+        """The run rendered by an encoder plugin, its output passed on as it is written."""
+        queue: asyncio.Queue = asyncio.Queue()
+        run = self._start(None, write=queue.put_nowait)
+        content_type = (self.encoder.content_type or "text/plain; charset=utf-8").encode("latin-1")
+        headers = [(b"content-type", content_type), (b"cache-control", b"no-store"), (b"x-accel-buffering", b"no")]
+        # A failure has already been rendered by the encoder, in its own protocol.
+        return await self._relay(run, queue, receive, send, headers=headers,
+                                 render=lambda text: text.encode("utf-8"), keepalive=None, tail=lambda: b"")
+
+    async def _relay(self, run: asyncio.Task, queue: asyncio.Queue, receive: Receive, send: Send, *,
+                     headers: list[tuple[bytes, bytes]], render: Callable[[Any], bytes],
+                     keepalive: bytes | None, tail: Callable[[], bytes]) -> str:
+        """Send what the run puts on `queue` as it comes, then `tail()`; stop the run if the client goes."""
+        run.add_done_callback(lambda _: queue.put_nowait(_DONE))
+        gone = asyncio.create_task(_disconnected(receive))
+        getter: asyncio.Task | None = None
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            while True:
+                if getter is None:
+                    getter = asyncio.create_task(queue.get())
+                done, _ = await asyncio.wait({getter, gone}, timeout=KEEPALIVE_S if keepalive else None,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if gone in done:
+                    return "disconnected"
+                if getter not in done:
+                    await send({"type": "http.response.body", "body": keepalive, "more_body": True})
+                    continue
+                item, getter = getter.result(), None
+                if item is _DONE:
+                    break
+                await send({"type": "http.response.body", "body": render(item), "more_body": True})
+            last = tail()
+            self._finish()
+            await send({"type": "http.response.body", "body": last, "more_body": False})
+            return _outcome(run)
+        finally:
+            if getter is not None:
+                getter.cancel()
+            gone.cancel()
+            if not run.done():
+                run.cancel()
+                await _settle(run)

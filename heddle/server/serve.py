@@ -1,0 +1,121 @@
+"""Serving: the port opened only after everything checked, and the drain on the first signal.
+
+First SIGTERM or SIGINT: readiness turns 503, new runs get 503, runs in flight finish, then the
+process exits 0. Runs still going after `--drain-timeout` are cancelled (their callers get 503)
+before it exits. A second signal stops at once, cancelling every run, and exits 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterator
+
+import uvicorn
+
+from heddle.server.errors import ServeError
+from heddle.server.service import Service
+
+log = logging.getLogger("heddle.server")
+
+# After a drain timeout, how long cancelled runs get to kill their tools and answer.
+CANCEL_GRACE_S = 5.0
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (0 = any free port)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ServeError(f"cannot listen on {host}:{port} ({reason}); choose another --host or --port") from None
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(f"heddle-server: {message}\n")
+    sys.stderr.flush()
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with heddle's signal handling: drain first, exit on the second signal."""
+
+    def __init__(self, config: uvicorn.Config, service: Service, *, on_ready: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.service = service
+        self.exit_code = 0
+        self._on_ready = on_ready
+        self._drain: asyncio.Task | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self._on_ready()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        # Every run has ended (or been cancelled): the plugin processes they shared can stop.
+        await self.service.aclose()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # Replaces uvicorn's handlers, which would stop accepting connections at once and
+        # re-raise the signal after shutdown; a drain must keep answering 503 meanwhile.
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGINT, signal.SIGTERM)
+        for sig in signals:
+            loop.add_signal_handler(sig, self._signalled, sig)
+        try:
+            yield
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+
+    def _signalled(self, sig: int) -> None:
+        admission = self.service.admission
+        if self._drain is None:
+            _say(f"{signal.Signals(sig).name}: draining ({admission.active} run(s) in flight, up to "
+                 f"{self.service.config.drain_timeout_ms} ms); a second signal stops at once")
+            self._drain = asyncio.get_running_loop().create_task(self._drain_then_exit())
+            return
+        cancelled = admission.cancel_all()
+        _say(f"{signal.Signals(sig).name} again: stopping now, {cancelled} run(s) cancelled")
+        self.exit_code = 1
+        self.force_exit = True
+        self.should_exit = True
+
+    async def _drain_then_exit(self) -> None:
+        admission = self.service.admission
+        admission.start_draining()
+        if not await admission.wait_idle(self.service.config.drain_timeout_ms / 1000):
+            cancelled = admission.cancel_all()
+            _say(f"--drain-timeout passed: {cancelled} run(s) cancelled")
+            await admission.wait_idle(CANCEL_GRACE_S)
+        self.should_exit = True
+
+
+def serve(service: Service, *, on_ready: Callable[[str], None]) -> int:
+    """Open the port, serve until drained, and return the exit status."""
+    from heddle.server.app import build_app
+
+    config = service.config
+    sock = bind(config.host, config.port)
+    url = url_of(sock)
+    logging.basicConfig(level=logging.WARNING, format="heddle-server: %(message)s", stream=sys.stderr)
+    uv_config = uvicorn.Config(build_app(service), lifespan="off", log_config=None, log_level="warning",
+                               access_log=False, timeout_graceful_shutdown=5, server_header=False)
+    server = DrainingServer(uv_config, service, on_ready=lambda: on_ready(url))
+    with sock:
+        server.run(sockets=[sock])
+    return server.exit_code

@@ -1,0 +1,80 @@
+"""Plugins loaded once for the whole server: their node types, and encoders as `?protocol=`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.server.support import start_server, wait_gone
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plugins"
+NODE = EXAMPLES / "custom-node"
+MARKDOWN = EXAMPLES / "markdown-encoder" / "plugin" / "plugin.json"
+
+
+def plugin_pids(marker: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def test_plugin_node_types_and_an_encoder_protocol(tmp_path):
+    server = start_server(tmp_path, "--plugin", NODE / "plugin" / "plugin.json", "--plugin", MARKDOWN,
+                          "--tools-dir", NODE / "tools", "--flows-root", NODE)
+    try:
+        with server.client() as client:
+            caps = client.get("/v1/capabilities").json()
+            assert caps["protocols"] == ["heddle", "markdown"]
+            assert sorted(p["name"] for p in caps["plugins"]) == ["markdown", "text-stats"]
+            assert all("manifest" not in p for p in caps["plugins"])
+            body = {"flowPath": "flow.yaml", "inputs": {"text": "Short. Sweet."}}
+            for _ in range(2):
+                response = client.post("/v1/runs", json=body)
+                assert response.status_code == 200, response.text
+                assert response.json()["state"]["words"] == 2
+            response = client.post("/v1/runs", params={"protocol": "markdown"}, json=body)
+            assert response.status_code == 200
+            assert response.headers["content-type"] == "text/markdown; charset=utf-8"
+            assert response.text.startswith("# Run of `custom-node`") and "TextStats" in response.text
+            response = client.post("/v1/runs", params={"protocol": "heddle"}, json=body)
+            assert response.headers["content-type"].startswith("text/event-stream")
+            assert "event: flow_complete" in response.text
+            response = client.post("/v1/runs", params={"protocol": "yaml"}, json=body)
+            assert response.status_code == 400
+            assert response.json()["error"] == {
+                "type": "unknown_protocol",
+                "message": "query parameter protocol='yaml': no such protocol; this server has: heddle, markdown"}
+            report = client.post("/v1/validate", json={"flowPath": "flow.yaml"}).json()
+            assert report["valid"] is True and len(report["plugins"]) == 2
+            pids = plugin_pids("stats.py") + plugin_pids("markdown.py")
+            assert len(pids) == 2  # one process per plugin, shared by every run
+    finally:
+        assert server.stop() == 0
+    assert all(wait_gone(pid, 2.0) for pid in pids)
+
+
+def test_a_plugin_node_type_without_its_plugin_is_a_400(tmp_path):
+    server = start_server(tmp_path, "--tools-dir", NODE / "tools", "--flows-root", NODE)
+    try:
+        with server.client() as client:
+            response = client.post("/v1/runs", json={"flowPath": "flow.yaml", "inputs": {"text": "x"}})
+            assert response.status_code == 400
+            assert "unknown component_type 'TextStats'" in response.json()["error"]["message"]
+            assert client.get("/v1/capabilities").json()["protocols"] == ["heddle"]
+    finally:
+        server.stop()
+
+
+def test_plugin_settings_are_checked_at_start(tmp_path):
+    from tests.server.support import run_server_to_exit
+
+    proc = run_server_to_exit(tmp_path, "--plugin", MARKDOWN, "--plugin-config", 'MarkdownTranscript={"timings": 3}')
+    assert proc.returncode == 2 and "listening" not in proc.stdout
+    assert proc.stderr.startswith("error: ") and "timings" in proc.stderr
+    proc = run_server_to_exit(tmp_path, "--plugin-config", 'MarkdownTranscript={"timings": true}')
+    assert proc.returncode == 2 and "load the plugin with --plugin MANIFEST" in proc.stderr

@@ -1,0 +1,130 @@
+"""What `heddle-server` refuses before it opens a port, and the authentication it enforces."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+
+from tests.server.flows import ECHO, one_tool_flow, write_tools
+from tests.server.support import SERVER, run_server_to_exit, start_server
+
+
+def error_lines(proc) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+
+
+def test_version_and_help_are_fast():
+    started = time.monotonic()
+    proc = subprocess.run([str(SERVER), "--version"], capture_output=True, text=True, timeout=10)
+    assert proc.returncode == 0 and proc.stdout.strip() == "heddle-server 0.1.0"
+    assert time.monotonic() - started < 1.0
+    proc = subprocess.run([str(SERVER), "--help"], capture_output=True, text=True, timeout=10)
+    assert proc.returncode == 0
+    for flag in ("--bundle", "--trust", "--allow-unsigned", "--tools-dir", "--flows-root", "--max-concurrent",
+                 "--drain-timeout", "--cors-origin", "--allow-request-code", "--allow-net", "--work-dir",
+                 "--mount", "--workspace", "--mount-max-bytes", "--mount-max-entries", "--no-mount-tools",
+                 "--llm-default-url", "--safe", "--sandbox", "--allow-read", "--allow-write", "--allow-env",
+                 "--deny-net", "--auth-token", "HEDDLE_AUTH_TOKEN", "HEDDLE_STREAM", "HEDDLE_LLM_DEFAULT_KEY"):
+        assert flag in proc.stdout, flag
+
+
+def test_bad_start_up_settings_fail_with_one_line_and_status_2(tmp_path):
+    (tmp_path / "file").write_text("x")
+    cases = [
+        ((["--port", "http"], None), "argument --port: 'http' is not a whole number"),
+        ((["--tools-dir", tmp_path / "nope"], None), f"--tools-dir {tmp_path / 'nope'}: does not exist"),
+        ((["--flows-root", tmp_path / "file"], None), "is not a folder"),
+        ((["--trust", tmp_path / "k.pub"], None), "--trust applies only to --bundle"),
+        ((["--allow-unsigned", "--data-dir", tmp_path], None), "--allow-unsigned, --data-dir apply only to --bundle"),
+        ((["--bundle", tmp_path / "a.heddle", "--flows-root", tmp_path], None),
+         "--flows-root cannot be used with --bundle"),
+        ((["--tool-timeout", "0"], None), "--tool-timeout 0: must be at least 1"),
+        ((["--bundle", tmp_path / "a.heddle", "--tools-dir", tmp_path], None),
+         "--tools-dir cannot be used with --bundle"),
+        ((["--max-concurrent", "0"], None), "--max-concurrent 0: must be at least 1"),
+        ((["--max-tool-rounds", "0"], None), "--max-tool-rounds 0: must be at least 1"),
+        ((["--deny-net"], None), "--deny-net only works with --safe"),
+        ((["--sandbox", "chroot", "--safe"], None), "--sandbox 'chroot': unknown"),
+        ((["--allow-net", "http://x"], None), "--allow-net 'http://x'"),
+        ((["--llm-default-url", "ftp://x"], None), "--llm-default-url 'ftp://x'"),
+        ((["--mount", tmp_path / "nope"], None), "nope"),
+        (([], {"HEDDLE_STREAM": "yes"}), "HEDDLE_STREAM='yes': use 1"),
+        (([], {"HEDDLE_AUTH_TOKEN": " "}), "HEDDLE_AUTH_TOKEN is set but empty"),
+        ((["--work-dir", tmp_path / "file" / "sub"], None), "--work-dir"),
+    ]
+    for (args, env), expected in cases:
+        proc = run_server_to_exit(tmp_path, *args, env=env)
+        assert proc.returncode == 2, (args, proc.stderr)
+        lines = error_lines(proc)
+        assert len(lines) == 1 and expected in lines[0], (args, proc.stderr)
+        assert "listening" not in proc.stdout
+
+
+def test_a_port_in_use_is_refused(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = run_server_to_exit(tmp_path, "--port", port)
+    assert proc.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in error_lines(proc)[0]
+
+
+def test_a_non_loopback_host_warns(tmp_path):
+    server = start_server(tmp_path, "--host", "0.0.0.0")
+    try:
+        assert "warning: --host 0.0.0.0 is not a loopback address and there is no authentication" in server.stderr()
+    finally:
+        assert server.stop() == 0
+    server = start_server(tmp_path, "--host", "127.0.0.1")
+    try:
+        assert "warning" not in server.stderr()
+    finally:
+        server.stop()
+
+
+def test_bearer_token_guards_every_route_but_the_probes(tmp_path):
+    tools = write_tools(tmp_path / "tools", {"echo": ECHO})
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    one_tool_flow("echo", "echo").write(flows / "echo.json")
+    for args, env in ((["--auth-token", "s3cret"], None), ([], {"HEDDLE_AUTH_TOKEN": "s3cret"})):
+        server = start_server(tmp_path, "--tools-dir", tools, "--flows-root", flows, *args, env=env)
+        try:
+            with server.client() as anonymous, server.client("s3cret") as client, \
+                    server.client("s3cret-not") as wrong:
+                assert anonymous.get("/healthz").status_code == 200
+                assert anonymous.get("/readyz").status_code == 200
+                for method, path in (("GET", "/metrics"), ("GET", "/v1/capabilities"), ("GET", "/openapi.json"),
+                                     ("POST", "/v1/validate"), ("POST", "/v1/runs"), ("GET", "/nowhere")):
+                    for who in (anonymous, wrong):
+                        response = who.request(method, path, json={"flowPath": "echo.json", "inputs": {"x": 1}})
+                        assert response.status_code == 401, (method, path)
+                        assert response.json()["error"]["type"] == "unauthorized"
+                        assert response.headers["www-authenticate"].startswith("Bearer")
+                assert anonymous.post("/v1/runs", headers={"Authorization": "Basic s3cret"}).status_code == 401
+                response = client.post("/v1/runs", json={"flowPath": "echo.json", "inputs": {"x": 1}})
+                assert response.status_code == 200 and response.json()["state"] == {"x": 1}
+                assert client.get("/metrics").status_code == 200
+                assert client.get("/nowhere").status_code == 404
+                doc = client.get("/openapi.json").json()
+                assert doc["security"] == [{"bearer": []}]
+        finally:
+            server.stop()
+
+
+def test_cors_origins_are_answered(tmp_path):
+    server = start_server(tmp_path, "--cors-origin", "https://app.example.com", "--auth-token", "t")
+    try:
+        with server.client() as client:
+            preflight = client.options("/v1/runs", headers={"Origin": "https://app.example.com",
+                                                            "Access-Control-Request-Method": "POST",
+                                                            "Access-Control-Request-Headers": "authorization"})
+            assert preflight.status_code == 200
+            assert preflight.headers["access-control-allow-origin"] == "https://app.example.com"
+            response = client.get("/healthz", headers={"Origin": "https://app.example.com"})
+            assert response.headers["access-control-allow-origin"] == "https://app.example.com"
+            response = client.get("/healthz", headers={"Origin": "https://evil.example.com"})
+            assert "access-control-allow-origin" not in response.headers
+    finally:
+        server.stop()
