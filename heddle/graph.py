@@ -6,7 +6,7 @@ user fixes a flow in one pass rather than one error at a time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,3 +154,19 @@ def referenced_tools(flow: Flow) -> dict[str, object]:
             for name, tool in referenced_tools(node.subflow).items():
                 found.setdefault(name, tool)
     return found
+
+
+def llm_configs(flow: Flow) -> "Iterator[tuple[str, object]]":
+    """(node label, llm config) for every model the flow and its subflows call, plugin nodes included."""
+    from heddle.spec.components import AgentNode, LlmNode, PluginNode
+
+    for node in flow.nodes:
+        if isinstance(node, LlmNode):
+            yield _label(node), node.llm_config
+        elif isinstance(node, AgentNode):
+            yield _label(node), node.agent.llm_config
+        elif isinstance(node, FlowNode):
+            yield from llm_configs(node.subflow)
+        elif isinstance(node, PluginNode) and node.llm_config is not None:
+            # A plugin node's model is called through the plugin (callModel): the same rules apply.
+            yield _label(node), node.llm_config

@@ -4,7 +4,6 @@ same run on the same machine, so the numbers travel between machines better than
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics

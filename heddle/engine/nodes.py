@@ -12,17 +12,23 @@ from heddle.spec import components as c
 Outcome = tuple[dict[str, Any], "str | None"]
 
 
-async def start_node(ctx: RunContext, node: c.StartNode, inputs: dict[str, Any]) -> Outcome:
+def declared_values(declared: list[dict[str, Any]], values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The values of the `declared` inputs, defaults filled in, and the titles that have neither."""
     out: dict[str, Any] = {}
     missing = []
-    for prop in node.inputs or node.outputs:
+    for prop in declared:
         title = prop["title"]
-        if title in inputs:
-            out[title] = inputs[title]
+        if title in values:
+            out[title] = values[title]
         elif "default" in prop:
             out[title] = prop["default"]
         else:
             missing.append(title)
+    return out, missing
+
+
+async def start_node(ctx: RunContext, node: c.StartNode, inputs: dict[str, Any]) -> Outcome:
+    out, missing = declared_values(node.inputs or node.outputs, inputs)
     if missing:
         names = ", ".join(repr(m) for m in missing)
         raise RunError(f"the flow needs input {names} (declared by StartNode {node.name!r}); "

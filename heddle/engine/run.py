@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,26 +19,14 @@ from heddle.engine import events as ev
 from heddle.engine.context import RunContext
 from heddle.engine.options import RunOptions
 from heddle.errors import GraphError, HeddleError, LimitError, RunError
-from heddle.graph import FlowGraph, check_flow, node_key
+from heddle.graph import FlowGraph, check_flow, llm_configs, node_key
 from heddle.spec import components as c
-
-
-def _llm_configs(flow: c.Flow) -> Iterator[tuple[str, Any]]:
-    for node in flow.nodes:
-        if isinstance(node, c.LlmNode):
-            yield f"LlmNode {node.name!r}", node.llm_config
-        elif isinstance(node, c.AgentNode):
-            yield f"AgentNode {node.name!r}", node.agent.llm_config
-        elif isinstance(node, c.FlowNode):
-            yield from _llm_configs(node.subflow)
-        elif isinstance(node, c.PluginNode) and node.llm_config is not None:
-            yield f"{node.component_type} {node.name!r}", node.llm_config
 
 
 def resolve_endpoints(flow: c.Flow) -> dict[int, Any]:
     """Every model endpoint of the flow, with its API key read now: a missing key fails before any node runs."""
     endpoints: dict[int, Any] = {}
-    configs = list(_llm_configs(flow))
+    configs = list(llm_configs(flow))
     if not configs:
         return endpoints  # a flow of tools alone never loads the HTTP client
     from heddle.model.client import ModelEndpoint, resolve_api_key

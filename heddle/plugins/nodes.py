@@ -24,18 +24,11 @@ if TYPE_CHECKING:
 
 
 def _inputs(node: Any, declared: list[dict[str, Any]], values: dict[str, Any]) -> dict[str, Any]:
+    from heddle.engine.nodes import declared_values
+
     if not declared:
         return dict(values)
-    out: dict[str, Any] = {}
-    missing = []
-    for prop in declared:
-        title = prop["title"]
-        if title in values:
-            out[title] = values[title]
-        elif "default" in prop:
-            out[title] = prop["default"]
-        else:
-            missing.append(title)
+    out, missing = declared_values(declared, values)
     if missing:
         names = ", ".join(repr(m) for m in missing)
         raise RunError(f"{node.component_type} {node.name!r} needs input {names}; give it from an earlier node's "

@@ -32,18 +32,10 @@ _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?\Z")
 
 def llm_configs(flow: Any) -> Iterator[tuple[str, Any]]:
     """(where, llm config) for every model the flow and its subflows call."""
-    from heddle.spec import components as c
+    from heddle.graph import llm_configs as configs_of
 
-    for node in flow.nodes:
-        if isinstance(node, c.LlmNode):
-            yield f"llm_config {node.llm_config.name!r} of LlmNode {node.name!r}", node.llm_config
-        elif isinstance(node, c.AgentNode):
-            yield f"llm_config {node.agent.llm_config.name!r} of AgentNode {node.name!r}", node.agent.llm_config
-        elif isinstance(node, c.FlowNode):
-            yield from llm_configs(node.subflow)
-        elif isinstance(node, c.PluginNode) and node.llm_config is not None:
-            # A plugin node's model is called through the plugin (callModel): the same rules apply.
-            yield f"llm_config {node.llm_config.name!r} of {node.component_type} {node.name!r}", node.llm_config
+    for label, config in configs_of(flow):
+        yield f"llm_config {config.name!r} of {label}", config
 
 
 def check_allow_net(entries: tuple[str, ...]) -> tuple[str, ...]:

@@ -35,7 +35,7 @@ def test_every_problem_is_reported_at_once(tmp_path):
     s = f.start(["x"])
     router = f.branching("router", {"yes": "go", "no": "stop"}, "x")
     dead_end = f.tool_node("dead_end", server_tool("ghost"))
-    island = f.end(["x"], name="island")
+    f.end(["x"], name="island")
     f.control(s, router)
     f.control(router, dead_end, "go")
     path = f.write(tmp_path / "flow.json")

@@ -13,7 +13,7 @@ from tests.support.cli import env_with, error_line, heddle, state_of
 
 def test_a_silent_plugin_is_given_up_after_plugin_timeout(tmp_path):
     flow, tools = tool_chain_flow(tmp_path, tools=("first",))
-    plugin = make_plugin(tmp_path / "p", components=[middleware("Hang", "toolCall.before")],
+    make_plugin(tmp_path / "p", components=[middleware("Hang", "toolCall.before")],
                          code='import time\n@plugin.before("Hang", "toolCall")\ndef h(call):\n    time.sleep(60)\n')
     started = time.monotonic()
     proc = heddle("run", flow, "-t", tools, "--plugin", tmp_path / "p" / "plugin.json", "--plugin-timeout", "0.5")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -17,6 +16,7 @@ from typing import Any
 import httpx
 
 from tests.support.cli import env_with
+from tests.support.scripted_model import _read_line
 
 BIN = Path(sys.executable).parent
 SERVER = BIN / "heddle-server"
@@ -59,22 +59,6 @@ class Server:
         return self.process.returncode
 
 
-def _read_line(process: subprocess.Popen[bytes], deadline: float) -> bytes:
-    assert process.stdout is not None
-    fd = process.stdout.fileno()
-    data = b""
-    while not data.endswith(b"\n"):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            break
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if not ready:
-            break
-        piece = os.read(fd, 4096)
-        if not piece:
-            break
-        data += piece
-    return data
 
 
 def start_server(tmp_path: Path, *args: Any, env: dict[str, str] | None = None) -> Server:
