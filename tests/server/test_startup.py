@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import time
 
 from tests.server.flows import ECHO, one_tool_flow, write_tools
 from tests.server.support import SERVER, run_server_to_exit, start_server
@@ -14,11 +13,10 @@ def error_lines(proc) -> list[str]:
     return [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
 
 
-def test_version_and_help_are_fast():
-    started = time.monotonic()
+def test_version_and_help_name_every_setting():
+    # Speed is scripts/bench's business; this checks what they say.
     proc = subprocess.run([str(SERVER), "--version"], capture_output=True, text=True, timeout=10)
     assert proc.returncode == 0 and proc.stdout.strip() == "heddle-server 0.1.0"
-    assert time.monotonic() - started < 1.0
     proc = subprocess.run([str(SERVER), "--help"], capture_output=True, text=True, timeout=10)
     assert proc.returncode == 0
     for flag in ("--bundle", "--trust", "--allow-unsigned", "--tools-dir", "--flows-root", "--max-concurrent",
