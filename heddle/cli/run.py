@@ -80,20 +80,12 @@ def _sandbox_flags(safe: bool, sandbox: str | None, allow_read: list[Path], allo
                    allow_env: list[str], deny_net: bool):
     from heddle.workspace.sandbox import SandboxPolicy
 
-    given = []
-    if sandbox is not None:
-        given.append("--sandbox")
-    if allow_read:
-        given.append("--allow-read")
-    if allow_write:
-        given.append("--allow-write")
-    if allow_env:
-        given.append("--allow-env")
-    if deny_net:
-        given.append("--deny-net")
+    # The policy shows every safe-only flag but an explicit `--sandbox auto`; check_policy
+    # refuses them all without --safe.
+    given = ("--sandbox",) if sandbox is not None else ()
     policy = SandboxPolicy(safe=safe, backend=sandbox or "auto", allow_read=tuple(allow_read),
                            allow_write=tuple(allow_write), allow_env=tuple(allow_env), deny_net=deny_net)
-    return policy, tuple(given)
+    return policy, given
 
 
 def _is_bundle(path: Path) -> bool:

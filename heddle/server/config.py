@@ -69,19 +69,8 @@ class ServerConfig:
 
     @property
     def sandbox_flags(self) -> tuple[str, ...]:
-        """The safe-only flags given, by their command-line names, for the engine's checks."""
-        given = []
-        if self.sandbox is not None:
-            given.append("--sandbox")
-        if self.allow_read:
-            given.append("--allow-read")
-        if self.allow_write:
-            given.append("--allow-write")
-        if self.allow_env:
-            given.append("--allow-env")
-        if self.deny_net:
-            given.append("--deny-net")
-        return tuple(given)
+        """Safe-only flags the policy cannot show by itself: `--sandbox auto` given explicitly."""
+        return ("--sandbox",) if self.sandbox is not None else ()
 
 
 def is_loopback_host(host: str) -> bool:
