@@ -15,12 +15,14 @@ from heddle.bundle.errors import MalformedBundleError
 from heddle.errors import DocumentError
 
 
-def fingerprints_of(flow: Any) -> dict[str, str]:
-    """{tool name: fingerprint} for every ServerTool a loaded flow (or its subflows) names."""
+def fingerprints_of(flow: Any, *, leave_out: Iterable[str] = ()) -> dict[str, str]:
+    """{tool name: fingerprint} for every ServerTool a loaded flow (or its subflows) names,
+    but those in `leave_out` (tools a plugin provides, fingerprinted with the plugin)."""
     from heddle.graph import referenced_tools
     from heddle.tools.schema import input_fingerprint
 
-    return {name: input_fingerprint(tool) for name, tool in referenced_tools(flow).items()}
+    skip = set(leave_out)
+    return {name: input_fingerprint(tool) for name, tool in referenced_tools(flow).items() if name not in skip}
 
 
 def load_sealed_flow(flow_path: Path, fmt: str | None = None, node_types: Iterable[str] = ()) -> Any:
@@ -52,4 +54,4 @@ def sealed_flow(flow_path: Path, manifest: Any = None, *, fmt: str | None = None
 def flow_tool_fingerprints(flow_path: Path, manifest: Any = None) -> dict[str, str]:
     """{tool name: fingerprint} of the tools the sealed flow names and the tools folder must carry."""
     flow, plugin_tools = sealed_flow(flow_path, manifest)
-    return {n: f for n, f in fingerprints_of(flow).items() if n not in plugin_tools}
+    return fingerprints_of(flow, leave_out=plugin_tools)

@@ -62,7 +62,7 @@ def open_runnable(
         # Parsed once, here, after every payload byte matched: for the check and for the run.
         flow, plugin_tools = sealed_flow(flow_path, manifest, fmt=fmt, node_types=node_types)
         loaded.append(flow)
-        return {n: f for n, f in fingerprints_of(flow).items() if n not in plugin_tools}
+        return fingerprints_of(flow, leave_out=plugin_tools)
 
     keys = resolve_trust([str(t) for t in trust])
     opened = open_bundle(Path(path), trusted_keys=keys, allow_unsigned=allow_unsigned, cache_root=cache_root,

@@ -36,11 +36,11 @@ def seal(
     from heddle.bundle.seal import pack
     from heddle.cli.bundle import print_pack_result
     from heddle.engine.options import parse_max_tool_rounds
-    from heddle.graph import check_flow, referenced_tools
+    from heddle.bundle.fingerprints import fingerprints_of
+    from heddle.graph import check_flow
     from heddle.plugins.sealed import read_carried
     from heddle.spec import load_flow
     from heddle.tools.registry import discover_tools
-    from heddle.tools.schema import input_fingerprint
     from heddle.workspace.mounts import check_mounts, parse_mount
 
     # Plugins are read, never started, to seal them: their settings come at run time.
@@ -53,8 +53,9 @@ def seal(
         raise GraphError(problems)
     parsed_mounts = [parse_mount(m) for m in mounts]
     check_mounts(parsed_mounts, max_entries=max_entries, max_bytes=max_bytes)
-    specs = {name_: ToolSpec(path=tools[name_], fingerprint=input_fingerprint(tool))
-             for name_, tool in referenced_tools(flow).items() if name_ not in carried.tool_names}
+    # The same fingerprints the verifier recomputes from the sealed flow.
+    specs = {name_: ToolSpec(path=tools[name_], fingerprint=fingerprint)
+             for name_, fingerprint in fingerprints_of(flow, leave_out=carried.tool_names).items()}
     proposal: int | str | None = None
     if max_tool_rounds is not None:
         rounds = parse_max_tool_rounds(max_tool_rounds)

@@ -23,7 +23,7 @@ from heddle.workspace import (
     confine,
     parse_mount,
 )
-from tests.workspace.tooling import PYTHON_READ, ToolBox, Warnings, probe
+from tests.workspace.tooling import PYTHON_READ, ToolBox, Warnings, call_tool, probe
 
 SAFE = SandboxPolicy(safe=True, allow_read=PYTHON_READ)
 
@@ -391,11 +391,7 @@ def test_ro_mount_swapped_for_a_link_is_refused(
     script.write_text(f"#!/bin/sh\nmv a moved && ln -s {host} a\necho '{{}}'\n")
     script.chmod(0o755)
     with spaces.open("n") as ws:
-        argv, env = confine(
-            SAFE, [str(script)], workspace=ws, tools_dir=toolbox.tools_dir, env=ws.env(os.environ)
-        )
-        done = subprocess.run(argv, env=env, cwd=ws.root, capture_output=True, timeout=60)
-        assert done.returncode == 0, done.stderr
+        assert call_tool(script, {}, workspace=ws, policy=SAFE, tools_dir=toolbox.tools_dir) == {}
         assert (ws.root / "a").is_symlink()
         with pytest.raises(RunError) as err:
             confine(SAFE, [str(script)], workspace=ws, tools_dir=toolbox.tools_dir, env={})
@@ -426,11 +422,7 @@ def test_rw_copy_back_does_not_follow_a_planted_link(
     script.write_text(f"#!/bin/sh\nmv x moved && ln -s {host} x\necho '{{}}'\n")
     script.chmod(0o755)
     with spaces.open("n") as ws:
-        argv, env = confine(
-            SAFE, [str(script)], workspace=ws, tools_dir=toolbox.tools_dir, env=ws.env(os.environ)
-        )
-        done = subprocess.run(argv, env=env, cwd=ws.root, capture_output=True, timeout=60)
-        assert done.returncode == 0, done.stderr
+        assert call_tool(script, {}, workspace=ws, policy=SAFE, tools_dir=toolbox.tools_dir) == {}
     assert list(out.iterdir()) == []
     assert warned == [
         f"did not copy back mount {out}:x/out:rw: a folder above {ws.root / 'x' / 'out'} "
