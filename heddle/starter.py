@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import shlex
+import socket
 from pathlib import Path
 
 from heddle.errors import UsageError
 
-STARTER_PORT = 4320
-
 FLOW = """\
 # A starter agent: start -> agent (may call the word_count tool) -> end.
-# The model is the scripted one from model.yaml; point `url` at any OpenAI-compatible server
-# (and set api_key: "$OPENAI_API_KEY") to use a real model.
+# The model is the scripted one from model.yaml, served on port %(port)d as `heddle init` printed;
+# point `url` at any OpenAI-compatible server (and set api_key: "$OPENAI_API_KEY") to use a real model.
 component_type: Flow
 agentspec_version: 26.1.0
 id: starter-flow
@@ -83,7 +82,8 @@ json.dump({"words": len(str(args.get("text", "")).split())}, sys.stdout)
 """
 
 MODEL = """\
-# What the scripted model answers, one entry per chat-completions request, in order.
+# What the scripted model answers, one entry per chat-completions request, in order
+# (with `heddle model serve --loop`, from the top again once used up: one run takes both).
 - tool_calls:
     - name: word_count
       arguments: {text: "the quick brown fox"}
@@ -91,12 +91,27 @@ MODEL = """\
 """
 
 
-def write_starter(directory: Path) -> list[str]:
-    """Write the starter into `directory` and return the lines telling the user how to run it."""
+def free_port() -> int:
+    """A port nothing listens on right now (the OS picks it); the model server takes it later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def write_starter(directory: Path, port: int | None = None) -> list[str]:
+    """Write the starter into `directory` and return the lines telling the user how to run it.
+
+    The flow points at the scripted model on `port` (127.0.0.1); None or 0 picks a free one now,
+    so two starters, or a starter beside another server, do not collide on a fixed number.
+    """
+    if port is not None and not 0 <= port <= 65535:
+        raise UsageError(f"--port {port}: a port is 0 to 65535 (0 picks a free one)")
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise UsageError(f"{directory}: already exists and is not an empty folder; choose a new one")
+    port = port or free_port()
     (directory / "tools").mkdir(parents=True, exist_ok=True)
-    (directory / "flow.yaml").write_text(FLOW % {"port": STARTER_PORT}, encoding="utf-8")
+    (directory / "flow.yaml").write_text(FLOW % {"port": port}, encoding="utf-8")
     tool = directory / "tools" / "word_count.py"
     tool.write_text(TOOL, encoding="utf-8")
     tool.chmod(0o755)
@@ -108,7 +123,7 @@ def write_starter(directory: Path) -> list[str]:
         f"  {directory}/tools/word_count.py a tool: JSON in on stdin, JSON out on stdout",
         f"  {directory}/model.yaml          a scripted model, so the agent runs without an API key",
         "",
-        "Run it:",
-        f"  heddle model serve --script {d}/model.yaml --port {STARTER_PORT} &",
+        "Run it (the model repeats its script with --loop, so the run works again and again):",
+        f"  heddle model serve --script {d}/model.yaml --port {port} --loop &",
         f"  heddle run {d}/flow.yaml --tools-dir {d}/tools --input '{{\"text\": \"the quick brown fox\"}}'",
     ]

