@@ -61,6 +61,13 @@ class ToolError(RunError):
         self.tool = tool
 
 
+class ToolInputError(ToolError):
+    """A ToolNode's arguments do not match its tool's input schema, so the tool was not started:
+    the values the run was given, or made from them, are wrong for it."""
+
+    kind = "invalid_tool_input"
+
+
 class ModelError(RunError):
     """The model endpoint could not be reached or answered with an error."""
 

@@ -1,18 +1,36 @@
 """Turning folders on disk into the list of files a bundle will carry.
 
 Only regular files and folders are carried. A link, device, socket or FIFO is refused,
-naming it, because its meaning depends on the machine. Files that look like secrets
-(`.git`, `.env*`, `*.pem`, `*.key`) are left out and reported, never carried silently.
+naming it, because its meaning depends on the machine. `.git` folders are left out and
+reported. A file that looks like a secret (a private key by name or by content, a
+credentials file, anything under `.ssh/`, `.aws/`, `.gnupg/`, an `.env` file) is refused,
+all of them in one error, unless `--include-secret` names it: a bundle is copied and
+published, and a key sealed into one cannot be taken back.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from heddle.bundle.errors import PackError
+
+INCLUDE_SECRET = "--include-secret"
+LEFT_OUT = ".git"
+
+_KEY_NAMES = frozenset({"id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "id_ecdsa_sk", "id_ed25519_sk"})
+_KEY_SUFFIXES = (".pem", ".key", ".p12", ".pfx")
+_CREDENTIAL_FILES = frozenset({".netrc", ".npmrc", ".pypirc", ".git-credentials"})
+_CREDENTIAL_PAIRS = frozenset({(".docker", "config.json"), (".kube", "config")})
+_SECRET_DIRS = frozenset({".ssh", ".aws", ".gnupg"})
+# PEM ("RSA", "EC", "OPENSSH", "ENCRYPTED", ... PRIVATE KEY) and OpenPGP armour, and PuTTY's format.
+_PRIVATE_KEY = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|PuTTY-User-Key-File-")
+_SNIFF_BYTES = 512
+_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True)
@@ -34,8 +52,70 @@ class Collected:
         self.skipped.extend(other.skipped)
 
 
-def is_secret(name: str) -> bool:
-    return name == ".git" or name.startswith(".env") or name.endswith((".pem", ".key"))
+def secret_by_name(parts: Sequence[str]) -> str | None:
+    """Why the file at path `parts` (its components, file name last) looks like a secret, or None."""
+    name = parts[-1]
+    lower = name.lower()
+    if lower in _KEY_NAMES or lower.endswith(_KEY_SUFFIXES):
+        return "a private key by its name"
+    if name in _CREDENTIAL_FILES or tuple(parts[-2:]) in _CREDENTIAL_PAIRS:
+        return "a credentials file"
+    if name in (".env", ".envrc") or name.startswith(".env."):
+        return "an environment file"
+    for folder in parts[:-1]:
+        if folder in _SECRET_DIRS:
+            return f"inside {folder}/"
+    return None
+
+
+def _starts_like_a_key(source: Path) -> bool:
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise PackError(f"{source}: cannot be read: {exc.strerror}") from None
+    try:
+        head = os.read(fd, _SNIFF_BYTES)
+    except OSError as exc:
+        raise PackError(f"{source}: cannot be read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    head = head.removeprefix(_BOM).lstrip()
+    return _PRIVATE_KEY.match(head) is not None
+
+
+def _allowed(source: str, include: Sequence[str]) -> str | None:
+    for allowed in include:
+        if source == allowed or source.startswith(allowed.rstrip(os.sep) + os.sep):
+            return allowed
+    return None
+
+
+def refuse_secrets(files: Sequence[PlanFile], include: Sequence[Path] = ()) -> None:
+    """Refuse, in one error naming each, the files that look like secrets, but those
+    `include` names (a file, or a folder holding them, as given to --include-secret)."""
+    wanted = [os.path.realpath(p) for p in include]
+    used: set[str] = set()
+    found: list[str] = []
+    for item in files:
+        source = os.path.realpath(item.source)
+        why = (secret_by_name(item.path.split("/")) or secret_by_name(Path(source).parts)
+               or ("a private key by its content" if _starts_like_a_key(item.source) else None))
+        if why is None:
+            continue
+        allowed = _allowed(source, wanted)
+        if allowed is not None:
+            used.add(allowed)
+            continue
+        found.append(f"{item.source} (as {item.path}: {why})")
+    unused = [str(p) for p, real in zip(include, wanted) if real not in used]
+    if found:
+        raise PackError(
+            f"{len(found)} file{'s' if len(found) > 1 else ''} look{'' if len(found) > 1 else 's'} like "
+            f"{'secrets' if len(found) > 1 else 'a secret'}, which a bundle never seals: {'; '.join(found)}; "
+            f"remove {'them' if len(found) > 1 else 'it'}, or pass {INCLUDE_SECRET} PATH for each one meant to be sealed"
+        )
+    if unused:
+        raise PackError(f"{INCLUDE_SECRET} {unused[0]}: no file sealed from there looks like a secret; drop the flag")
 
 
 def file_mode(st_mode: int) -> int:
@@ -75,11 +155,6 @@ def collect_tree(source: Path, dest: str, *, what: str) -> Collected:
     source = Path(source)
     st = _lstat(source, what)
     if stat.S_ISREG(st.st_mode):
-        if is_secret(source.name):
-            raise PackError(
-                f"{what}: {source} looks like a secret (.git, .env*, *.pem, *.key) and bundles never carry those; "
-                "rename it if it is not one"
-            )
         return Collected([PlanFile(dest, source, file_mode(st.st_mode))])
     if not stat.S_ISDIR(st.st_mode):
         raise _refuse(source, st.st_mode, what)
@@ -95,7 +170,7 @@ def _walk(folder: Path, dest: str, out: Collected, what: str) -> None:
         raise PackError(f"{what}: {folder} cannot be listed: {exc.strerror}") from None
     for entry in entries:
         path = Path(entry.path)
-        if is_secret(entry.name):
+        if entry.name == LEFT_OUT:
             out.skipped.append(path)
             continue
         st = entry.stat(follow_symlinks=False)

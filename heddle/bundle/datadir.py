@@ -1,9 +1,10 @@
 """Where a bundle's mounts come from at run time.
 
 `ro` mounts are used straight from the read-only cache. `rw` mounts are copied out of it
-into a writable data folder first (`--data-dir`, or a fresh temporary folder), so a run
-can change them while the sealed copy stays exactly what was verified. A data folder that
-already holds a mount's destination keeps it: that is how state survives between runs.
+into a writable data folder first (`--data-dir`, or a fresh temporary folder made only when
+there is an `rw` mount to seed), so a run can change them while the sealed copy stays exactly
+what was verified. A data folder that already holds a mount's destination keeps it: that is
+how state survives between runs.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class SeededMount:
 
 @dataclass(frozen=True)
 class DataDir:
-    path: Path
+    path: Path | None  # None: nothing to seed and no folder given, so none was made
     created: bool
     mounts: list[SeededMount]
 
@@ -46,9 +47,9 @@ def _make_writable(root: Path) -> None:
             os.chmod(path, 0o755 if os.lstat(path).st_mode & 0o111 else 0o644)
 
 
-def seed_data_dir(opened: "OpenedBundle", data_dir: Path | None = None) -> DataDir:
-    created = data_dir is None
-    base = Path(tempfile.mkdtemp(prefix="heddle-data-")) if data_dir is None else Path(data_dir)
+def seed_data_dir(opened: OpenedBundle, data_dir: Path | None = None) -> DataDir:
+    created = data_dir is None and any(m.mode == "rw" for m in opened.manifest.mounts)
+    base: Path | None = Path(tempfile.mkdtemp(prefix="heddle-data-")) if created else data_dir
     mounts: list[SeededMount] = []
     for mount in opened.manifest.mounts:
         source = opened.mount_source(mount)
@@ -56,6 +57,7 @@ def seed_data_dir(opened: "OpenedBundle", data_dir: Path | None = None) -> DataD
         if mount.mode == "ro":
             mounts.append(SeededMount(source, dest, "ro"))
             continue
+        assert base is not None  # made above whenever there is an rw mount
         target = base.joinpath(*dest.parts)
         seeded = not os.path.lexists(target)
         if seeded:
@@ -68,4 +70,4 @@ def seed_data_dir(opened: "OpenedBundle", data_dir: Path | None = None) -> DataD
                 shutil.copy2(source, target, follow_symlinks=False)
             _make_writable(target)
         mounts.append(SeededMount(target, dest, "rw", seeded))
-    return DataDir(base, created, mounts)
+    return DataDir(Path(base) if base is not None else None, created, mounts)

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from heddle import secret_env
 from heddle.bundle.errors import KeyFileError
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-PASSPHRASE_ENV = "HEDDLE_KEY_PASSPHRASE"
+PASSPHRASE_ENV = secret_env.KEY_PASSPHRASE
 KEY_ID_HEX = 16
 
 

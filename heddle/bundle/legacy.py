@@ -3,30 +3,48 @@
 It carries no digests and no signatures, so it opens only where unsigned bundles are
 allowed, and always through the same reader as a sealed bundle: the same header parser,
 the same path rules and collision checks, the same staging writer (O_EXCL|O_NOFOLLOW),
-the same caps. Its manifest is translated into the current model so a run sees one shape.
+the same caps, the decompression-ratio cap included (held against the sizes the tar headers
+declare, before their data is inflated). Its manifest is translated into the current model
+so a run sees one shape. It is cached like a sealed bundle, under the file's sha256, with
+heddle.json and the file hashes kept in the snapshot, so a re-open proves the cached tree
+the same way without inflating the file again.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import os
 import zlib
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from heddle.bundle.cache import Cache, remove_tree
+from heddle.bundle.cache import Cache
 from heddle.bundle.errors import (
+    BundleError,
     BundleLimitError,
     MalformedBundleError,
     UnsignedBundleError,
     UnsupportedVersionError,
 )
 from heddle.bundle.limits import Limits
-from heddle.bundle.manifest import FileEntry, Manifest, MountEntry, PluginEntry, Proposals, Requires
+from heddle.bundle.manifest import (
+    FileEntry,
+    Manifest,
+    MountEntry,
+    PluginEntry,
+    Proposals,
+    Requires,
+)
 from heddle.bundle.paths import PathSet, path_problem
 from heddle.bundle.progress import Progress
+from heddle.bundle.snapshot import Snapshot, SnapshotError, record
 from heddle.bundle.staging import StagedFile, StagingTree
-from heddle.bundle.tar import DIRECTORY, TarReader, describe_type
-from heddle.canonical import loads_strict
+from heddle.bundle.tar import BLOCK, DIRECTORY, TarReader, describe_type, entry_span
+from heddle.safeparse import ParseLimitError, loads_strict_json
+
+if TYPE_CHECKING:
+    from heddle.bundle.verify import OpenedBundle
 
 LEGACY_MANIFEST = "heddle.json"
 LEGACY_FORMAT = 1
@@ -86,12 +104,22 @@ def _walk(
     progress: Progress | None,
 ) -> tuple[bytes, list[FileEntry]]:
     cap = limits.max_total_bytes + limits.max_manifest_bytes + (limits.max_files + 4) * 1024
-    reader = TarReader(_GzipSource(fh, what=what, max_out=cap), what=what, strict=False)
+    compressed = os.fstat(fh.fileno()).st_size
+    # The same ratio cap as a sealed bundle's: what the headers declare is held to it before
+    # their data is inflated, and the inflater itself never produces more.
+    allowed = min(cap, limits.max_expanded_bytes(compressed))
+    reader = TarReader(_GzipSource(fh, what=what, max_out=allowed), what=what, strict=False)
     seen = PathSet()
     manifest: bytes | None = None
     files: list[FileEntry] = []
     total = 0
     while (entry := reader.next_header()) is not None:
+        expanded = reader.offset + entry_span(entry.size) - BLOCK
+        if expanded > allowed:
+            raise BundleLimitError(
+                f"{what} expands {compressed} bytes to at least {expanded}, over the cap of "
+                f"{limits.max_ratio}:1 past {limits.ratio_floor_bytes} bytes (a decompression bomb?)"
+            )
         name = entry.name.rstrip("/") if entry.typeflag == DIRECTORY else entry.name
         if entry.typeflag == DIRECTORY:
             problem = path_problem(name, max_depth=limits.max_depth) or seen.add_dir(name)
@@ -178,7 +206,9 @@ def _requires(raw: Any, what: str) -> Requires:
 def translate(raw_bytes: bytes, files: list[FileEntry], *, what: str, limits: Limits) -> tuple[Manifest, str | None]:
     """The format-1 manifest in the current model, and its tools folder (if any)."""
     try:
-        raw = loads_strict(raw_bytes)
+        raw = loads_strict_json(raw_bytes)
+    except ParseLimitError as exc:
+        raise BundleLimitError(f"{what}: {LEGACY_MANIFEST} {exc}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise MalformedBundleError(f"{what}: {LEGACY_MANIFEST} is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
@@ -257,6 +287,34 @@ def _file_digest(fh: IO[bytes]) -> str:
     return digest.hexdigest()
 
 
+def _remembered(raw: bytes, files: list[FileEntry]) -> dict[str, Any]:
+    """What a re-open needs that format 1 does not sign: heddle.json and the file hashes."""
+    return {"manifest": base64.b64encode(raw).decode("ascii"), "sha256": {f.path: f.sha256 for f in files}}
+
+
+def _reopen(cache: Cache, key: str, *, what: str, limits: Limits, deep: bool) -> tuple[Manifest, str | None] | str:
+    """The cached format-1 entry's manifest and tools folder once its tree is proved, or why not."""
+    from heddle.bundle.verify import reprove
+
+    try:
+        snap = cache.snapshot(key)
+    except SnapshotError as exc:
+        return str(exc)
+    try:
+        held = snap.legacy or {}
+        raw = base64.b64decode(held["manifest"], validate=True)
+        hashes = held["sha256"]
+        files = [FileEntry(f.path, f.size, hashes[f.path], 0o755 if f.mode & 0o111 else 0o644)
+                 for f in sorted(snap.files, key=lambda f: f.path.encode("utf-8"))]
+        if not all(isinstance(h, str) for h in hashes.values()):
+            raise TypeError("hash")
+        manifest, tools_dir = translate(raw, files, what=what, limits=limits)
+    except (KeyError, TypeError, ValueError, AttributeError, BundleError):
+        return "the snapshot does not hold this format-1 bundle's manifest"
+    problem = reprove(cache, key, manifest, deep=deep, snapshot=snap, exact_dirs=False)
+    return problem if problem is not None else (manifest, tools_dir)
+
+
 def open_legacy(
     fh: IO[bytes],
     path: Path,
@@ -265,7 +323,8 @@ def open_legacy(
     cache: Cache,
     limits: Limits,
     progress: Progress | None,
-) -> Any:
+    deep: bool = False,
+) -> OpenedBundle:
     from heddle.bundle.verify import OpenedBundle
 
     what = str(path)
@@ -275,10 +334,21 @@ def open_legacy(
             "or pass --allow-unsigned"
         )
     key = "legacy-" + _file_digest(fh)
-    cached = cache.has(key)
+    cache.open(create=True)
+    repaired: str | None = None
+    if cache.has(key):
+        reopened = _reopen(cache, key, what=what, limits=limits, deep=deep)
+        if not isinstance(reopened, str):
+            cache.touch(key)
+            return OpenedBundle(
+                path=path, root=cache.payload(key), manifest=reopened[0], digest=key, signers=[], legacy=True,
+                cached=True, legacy_tools_dir=reopened[1],
+            )
+        repaired = reopened
+        cache.evict(key)
     staging = cache.new_staging()
     try:
-        tree = StagingTree(staging, what=what)
+        tree = StagingTree(staging.payload, what=what)
         try:
             if progress is not None:
                 progress.start(0, f"opening {path.name}")
@@ -289,12 +359,15 @@ def open_legacy(
                 progress.finish()
         manifest, tools_dir = translate(raw, files, what=what, limits=limits)
         tree.seal()
-        root = cache.commit(staging, key)
+        snapshot: Snapshot = record(staging.payload, key=key, name=manifest.name,
+                                    legacy=_remembered(raw, files))
+        cache.commit(staging, key, snapshot,
+                     lambda: not isinstance(_reopen(cache, key, what=what, limits=limits, deep=False), str))
     except BaseException:
-        remove_tree(staging)
+        staging.discard()
         raise
+    cache.touch(key)
     return OpenedBundle(
-        path=path, root=root, manifest=manifest, digest=key, signers=[], legacy=True,
-        cached=cached, legacy_tools_dir=tools_dir,
+        path=path, root=cache.payload(key), manifest=manifest, digest=key, signers=[], legacy=True,
+        cached=False, legacy_tools_dir=tools_dir, repaired=repaired,
     )
-

@@ -7,7 +7,6 @@ rather than ignored, because a field this heddle skips is a promise it silently 
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -23,6 +22,7 @@ from heddle.bundle.errors import (
 from heddle.bundle.limits import DEFAULT_LIMITS, Limits
 from heddle.bundle.paths import PathSet, all_clean, collision_free, is_within, path_problem
 from heddle.bundle.tar import split_name
+from heddle.safeparse import ParseLimitError, loads_json
 
 FORMAT = "heddle-bundle"
 VERSION = 1
@@ -161,7 +161,9 @@ class Manifest:
             raise ValueError(f"{name} is not allowed")
 
         try:
-            obj = json.loads(data.decode("utf-8"), parse_float=lambda t: floats.append(t) or 0, parse_constant=no_constants)
+            obj = loads_json(data, parse_float=lambda t: floats.append(t) or 0, parse_constant=no_constants)
+        except ParseLimitError as exc:
+            raise BundleLimitError(f"{what} {exc}") from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise MalformedBundleError(f"{what} is not valid JSON: {exc}") from None
         if not isinstance(obj, dict):

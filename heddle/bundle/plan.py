@@ -2,7 +2,8 @@
 
 Payload layout: the flow at `<flow file name>`, the tools folder at `tools/`, each mount
 at `mounts/<dest>`, each plugin's folder at `plugins/<name>/`. Every check that can fail
-is made here, before a byte is read, with the source path that caused it.
+is made here, before a byte is sealed, with the source path that caused it: files that look
+like secrets and model keys written in the flow are refused here too.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Mapping, Protocol, Sequence
 
-from heddle.bundle.collect import Collected, collect_tree
+from heddle.bundle.collect import LEFT_OUT, Collected, collect_tree, refuse_secrets
 from heddle.bundle.errors import PackError
+from heddle.bundle.flowenv import refuse_literal_keys
 from heddle.bundle.limits import DEFAULT_LIMITS, Limits
 from heddle.bundle.manifest import (
     PAYLOAD,
@@ -68,7 +70,11 @@ def make_plan(
     requires: Requires | None = None,
     proposals: Proposals | None = None,
     limits: Limits = DEFAULT_LIMITS,
+    include_secrets: Sequence[Path] = (),
+    flow_format: str | None = None,
 ) -> PackPlan:
+    """What sealing these pieces would write. `include_secrets` are the source paths (files,
+    or folders holding them) that `--include-secret` lets be sealed though they look like secrets."""
     flow = Path(flow)
     carried = collect_tree(flow, flow.name, what=f"flow {flow}")
     if tools_dir is not None:
@@ -79,6 +85,8 @@ def make_plan(
     mount_entries = [_mount(m, carried) for m in mounts]
     plugin_entries = _plugins(plugins, carried)
     _check_paths(carried, limits)
+    refuse_secrets(carried.files, include_secrets)
+    refuse_literal_keys(flow, flow_format)
     return PackPlan(
         name=name or flow.stem,
         flow=flow.name,
@@ -106,7 +114,7 @@ def _tools(tools: Mapping[str, ToolSpec], tools_dir: Path | None, carried: Colle
         entry = f"tools/{rel.as_posix()}"
         if entry not in paths:
             raise PackError(
-                f"tool {name!r}: {spec.path} is not carried (files named .env*, *.pem, *.key are left out); rename it"
+                f"tool {name!r}: {spec.path} is not carried (anything under a {LEFT_OUT} folder is left out); move it"
             )
         out[name] = ToolEntry(entry=entry, fingerprint=spec.fingerprint)
     return out
@@ -143,7 +151,7 @@ def _plugins(manifests: Sequence[Path], carried: Collected) -> list[PluginEntry]
         carried.extend(collect_tree(manifest.parent, folder, what=what))
         rel = f"{folder}/{manifest.name}"
         if rel not in {f.path for f in carried.files}:
-            raise PackError(f"{what}: the manifest itself was left out as a secret; rename it")
+            raise PackError(f"{what}: the manifest itself is left out (it lies under a {LEFT_OUT} folder); move it")
         out.append(PluginEntry(name=name, dir=folder, manifest=rel))
     return out
 

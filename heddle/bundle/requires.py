@@ -1,19 +1,25 @@
 """`requires`: what a bundle says the machine must already have, and checking it.
 
 Checking only looks: a name on PATH, a variable being set (its value is never read out),
-a path existing. Nothing a bundle declares is installed or run.
+a path existing. Nothing a bundle declares is installed or run. The variables the sealed
+flow reads (its llm configs' `$VAR`s) are requirements too, whether declared or not.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from heddle import canonical
 from heddle.bundle.errors import PackError
 from heddle.bundle.manifest import Requires
+
+if TYPE_CHECKING:
+    from heddle.bundle.flowenv import EnvRead
 
 
 @dataclass(frozen=True)
@@ -22,6 +28,7 @@ class RequirementCheck:
     name: str
     ok: bool
     detail: str
+    required: bool = True  # False: used when there, and a run goes on without it
 
 
 def parse_requires(text: str) -> Requires:
@@ -63,4 +70,18 @@ def check_requires(requires: Requires) -> list[RequirementCheck]:
     for name in requires.files:
         exists = Path(name).expanduser().exists()
         checks.append(RequirementCheck("file", name, exists, "present" if exists else "missing"))
+    return checks
+
+
+def check_flow_env(reads: Iterable[EnvRead], *, declared: Iterable[str] = ()) -> list[RequirementCheck]:
+    """A check for each variable the flow reads that `requires.env` does not already list."""
+    listed = set(declared)
+    checks: list[RequirementCheck] = []
+    for read in reads:
+        if read.name in listed:
+            continue
+        present = bool(os.environ.get(read.name))
+        state = "set" if present else "not set"
+        checks.append(RequirementCheck("env", read.name, present, f"{state}; the flow reads it ({read.where})",
+                                       required=read.required))
     return checks

@@ -34,6 +34,7 @@ class SealedRun:
     legacy: bool = False
     cached: bool = False
     manifest: Any = field(default=None, repr=False)
+    repaired: str | None = None  # why the cached copy was not trusted and was verified again
 
 
 def open_runnable(
@@ -100,4 +101,5 @@ def open_runnable(
         legacy=opened.legacy,
         cached=opened.cached,
         manifest=manifest,
+        repaired=opened.repaired,
     )

@@ -23,6 +23,7 @@ from heddle.bundle.errors import (
 )
 from heddle.bundle.keys import PublicKey, SigningKey
 from heddle.bundle.limits import DEFAULT_LIMITS, Limits
+from heddle.safeparse import ParseLimitError, loads_strict_json
 
 PAYLOAD_TYPE = "application/vnd.heddle.manifest+json"
 _KEYID = re.compile(r"[0-9a-f]{16}")
@@ -69,7 +70,9 @@ class Signatures:
         if len(data) > limits.max_signatures_bytes:
             raise BundleLimitError(f"{what} is {len(data)} bytes, over the cap of {limits.max_signatures_bytes}")
         try:
-            obj = canonical.loads_strict(data)
+            obj = loads_strict_json(data)
+        except ParseLimitError as exc:
+            raise BundleLimitError(f"{what} {exc}") from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise MalformedBundleError(f"{what} is not valid JSON: {exc}") from None
         if not isinstance(obj, dict) or set(obj) != {"payloadType", "signatures"}:

@@ -1,17 +1,23 @@
 """The per-user trust store: a folder of public keys, one `<keyid>.pub` each.
 
 Nothing but `heddle trust add` writes here; `keygen` and `--trust` never do, so what a
-machine trusts is always something its user chose.
+machine trusts is always something its user chose. A store (or a key in it) that another
+user could write to is refused, never read: its keys would be whoever's wrote last.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from heddle.bundle.errors import KeyFileError
 from heddle.bundle.keys import PublicKey, load_public_key
+from heddle.bundle.private import (
+    check_private_dir,
+    check_private_file,
+    make_private_dir,
+)
 from heddle.errors import UsageError
 
 TRUST_DIR_ENV = "HEDDLE_TRUST_DIR"
@@ -26,6 +32,9 @@ def default_trust_dir() -> Path:
     return base / "heddle" / "trust"
 
 
+_WHAT = "trust store"
+
+
 class TrustStore:
     def __init__(self, directory: Path | None = None) -> None:
         self.directory = Path(directory) if directory is not None else default_trust_dir()
@@ -33,13 +42,20 @@ class TrustStore:
     def _path(self, keyid: str) -> Path:
         return self.directory / f"{keyid}.pub"
 
+    def _check(self) -> bool:
+        """Whether the store exists; refuses one another user could change."""
+        if not os.path.lexists(self.directory):
+            return False
+        check_private_dir(self.directory, what=_WHAT, setting=TRUST_DIR_ENV)
+        return True
+
     def add(self, public_key_file: Path) -> tuple[PublicKey, bool]:
         """Trust the key in `public_key_file`; return it and whether it was new."""
         key = load_public_key(public_key_file)
+        make_private_dir(self.directory, what=_WHAT, setting=TRUST_DIR_ENV)
         target = self._path(key.keyid)
         if target.exists():
             return key, False
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = self.directory / f".{key.keyid}.pub.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
         try:
@@ -50,10 +66,11 @@ class TrustStore:
         return PublicKey(key.keyid, key.key, str(target)), True
 
     def list(self) -> list[PublicKey]:
-        if not self.directory.is_dir():
+        if not self._check():
             return []
         keys: list[PublicKey] = []
         for path in sorted(self.directory.glob("*.pub")):
+            check_private_file(path, what="trusted key file", setting=TRUST_DIR_ENV)
             key = load_public_key(path)
             if path.stem != key.keyid:
                 raise KeyFileError(

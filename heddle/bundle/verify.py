@@ -3,22 +3,33 @@
 One pass over one file descriptor, in this order, and nothing is written before trust is
 decided: the frame layout; the manifest and signature entries; the trust decision; the
 manifest's own rules and caps; then the payload streamed into a private staging folder,
-each file hashed as it is written; then the tree is sealed read-only and renamed into the
-cache under the digest. A digest already in the cache skips the payload, but its
-signatures are still checked against the trust of this call.
+each file hashed as it is written; then the tree is sealed read-only, its stat snapshot
+taken, and both renamed into the cache under the digest.
+
+A digest already in the cache skips the payload only once the cached tree is proved again
+(heddle.bundle.snapshot: programs and manifests re-hashed, every other file checked against
+its stat snapshot); one that fails is evicted and the payload is verified from this file as
+if the cache were cold. Its signatures are always checked against the trust of this call,
+and `prove_file` (what `heddle verify` asks for) reads and checks this file's payload too.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import stat
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Mapping, Protocol
+from typing import BinaryIO, Protocol
 
-from heddle.bundle.archive import Head, check_entry, check_ratio, payload_name, read_head
-from heddle.bundle.cache import Cache, remove_tree
+from heddle.bundle.archive import (
+    Head,
+    check_entry,
+    check_ratio,
+    payload_name,
+    read_head,
+)
+from heddle.bundle.cache import Cache, Staging
 from heddle.bundle.errors import ContentMismatchError, MalformedBundleError
 from heddle.bundle.frame import GZIP_MAGIC
 from heddle.bundle.keys import PublicKey
@@ -26,6 +37,7 @@ from heddle.bundle.limits import DEFAULT_LIMITS, Limits
 from heddle.bundle.manifest import FileEntry, Manifest, MountEntry
 from heddle.bundle.progress import Progress
 from heddle.bundle.signing import Signatures, decide_trust
+from heddle.bundle.snapshot import Snapshot, SnapshotError, prove, record
 from heddle.bundle.staging import StagedFile, StagingTree
 from heddle.bundle.tar import TarHeader, TarReader
 from heddle.errors import UsageError
@@ -46,6 +58,8 @@ class OpenedBundle:
     legacy: bool = False
     cached: bool = False
     legacy_tools_dir: str | None = field(default=None, repr=False)
+    # Why a cached copy of this digest was not trusted (it was evicted and verified again).
+    repaired: str | None = None
 
     @property
     def flow_path(self) -> Path:
@@ -104,13 +118,17 @@ def read_unverified(path: Path, *, limits: Limits = DEFAULT_LIMITS) -> tuple[Man
 
 
 def open_file(path: Path) -> BinaryIO:
-    """The one descriptor a bundle is read through. A path that is not there is a usage error."""
+    """The one descriptor a bundle is read through. A path that is not there is a usage error;
+    a folder, FIFO or device is not a bundle, and is refused from its stat, so a FIFO never
+    blocks the verifier."""
+    from heddle.safeparse import NotRegularFileError, open_regular
+
     try:
-        return open(path, "rb", buffering=0)
+        return os.fdopen(open_regular(path), "rb", buffering=0)
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file; give the path of a .heddle bundle") from None
-    except IsADirectoryError:
-        raise UsageError(f"{path}: is a folder, not a bundle") from None
+    except NotRegularFileError as exc:
+        raise MalformedBundleError(f"{path}: not a heddle bundle (it is {exc.kind})") from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot be read: {exc.strerror}") from None
 
@@ -122,6 +140,7 @@ def open_bundle(
     allow_unsigned: bool = False,
     cache_root: Path | None = None,
     deep: bool = False,
+    prove_file: bool = False,
     progress: Progress | None = None,
     limits: Limits = DEFAULT_LIMITS,
     tool_fingerprints: ToolFingerprints | None = None,
@@ -130,6 +149,8 @@ def open_bundle(
 
     `tool_fingerprints` maps a flow file to {tool name: input-schema fingerprint}; when
     given, the fingerprints recomputed from the sealed flow must equal the manifest's.
+    `deep` re-hashes every file of a cached tree; `prove_file` checks this file's own
+    payload even when its digest is cached.
     """
     path = Path(path)
     what = str(path)
@@ -139,7 +160,7 @@ def open_bundle(
             from heddle.bundle.legacy import open_legacy
 
             return open_legacy(
-                fh, path, allow_unsigned=allow_unsigned, cache=cache, limits=limits, progress=progress
+                fh, path, allow_unsigned=allow_unsigned, cache=cache, limits=limits, progress=progress, deep=deep
             )
         head = read_head(fh, what=what, limits=limits)
         signatures = Signatures.from_bytes(head.signatures_bytes, limits=limits, what=f"{what} signatures")
@@ -148,16 +169,86 @@ def open_bundle(
         )
         manifest = sealed_manifest(head, what=what, limits=limits)
         digest = hashlib.sha256(head.manifest_bytes).hexdigest()
-        cached = cache.has(digest)
+        cache.open(create=True)
+        cached, repaired = False, None
+        if cache.has(digest):
+            repaired = reprove(cache, digest, manifest, deep=deep)
+            cached = repaired is None
+            if not cached:
+                cache.evict(digest)
         if cached:
-            if deep:
-                rehash(cache, digest, manifest, what=what)
+            if prove_file:
+                walk_payload(head.reader, manifest, lambda _item: _DISCARD, what=what, progress=progress)
         else:
             _fill(cache, digest, manifest, head.reader, what=what, progress=progress, tool_fingerprints=tool_fingerprints)
-    opened = OpenedBundle(path, cache.entry(digest), manifest, digest, signers, cached=cached)
+    opened = OpenedBundle(path, cache.payload(digest), manifest, digest, signers, cached=cached, repaired=repaired)
     if cached and tool_fingerprints is not None:
         check_tools(opened.root, manifest, tool_fingerprints, what=what)
+    cache.touch(digest)
     return opened
+
+
+def reprove(
+    cache: Cache,
+    key: str,
+    manifest: Manifest,
+    *,
+    deep: bool = False,
+    snapshot: Snapshot | None = None,
+    exact_dirs: bool = True,
+) -> str | None:
+    """Why the cached entry under `key` is not (or no longer) what `manifest` seals, or None.
+
+    Keeps a refreshed snapshot when every file matched but some stat had moved on (a copy,
+    a chmod and back), so the next open is fast again.
+    """
+    problem = cache.entry_problem(key)
+    if problem is not None:
+        return problem
+    try:
+        snap = snapshot if snapshot is not None else cache.snapshot(key)
+    except SnapshotError as exc:
+        return str(exc)
+    if snap.name != manifest.name:
+        return "the snapshot belongs to another bundle"
+    proof = prove(cache.payload(key), snap, manifest, exact_dirs=exact_dirs, deep=deep)
+    if proof.problem is None and proof.fresh is not None:
+        try:
+            cache.rewrite_snapshot(key, proof.fresh)
+        except OSError:
+            pass  # proved all the same; the next open re-hashes again
+    return proof.problem
+
+
+def rehash(cache: Cache, key: str, manifest: Manifest, *, what: str, deep: bool = True) -> Path:
+    """Re-prove a cached tree when the bundle file is not at hand to verify it again from:
+    its payload folder, or ContentMismatchError naming what differs (the entry is evicted)."""
+    if not cache.open(create=False) or not cache.has(key):
+        raise ContentMismatchError(f"{what}: there is no cached copy of sha256:{key}; open the bundle again")
+    problem = reprove(cache, key, manifest, deep=deep)
+    if problem is not None:
+        root = cache.entry(key)
+        cache.evict(key)
+        raise ContentMismatchError(
+            f"{what}: the cached copy at {root} is not what was sealed ({problem}); it was removed, open the bundle again"
+        )
+    return cache.payload(key)
+
+
+class _Discard:
+    """Where a payload already in the cache goes when only the file is being proved."""
+
+    def write(self, chunk: memoryview) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+_DISCARD = _Discard()
 
 
 def _fill(
@@ -170,19 +261,20 @@ def _fill(
     progress: Progress | None,
     tool_fingerprints: ToolFingerprints | None,
 ) -> None:
-    staging = cache.new_staging()
+    staging: Staging = cache.new_staging()
     try:
-        tree = StagingTree(staging, what=what)
+        tree = StagingTree(staging.payload, what=what)
         try:
             walk_payload(reader, manifest, lambda item: StagedFile(tree, item.path, item.executable), what=what, progress=progress)
         finally:
             tree.close()
         if tool_fingerprints is not None:
-            check_tools(staging, manifest, tool_fingerprints, what=what)
+            check_tools(staging.payload, manifest, tool_fingerprints, what=what)
         tree.seal()
-        cache.commit(staging, digest)
+        snapshot = record(staging.payload, key=digest, name=manifest.name)
+        cache.commit(staging, digest, snapshot, lambda: reprove(cache, digest, manifest) is None)
     except BaseException:
-        remove_tree(staging)
+        staging.discard()
         raise
 
 
@@ -277,49 +369,5 @@ def check_tools(root: Path, manifest: Manifest, tool_fingerprints: ToolFingerpri
                 f"but {tool.fingerprint} in the manifest"
             )
     if found:
-        name = sorted(found)[0]
+        name = min(found)
         raise ContentMismatchError(f"{what}: the sealed flow names tool {name!r}, which the manifest does not carry")
-
-
-def rehash(cache: Cache, key: str, manifest: Manifest, *, what: str) -> None:
-    """Re-check a cached tree byte for byte; evict it if anything differs."""
-    root = cache.entry(key)
-    problem = _tree_problem(root, manifest)
-    if problem is not None:
-        cache.evict(key)
-        raise ContentMismatchError(
-            f"{what}: the cached copy at {root} was modified ({problem}); it was removed, open the bundle again"
-        )
-
-
-def _tree_problem(root: Path, manifest: Manifest) -> str | None:
-    listed = manifest.by_path
-    seen: set[str] = set()
-    for top, dirs, files in os.walk(root, followlinks=False):
-        base = os.path.relpath(top, root)
-        for name in dirs + files:
-            rel = name if base == "." else f"{base}/{name}"
-            full = os.path.join(top, name)
-            mode = os.lstat(full).st_mode
-            if stat.S_ISDIR(mode):
-                continue
-            item = listed.get(rel)
-            if item is None:
-                return f"{rel!r} is not in the manifest"
-            if not stat.S_ISREG(mode):
-                return f"{rel!r} is not a regular file"
-            if bool(mode & 0o111) != item.executable:
-                return f"{rel!r} changed mode"
-            digest = hashlib.sha256()
-            size = 0
-            with open(full, "rb") as fh:
-                while chunk := fh.read(1 << 20):
-                    digest.update(chunk)
-                    size += len(chunk)
-            if size != item.size or digest.hexdigest() != item.sha256:
-                return f"{rel!r} changed content"
-            seen.add(rel)
-    missing = sorted(set(listed) - seen)
-    if missing:
-        return f"{missing[0]!r} is missing"
-    return None

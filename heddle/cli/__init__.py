@@ -50,6 +50,7 @@ app.command("init")(run_cmds.init)
 for _name in ("keygen", "sign", "verify", "inspect", "diff", "doctor"):
     app.command(_name)(getattr(bundle_cmds, _name))
 app.add_typer(bundle_cmds.trust_app, name="trust")
+app.add_typer(bundle_cmds.cache_app, name="cache")
 app.add_typer(model_cmds.model_app, name="model")
 
 

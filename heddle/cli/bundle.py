@@ -1,4 +1,4 @@
-"""`heddle keygen`, `sign`, `verify`, `inspect`, `trust`, `diff` and `doctor`: thin shells over
+"""`heddle keygen`, `sign`, `verify`, `inspect`, `trust`, `cache`, `diff` and `doctor`: thin shells over
 heddle.bundle. Only typer and the standard library are imported at the top; the library
 (and cryptography, zstandard) load when a command runs.
 """
@@ -49,7 +49,7 @@ def print_pack_result(result: "PackResult") -> None:
     typer.echo(f"  size     {_size(result.size)} compressed, {_size(result.payload_size)} of payload")
     typer.echo(f"  contents {result.file_count} files, {len(m.tools)} tools, {len(m.mounts)} mounts, {len(m.plugins)} plugins")
     for path in result.skipped:
-        _err(f"left out {path} (looks like a secret: .git, .env*, *.pem, *.key)")
+        _err(f"left out {path} (version-control folders are never sealed)")
 
 
 def keygen(
@@ -101,10 +101,13 @@ def verify(
     trust: list[str] = _TRUST,
     allow_unsigned: bool = _ALLOW_UNSIGNED,
     json_out: bool = typer.Option(False, "--json", help="Print the outcome as one JSON object on stdout."),
-    deep: bool = typer.Option(False, "--deep", help="Also re-hash a payload already in the cache."),
+    deep: bool = typer.Option(False, "--deep", help="Also re-hash every file of a payload already in the cache."),
     cache_dir: Optional[Path] = _CACHE_DIR,
 ) -> None:
     """Prove a bundle is exactly what a trusted key sealed, and unpack it into the cache.
+
+    The file's own payload is always read and checked, cached or not; a cached copy is
+    re-proved too, and replaced if it was changed.
 
     Exit codes: 0 verified; 3 unsigned; 4 signed by no trusted key; 5 a bad signature from a
     trusted key; 6 content does not match the manifest; 7 malformed or over a cap;
@@ -119,7 +122,7 @@ def verify(
     keys = resolve_trust(trust)
     try:
         opened = open_bundle(
-            bundle, trusted_keys=keys, allow_unsigned=allow_unsigned, cache_root=cache_dir, deep=deep,
+            bundle, trusted_keys=keys, allow_unsigned=allow_unsigned, cache_root=cache_dir, deep=deep, prove_file=True,
             progress=None if json_out else terminal_progress(), tool_fingerprints=flow_tool_fingerprints,
         )
     except BundleError as exc:
@@ -132,7 +135,8 @@ def verify(
     if json_out:
         typer.echo(json.dumps({
             "ok": True, "bundle": str(bundle), "digest": opened.digest, "signers": opened.signers,
-            "legacy": opened.legacy, "cached": opened.cached, "root": str(opened.root), "name": m.name,
+            "legacy": opened.legacy, "cached": opened.cached, "repaired": opened.repaired,
+            "root": str(opened.root), "name": m.name,
             "files": len(m.files), "payload_bytes": m.total_size, "tools": sorted(m.tools),
         }, ensure_ascii=False))
         return
@@ -143,15 +147,20 @@ def verify(
     else:
         typer.echo("  signed   no (admitted by --allow-unsigned)")
     typer.echo(f"  contents {len(m.files)} files ({_size(m.total_size)}), {len(m.tools)} tools, {len(m.mounts)} mounts")
-    typer.echo(f"  cache    {opened.root}{' (already verified, re-hashed)' if opened.cached and deep else ' (already verified)' if opened.cached else ''}")
+    note = " (already verified, re-hashed)" if opened.cached and deep else " (already verified)" if opened.cached else ""
+    typer.echo(f"  cache    {opened.root}{note}")
+    if opened.repaired:
+        _err(f"warning: the cached copy could not be proved ({opened.repaired}); it was replaced")
 
 
 def _status(bundle: Path, seen: Any, trust: list[str], cache_dir: Path | None) -> str:
-    """VERIFIED only when a trusted key signed this manifest and its payload was checked into the cache."""
+    """VERIFIED only when a trusted key signed this manifest and its payload in the cache proves
+    to be what was sealed (the same re-open proof `heddle run` makes)."""
     from heddle.bundle.cache import Cache
     from heddle.bundle.errors import BundleError
     from heddle.bundle.signing import decide_trust
     from heddle.bundle.trust import resolve_trust
+    from heddle.bundle.verify import reprove
 
     if seen.legacy:
         return "UNVERIFIED (format-1 gzip bundle: carries no signature)"
@@ -159,8 +168,13 @@ def _status(bundle: Path, seen: Any, trust: list[str], cache_dir: Path | None) -
         signers = decide_trust(seen.manifest_bytes, seen.signatures, resolve_trust(trust), allow_unsigned=False, what=str(bundle))
     except BundleError as exc:
         return f"UNVERIFIED ({exc.kind.replace('_', ' ')}: {exc.message})"
-    if Cache(cache_dir).has(seen.digest):
-        return f"VERIFIED (signed by {', '.join(signers)}; payload verified in the cache)"
+    cache = Cache(cache_dir)
+    if cache.open(create=False) and cache.has(seen.digest):
+        problem = reprove(cache, seen.digest, seen.manifest)
+        if problem is None:
+            return f"VERIFIED (signed by {', '.join(signers)}; payload verified in the cache)"
+        return (f"UNVERIFIED (signed by trusted key {', '.join(signers)}; the cached copy is not what was sealed: "
+                f"{problem}; run heddle verify)")
     return f"UNVERIFIED (signed by trusted key {', '.join(signers)}; payload not checked yet: run heddle verify)"
 
 
@@ -243,26 +257,34 @@ def diff(
 def doctor(
     bundle: Path = typer.Argument(..., metavar="BUNDLE", help="The .heddle file whose requirements to check."),
 ) -> None:
-    """Check that this machine has what the bundle `requires`: binaries on PATH, environment
-    variables set (values are never printed), files present. Installs nothing.
+    """Check that this machine has what the bundle `requires` and what its flow reads: binaries on
+    PATH, environment variables set (the `$VAR`s of its llm configs too; values are never printed),
+    files present. Installs nothing and trusts nothing: it reads the manifest and the sealed flow.
 
     Exits 0 when everything is there, 9 when something is missing.
     """
     from heddle.bundle.errors import RequirementsUnmetError
-    from heddle.bundle.requires import check_requires
-    from heddle.bundle.verify import read_unverified
+    from heddle.bundle.flowenv import sealed_flow_reads
+    from heddle.bundle.requires import check_flow_env, check_requires
+    from heddle.bundle.verify import peek
 
-    manifest, _ = read_unverified(bundle)
-    checks = check_requires(manifest.requires)
+    seen = peek(bundle)
+    checks = check_requires(seen.manifest.requires)
+    if seen.legacy:
+        _err(f"{bundle}: a format-1 bundle; only its declared requirements are checked, not its flow's variables")
+    else:
+        checks += check_flow_env(sealed_flow_reads(bundle), declared=seen.manifest.requires.env)
     if not checks:
         typer.echo(f"{bundle} requires nothing of this machine")
         return
     for check in checks:
-        typer.echo(f"{'ok     ' if check.ok else 'MISSING'} {check.kind:<4} {check.name}: {check.detail}")
-    missing = [c for c in checks if not c.ok]
+        status = "ok     " if check.ok else "MISSING" if check.required else "unset  "
+        typer.echo(f"{status} {check.kind:<4} {check.name}: {check.detail}")
+    missing = [c for c in checks if not c.ok and c.required]
     if missing:
         names = ", ".join(f"{c.kind} {c.name}" for c in missing)
-        raise RequirementsUnmetError(f"{bundle}: {len(missing)} of {len(checks)} requirements missing: {names}")
+        needed = sum(c.required for c in checks)
+        raise RequirementsUnmetError(f"{bundle}: {len(missing)} of {needed} requirements missing: {names}")
 
 
 trust_app = typer.Typer(
@@ -304,9 +326,117 @@ def trust_remove(keyid: str = typer.Argument(..., metavar="KEYID", help="The key
     typer.echo(f"removed {removed.keyid}")
 
 
+cache_app = typer.Typer(
+    name="cache",
+    help="""The cache of verified payloads ($HEDDLE_CACHE_DIR or ~/.cache/heddle/bundles).
+
+    Each bundle verified once is kept under its digest, read-only, so later runs skip
+    unpacking it; every open still re-checks its signatures, re-hashes its programs and
+    manifests, and checks every other file against the stat snapshot taken when it was
+    stored. Nothing is removed on its own:
+
+      heddle cache ls                       # digest, name, size, last used
+      heddle cache prune                    # entries unused for 30 days
+      heddle cache prune --older-than 12h   # units: d, h, m, s (e.g. 1d12h)
+      heddle cache prune --all              # everything
+    """,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+
+_DURATION_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def parse_duration(text: str, *, flag: str = "--older-than") -> float:
+    """Seconds in a duration such as `30d`, `12h`, `90m`, `45s` or `1d12h`."""
+    import re
+
+    match = re.fullmatch(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text.strip())
+    if not text.strip() or match is None:
+        from heddle.errors import UsageError
+
+        raise UsageError(f"{flag} {text!r} is not a duration; write a whole number and a unit, such as 30d, 12h, 90m or 45s")
+    return float(sum(int(n) * _DURATION_UNITS[u] for n, u in zip(match.groups(), "dhms") if n))
+
+
+def _ago(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return "just now"
+
+
+@cache_app.command("ls")
+def cache_ls(
+    json_out: bool = typer.Option(False, "--json", help="Print the entries as a JSON array."),
+    cache_dir: Path | None = _CACHE_DIR,
+) -> None:
+    """List the cached payloads: digest, name, size and when each was last used.
+
+    An entry whose snapshot does not hold is marked; it would not be trusted (an open
+    verifies it again) and `heddle cache prune` removes it.
+    """
+    import time
+    from datetime import UTC, datetime
+
+    from heddle.bundle.cache import Cache
+
+    cache = Cache(cache_dir)
+    entries = cache.entries()
+    if json_out:
+        typer.echo(json.dumps([{
+            "digest": e.key if e.legacy else f"sha256:{e.key}", "name": e.name or None, "size": e.size,
+            "files": e.files, "legacy": e.legacy, "path": str(e.path),
+            "last_used": datetime.fromtimestamp(e.last_used, UTC).isoformat(timespec="seconds"),
+            "ok": e.problem is None, "problem": e.problem,
+        } for e in entries], ensure_ascii=False, indent=2))
+        return
+    if not entries:
+        _err(f"the cache at {cache.root} is empty")
+        return
+    now = time.time()
+    typer.echo(f"{'DIGEST':<71}  {'NAME':<20}  {'SIZE':>10}  LAST USED")
+    for e in entries:
+        digest = e.key if e.legacy else f"sha256:{e.key}"
+        used = datetime.fromtimestamp(e.last_used).strftime("%Y-%m-%d %H:%M")
+        name = e.name if e.problem is None else f"(not trusted: {e.problem})"
+        typer.echo(f"{digest:<71}  {name:<20}  {_size(e.size):>10}  {used} ({_ago(max(0.0, now - e.last_used))})")
+
+
+@cache_app.command("prune")
+def cache_prune(
+    older_than: str | None = typer.Option(
+        None, "--older-than", metavar="AGE",
+        help="Remove entries not used for AGE: 30d, 12h, 90m, 45s [default: 30d].",
+    ),
+    all_: bool = typer.Option(False, "--all", help="Remove every entry."),
+    cache_dir: Path | None = _CACHE_DIR,
+) -> None:
+    """Remove cached payloads not used lately, entries that would not be trusted, and staging
+    folders left by a killed verifier (never one a running verifier holds).
+
+    An entry removed while a run uses it breaks that run: prune when nothing runs, or keep
+    --older-than above the longest run.
+    """
+    from heddle.bundle.cache import Cache
+    from heddle.errors import UsageError
+
+    if all_ and older_than is not None:
+        raise UsageError("give --all or --older-than, not both")
+    age = None if all_ else parse_duration(older_than if older_than is not None else "30d")
+    cache = Cache(cache_dir)
+    result = cache.prune(older_than=age)
+    freed = sum(e.size for e in result.entries)
+    for e in result.entries:
+        _err(f"removed {e.key if e.legacy else 'sha256:' + e.key} {e.name}".rstrip())
+    typer.echo(f"removed {len(result.entries)} entries ({_size(freed)}) and {result.staging} staging folders; "
+               f"kept {result.kept} entries")
+
+
 def register(app: typer.Typer) -> None:
     """Add these commands to the main app."""
     for name, fn in (("keygen", keygen), ("sign", sign), ("verify", verify), ("inspect", inspect),
                      ("diff", diff), ("doctor", doctor)):
         app.command(name)(fn)
     app.add_typer(trust_app, name="trust")
+    app.add_typer(cache_app, name="cache")

@@ -22,6 +22,9 @@ _PLUGIN_TIMEOUT = typer.Option(30.0, "--plugin-timeout", min=0.001,
                                help="Seconds a plugin call may stay silent before it is cancelled and the plugin killed.")
 _MAX_NODE_ATTEMPTS = typer.Option(3, "--max-node-attempts", min=1,
                                   help="Times a node may run when a nodeError plugin asks to retry it.")
+_INCLUDE_SECRET = typer.Option([], "--include-secret", metavar="PATH",
+                               help="Seal this file (or the files under this folder) though it looks like a secret "
+                               "(repeatable).")
 
 
 def _node_types(plugins: list[Path]) -> frozenset[str]:
@@ -88,17 +91,20 @@ def _sandbox_flags(safe: bool, sandbox: str | None, allow_read: list[Path], allo
     return policy, given
 
 
-def _is_bundle(path: Path) -> bool:
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(4)
-    except OSError:
-        return False
-    return head in (b"\x28\xb5\x2f\xfd",) or head[:2] == b"\x1f\x8b"
+_FLOW = typer.Option(None, "--flow", metavar="PATH", dir_okay=False,
+                     help="Read PATH as a flow document whatever its name (instead of the FLOW|BUNDLE argument).")
+
+
+def _bundle_options(trust: list[Path], allow_unsigned: bool, data_dir: Path | None = None) -> list[str]:
+    """The options given that only a bundle takes: with any of them the path must be a bundle."""
+    return [name for name, given in (("--trust", trust), ("--allow-unsigned", allow_unsigned),
+                                     ("--data-dir", data_dir is not None)) if given]
 
 
 def run(
-    target: Path = typer.Argument(..., metavar="FLOW|BUNDLE", help="A flow document (.json/.yaml) or a sealed .heddle bundle."),
+    target: Optional[Path] = typer.Argument(None, metavar="FLOW|BUNDLE", show_default=False,
+                                            help="A sealed .heddle bundle, or a flow document (.json, .yaml, .yml)."),
+    flow_file: Optional[Path] = _FLOW,
     tools_dir: Optional[Path] = _TOOLS_DIR,
     input: Optional[str] = _INPUT,
     format: Optional[str] = _FORMAT,
@@ -136,13 +142,17 @@ def run(
       heddle run flow.yaml --tools-dir tools --input '{"query": "hi"}'
       heddle run app.heddle --trust me.pub --input @input.json
       heddle run flow.yaml -t tools --safe --deny-net --mount ./skills
+      heddle run --flow agent.txt --format yaml -t tools
+
+    A path ending in .heddle, or given with --trust, --allow-unsigned or --data-dir, runs only
+    as a verified bundle; a flow is read from .json, .yaml or .yml, or from any file with --flow.
     """
     import asyncio
     import json
 
     from heddle.cli.output import EventPrinter
     from heddle.engine import RunOptions, prepare_run, run_prepared
-    from heddle.engine.options import parse_max_tool_rounds
+    from heddle.engine.options import resolve_max_tool_rounds
     from heddle.errors import UsageError
     from heddle.workspace.mounts import parse_mount
     from heddle.workspace.workspace import WorkspaceOptions
@@ -150,9 +160,13 @@ def run(
     policy, given = _sandbox_flags(safe, sandbox, allow_read, allow_write, allow_env, deny_net)
     inputs = _read_input(input)
     mounts = [parse_mount(m) for m in mount]
-    rounds = parse_max_tool_rounds(max_tool_rounds)
+    rounds = resolve_max_tool_rounds(max_tool_rounds)
 
-    if _is_bundle(target):
+    from heddle.cli.target import resolve_target
+
+    resolved = resolve_target(target, flow_file, bundle_options=_bundle_options(trust, allow_unsigned, data_dir))
+    target = resolved.path
+    if resolved.is_bundle:
         from heddle.cli.sealed import load_sealed
 
         if tools_dir is not None:
@@ -166,12 +180,8 @@ def run(
         mounts = [*sealed.mounts, *mounts]
         if input is None:
             inputs = dict(sealed.input)
-        if max_tool_rounds is None and sealed.max_tool_rounds is not None:
-            rounds = parse_max_tool_rounds(sealed.max_tool_rounds)
+        rounds = resolve_max_tool_rounds(max_tool_rounds, sealed.max_tool_rounds)
     else:
-        if trust or allow_unsigned or data_dir:
-            raise UsageError("--trust, --allow-unsigned and --data-dir apply to bundles; "
-                             f"{target} is a flow document")
         from heddle.spec import load_flow
         from heddle.tools.registry import discover_tools
 
@@ -211,7 +221,9 @@ def run(
 
 
 def validate(
-    target: Path = typer.Argument(..., metavar="FLOW|BUNDLE", help="A flow document or a sealed .heddle bundle."),
+    target: Optional[Path] = typer.Argument(None, metavar="FLOW|BUNDLE", show_default=False,
+                                            help="A sealed .heddle bundle, or a flow document (.json, .yaml, .yml)."),
+    flow_file: Optional[Path] = _FLOW,
     tools_dir: Optional[Path] = _TOOLS_DIR,
     format: Optional[str] = _FORMAT,
     trust: list[Path] = typer.Option([], "--trust", help="With a bundle: a public key trusted for this command."),
@@ -229,9 +241,12 @@ def validate(
     import json
 
     from heddle.cli.report import validation_report
+    from heddle.cli.target import resolve_target
     from heddle.errors import GraphError, UsageError
 
-    if _is_bundle(target):
+    resolved = resolve_target(target, flow_file, bundle_options=_bundle_options(trust, allow_unsigned))
+    target = resolved.path
+    if resolved.is_bundle:
         from heddle.cli.sealed import load_sealed
 
         if tools_dir is not None:
@@ -272,7 +287,9 @@ def validate(
 
 
 def bundle(
-    flow_path: Path = typer.Argument(..., metavar="FLOW", help="The flow document to seal."),
+    flow_path: Optional[Path] = typer.Argument(None, metavar="FLOW", show_default=False,
+                                               help="The flow document to seal (.json, .yaml, .yml)."),
+    flow_file: Optional[Path] = _FLOW,
     tools_dir: Optional[Path] = _TOOLS_DIR,
     mount: list[str] = _MOUNT,
     plugin: list[Path] = _PLUGIN,
@@ -288,11 +305,15 @@ def bundle(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Where to write the bundle (default: <name>.heddle)."),
     mount_max_entries: int = typer.Option(4096, "--mount-max-entries", min=1, help="Most files and folders one mount may hold."),
     mount_max_bytes: int = typer.Option(64 * 2**20, "--mount-max-bytes", min=1, help="Most bytes one mount may hold."),
+    include_secret: list[Path] = _INCLUDE_SECRET,
 ) -> None:
     """Seal a flow, its tools, mounts and plugins into one signed .heddle file.
 
     Everything is checked first (the flow validates, every tool it names is carried, mounts pass the
-    mount rules, no links or devices); secrets (.git, .env*, *.pem, *.key) are left out and listed.
+    mount rules, no links or devices, plugin commands run only what their folder holds). Files that look
+    like secrets (private keys by name or content, .env files, credentials files, anything under .ssh/,
+    .aws/, .gnupg/) are refused unless --include-secret names them, and so is a model api_key written in
+    the flow (write api_key: "$VAR"); .git folders are left out and listed.
     The file is written atomically: on any failure nothing is left at the output path.
 
     \b
@@ -301,20 +322,28 @@ def bundle(
       heddle bundle flow.yaml --tools-dir tools --mount ./skills --sign-key me.key -o app.heddle
     """
     from heddle.cli.sealed import seal
+    from heddle.cli.target import resolve_flow
 
+    flow = resolve_flow(flow_path, flow_file)
     # Manifests, and the settings given, are checked before anything is packed; settings are
     # not sealed: the operator gives them where the bundle runs.
     _load_plugins(plugin, plugin_config, plugin_timeout, max_node_attempts, require_settings=False)
-    seal(flow_path, tools_dir=tools_dir, mounts=mount, plugins=plugin, input_text=input, requires=requires,
+    seal(flow, tools_dir=tools_dir, mounts=mount, plugins=plugin, input_text=input, requires=requires,
          max_tool_rounds=max_tool_rounds, sign_key=sign_key, name=name, fmt=format, output=output,
-         max_entries=mount_max_entries, max_bytes=mount_max_bytes, read_input=_read_input)
+         max_entries=mount_max_entries, max_bytes=mount_max_bytes, read_input=_read_input,
+         include_secrets=include_secret)
 
 
 def init(
     directory: Path = typer.Argument(..., metavar="DIR", help="Folder to create the starter in (must be empty or new)."),
+    port: int = typer.Option(0, "--port", min=0, max=65535, show_default=False, metavar="PORT",
+                             help="Port of the scripted model the flow calls; default: a free port picked now."),
 ) -> None:
-    """Write a working starter agent: a flow, one tool and a model script, with the commands to run it."""
+    """Write a starter agent that runs as printed.
+
+    A flow, one tool and a model script, and the exact commands that run them.
+    """
     from heddle.starter import write_starter
 
-    for line in write_starter(directory):
+    for line in write_starter(directory, port):
         typer.echo(line)

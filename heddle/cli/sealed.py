@@ -26,6 +26,7 @@ def seal(
     max_entries: int,
     max_bytes: int,
     read_input: Callable[[str | None], dict],
+    include_secrets: list[Path] | None = None,
 ) -> None:
     """Check everything, then write the bundle atomically and report it."""
     from heddle.bundle.keys import load_signing_key
@@ -69,7 +70,7 @@ def seal(
         flow_path, name=name or flow.name or None, tools_dir=carried_tools, tools=specs, mounts=parsed_mounts,
         plugins=plugins, input=read_input(input_text) if input_text is not None else None,
         requires=parse_requires(requires) if requires is not None else None,
-        proposals=Proposals(max_tool_rounds=proposal),
+        proposals=Proposals(max_tool_rounds=proposal), include_secrets=include_secrets or (), flow_format=fmt,
     )
     out = output if output is not None else Path(f"{plan.name}.heddle")
     if out.exists() and out.is_dir():
@@ -86,6 +87,9 @@ def load_sealed(target: Path, *, trust: list[Path], allow_unsigned: bool, data_d
 
     sealed = open_runnable(target, trust=trust, allow_unsigned=allow_unsigned, data_dir=data_dir,
                            seed_data=seed_data, fmt=fmt, progress=terminal_progress(), node_types=node_types)
+    if getattr(sealed, "repaired", None):
+        sys.stderr.write(f"warning: the cached copy of {target} could not be proved ({sealed.repaired}); "
+                         "it was removed and the bundle verified again\n")
     if verbose:
         who = ", ".join(sealed.signers) or "nobody (unsigned, admitted by --allow-unsigned)"
         sys.stderr.write(f"verified {target}: sha256:{sealed.digest}, signed by {who}\n")

@@ -69,7 +69,8 @@ class RunContext:
         started = time.perf_counter()
         try:
             output = await run_tool_process(tool_name, argv, arguments, cwd=workspace.root, env=env,
-                                            timeout=self.options.tool_timeout)
+                                            timeout=self.options.tool_timeout, surface=self.options.surface,
+                                            sandboxed=self.options.sandbox.safe)
         except Exception as exc:
             self.emit(ev.ToolResult(node=node_name, tool=tool_name, call_id=call_id, ok=False,
                                     output={"error": str(exc)},

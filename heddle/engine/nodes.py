@@ -6,7 +6,7 @@ from typing import Any
 
 from heddle.engine.context import RunContext
 from heddle.engine.templates import as_text, render
-from heddle.errors import RunError, ToolError
+from heddle.errors import RunError, ToolInputError
 from heddle.spec import components as c
 
 Outcome = tuple[dict[str, Any], "str | None"]
@@ -44,7 +44,7 @@ async def tool_node(ctx: RunContext, node: c.ToolNode, inputs: dict[str, Any]) -
         arguments = {p["title"]: inputs[p["title"]] for p in tool.inputs if p["title"] in inputs}
         filled, problem = check_arguments(input_schema(tool), arguments)
         if problem is not None:
-            raise ToolError(tool.name, f"input for ToolNode {node.name!r} does not match the tool's inputs: {problem}")
+            raise ToolInputError(tool.name, f"input for ToolNode {node.name!r} does not match the tool's inputs: {problem}")
         arguments = filled or {}
     else:
         arguments = dict(inputs)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from heddle.surface import CLI, Surface
+
 if TYPE_CHECKING:
     from heddle.workspace.sandbox import SandboxPolicy
     from heddle.workspace.workspace import WorkspaceOptions
@@ -40,6 +42,8 @@ class RunOptions:
     model_timeout: float = 120.0
     model_retries: int = 3
     extra: dict[str, Any] = field(default_factory=dict)
+    # Whose flags and units messages about these limits name: the CLI's (seconds) or the server's.
+    surface: Surface = CLI
 
 
 def parse_max_tool_rounds(value: str | int | None) -> int | None:
@@ -60,3 +64,13 @@ def parse_max_tool_rounds(value: str | int | None) -> int | None:
     if n < 1:
         raise UsageError(f"--max-tool-rounds {n}: must be at least 1 (or 'unlimited')")
     return n
+
+
+def resolve_max_tool_rounds(given: str | None, proposal: int | str | None = None) -> int | None:
+    """The tool-round limit of a run: `--max-tool-rounds` when given, else a bundle's proposal
+    (a number or "unlimited"), else the default. None means unlimited. Both shells use this one."""
+    if given is not None:
+        return parse_max_tool_rounds(given)
+    if proposal is not None:
+        return parse_max_tool_rounds(proposal)
+    return DEFAULT_MAX_TOOL_ROUNDS

@@ -170,7 +170,8 @@ async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *,
         try:
             state = await asyncio.wait_for(execute_flow(ctx, prepared.flow, dict(inputs)), options.timeout)
         except asyncio.TimeoutError:
-            raise LimitError(f"the run exceeded --timeout {options.timeout:g} s and was stopped") from None
+            raise LimitError(f"the run exceeded {options.surface.setting('timeout', options.timeout)} "
+                             "and was stopped") from None
     on_event(ev.FlowComplete(flow=prepared.flow.name, state=state,
                              duration_ms=(time.perf_counter() - started) * 1000))
     return state

@@ -199,7 +199,8 @@ class PluginHost:
             def launch():
                 return plan_launch(manifest, home=self.home(plugin, options), policy=policy)
 
-            proc = PluginProcess(plugin, launch, timeout=self.timeout, capabilities=self.granted[plugin])
+            proc = PluginProcess(plugin, launch, timeout=self.timeout, capabilities=self.granted[plugin],
+                                 surface=options.surface)
             self._processes[plugin] = proc
         return proc
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from heddle.plugins.errors import PluginError
 from heddle.plugins.manifest import PluginManifest
+from heddle.secret_env import without_secrets
 
 if TYPE_CHECKING:
     from heddle.workspace.sandbox import SandboxPolicy
@@ -82,12 +83,14 @@ def plan_launch(manifest: PluginManifest, *, home: Path, policy: "SandboxPolicy"
                 base_env: Mapping[str, str] | None = None) -> Launch:
     """The process to start for `manifest`, running in `home`, confined when `policy.safe`."""
     argv, readable, python = _argv(manifest, policy.safe)
-    env = dict(os.environ if base_env is None else base_env)
-    env.update({
+    # A plugin is code a bundle brought, like a tool: heddle's own secrets stay with heddle.
+    env = without_secrets(os.environ if base_env is None else base_env)
+    own = {
         "HEDDLE_PLUGIN_NAME": manifest.name,
         "HEDDLE_PLUGIN_DIR": str(manifest.root),
         "HEDDLE_PLUGIN_HOME": str(home),
-    })
+    }
+    env.update(own)
     if python:
         env["PYTHONUNBUFFERED"] = "1"
         env["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -97,7 +100,7 @@ def plan_launch(manifest: PluginManifest, *, home: Path, policy: "SandboxPolicy"
     from heddle.workspace.sandbox import confine
 
     extra_read: list[Path] = [*readable]
-    allow_env = list(policy.allow_env)
+    allow_env = [*policy.allow_env, *own]
     if python:
         source = _heddle_source_root()
         env["PYTHONPATH"] = str(source)

@@ -203,20 +203,104 @@ def _inside(root: Path, rel: str, *, source: str, where: str, must: str = "file"
     return real
 
 
+# The only programs a command may name by bare name: anything else on PATH is not sealed with
+# the plugin, so what it runs would be whatever the machine has.
+_INTERPRETER = re.compile(r"(?:python(?:3(?:\.[0-9]{1,2})?)?|node|sh|bash)\Z")
+_INTERPRETERS = "python3 (or python, python3.N), node, sh, bash"
+
+# The options each interpreter may take before the program's file. None of them makes it run
+# code from anywhere but that file, and none takes a separate value, so the file is always the
+# first argument that is not an option (which is how launch finds it).
+_PYTHON_SHORT = frozenset("BbdEIOPqRsSuvx")
+_SHELL_SHORT = frozenset("aefnuvx")
+_SHELL_LONG = frozenset({"--noprofile", "--norc", "--posix"})
+_NODE_LONG = frozenset({"--no-warnings", "--no-deprecation", "--enable-source-maps", "--trace-warnings",
+                        "--trace-uncaught", "--trace-deprecation", "--throw-deprecation", "--pending-deprecation"})
+_NODE_VALUED = ("--max-old-space-size=", "--stack-size=", "--unhandled-rejections=")
+
+# Options that would run code the folder does not hold, named so the refusal can say why.
+_PYTHON_CODE = {"c": "code given on the command line (-c)", "m": "a module looked up outside the folder (-m)",
+                "i": "code read from stdin after the program (-i)"}
+_SHELL_CODE = {"c": "code given on the command line (-c)", "s": "code read from stdin (-s)",
+               "i": "start-up files of an interactive shell (-i)", "l": "start-up files of a login shell (-l)"}
+_SHELL_LONG_CODE = {"--login": "start-up files of a login shell", "--rcfile": "a start-up file",
+                    "--init-file": "a start-up file"}
+_NODE_CODE = {"-e": "code given on the command line", "--eval": "code given on the command line",
+              "-p": "code given on the command line", "--print": "code given on the command line",
+              "-r": "a module loaded before the program", "--require": "a module loaded before the program",
+              "--import": "a module loaded before the program", "--loader": "a module loader",
+              "--experimental-loader": "a module loader", "-i": "code read from stdin",
+              "--interactive": "code read from stdin", "--inspect": "code sent to a debugger port",
+              "--inspect-brk": "code sent to a debugger port", "--env-file": "settings read from a file"}
+
+
+def _kind(interpreter: str) -> str:
+    return "python" if interpreter.startswith("python") else "node" if interpreter == "node" else "shell"
+
+
+def _allowed_options(kind: str) -> str:
+    if kind == "python":
+        return " ".join(f"-{c}" for c in sorted(_PYTHON_SHORT))
+    if kind == "shell":
+        return " ".join([*(f"-{c}" for c in sorted(_SHELL_SHORT)), *sorted(_SHELL_LONG)])
+    return " ".join([*sorted(_NODE_LONG), *(f"{v}N" for v in _NODE_VALUED)])
+
+
+def _option_problem(kind: str, arg: str) -> str | None:
+    """What is wrong with `arg`, an option before the program's file; None if it may be given."""
+    unknown = "is not an option heddle lets the interpreter take before the program's file"
+    if arg == "-":
+        return "would run code read from stdin, which the plugin folder does not hold"
+    if kind == "node":
+        if arg in _NODE_LONG or (arg.startswith(_NODE_VALUED) and arg.partition("=")[2]):
+            return None
+        name = arg.split("=", 1)[0]
+        code = _NODE_CODE.get("--inspect" if name.startswith("--inspect") else name)
+        return unknown if code is None else f"would run {code}, which the plugin folder does not hold"
+    if arg.startswith("--"):
+        if kind == "shell" and arg in _SHELL_LONG:
+            return None
+        code = _SHELL_LONG_CODE.get(arg.split("=", 1)[0]) if kind == "shell" else None
+        return unknown if code is None else f"would run {code}, which the plugin folder does not hold"
+    # Short options run together: -Ic is -I then -c, and -cCODE is -c with its code.
+    allowed, codes = (_PYTHON_SHORT, _PYTHON_CODE) if kind == "python" else (_SHELL_SHORT, _SHELL_CODE)
+    for letter in arg[1:]:
+        if letter in codes:
+            return f"would run {codes[letter]}, which the plugin folder does not hold"
+        if letter not in allowed:
+            return f"holds -{letter}, which {unknown}"
+    return None
+
+
 def _program(root: Path, command: list[str], source: str) -> Path:
-    """The program the command runs: command[0] if it is a path, else the interpreter's first operand."""
+    """The program the command runs: command[0] if it is a path, else the file an allowed
+    interpreter is given. Either lies inside the folder, so what runs is what is sealed."""
     first = command[0]
     if "/" in first or first.startswith("."):
-        return _inside(root, first, source=source, where="command[0]")
+        program = _inside(root, first, source=source, where="command[0]")
+        if not os.access(program, os.X_OK):
+            raise PluginLoadError(f"{source}: command[0] {first!r} is not executable; run chmod +x on it")
+        return program
+    if not _INTERPRETER.match(first):
+        raise PluginLoadError(
+            f"{source}: command[0] {first!r} is neither a program in the plugin folder nor an interpreter a plugin "
+            f"may name; give [\"./PROGRAM\", ...] (a path in the folder) or [INTERPRETER, \"FILE\", ...] with "
+            f"INTERPRETER one of {_INTERPRETERS} and FILE in the folder")
+    kind = _kind(first)
     for i, arg in enumerate(command[1:], start=1):
         if not arg.startswith("-"):
             return _inside(root, arg, source=source, where=f"command[{i}]")
+        problem = _option_problem(kind, arg)
+        if problem is not None:
+            raise PluginLoadError(
+                f"{source}: command[{i}] {arg!r} {problem}; a command runs a file in the plugin folder, and before "
+                f"it {first} may take only {_allowed_options(kind)}")
     raise PluginLoadError(f"{source}: command {command!r} names no program; give the program's path inside the "
                           f"plugin folder, e.g. [\"{first}\", \"plugin{_guess_ext(first)}\"]")
 
 
 def _guess_ext(interpreter: str) -> str:
-    return {"python": ".py", "python3": ".py", "node": ".js", "sh": ".sh", "bash": ".sh"}.get(interpreter, "")
+    return {"python": ".py", "node": ".js", "shell": ".sh"}[_kind(interpreter)]
 
 
 def _unique(items: list[str], source: str, where: str, what: str) -> None:
@@ -326,7 +410,8 @@ def parse_manifest(data: Any, *, path: Path) -> PluginManifest:
 
 def load_manifest(path: str | Path) -> PluginManifest:
     """Read and check the manifest at `path` (a `plugin.json`, or a folder holding one)."""
-    from heddle.canonical import CanonicalJSONError, loads_strict
+    from heddle.canonical import CanonicalJSONError
+    from heddle.safeparse import ParseLimitError, loads_strict_json
 
     p = Path(path)
     if p.is_dir():
@@ -340,7 +425,9 @@ def load_manifest(path: str | Path) -> PluginManifest:
     except OSError as exc:
         raise PluginLoadError(f"{p}: cannot be read: {exc.strerror}") from None
     try:
-        data = loads_strict(text)
+        data = loads_strict_json(text)
+    except ParseLimitError as exc:
+        raise PluginLoadError(f"{p}: {exc}") from None
     except CanonicalJSONError as exc:
         raise PluginLoadError(f"{p}: {exc}; each key may appear once") from None
     except json.JSONDecodeError as exc:

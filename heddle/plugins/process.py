@@ -20,6 +20,7 @@ from typing import Any
 from heddle.plugins import protocol
 from heddle.plugins.errors import PluginError
 from heddle.plugins.launch import Launch
+from heddle.surface import CLI, Surface
 
 # Answers a plugin's request (method, params); raising CallbackError answers with an error.
 Handler = Callable[[str, dict[str, Any]], Awaitable[Any]]
@@ -92,10 +93,12 @@ class _Running:
 class PluginProcess:
     """A plugin's process, as calls: `await call(method, params)` starts it when needed."""
 
-    def __init__(self, name: str, launch: Callable[[], Launch], *, timeout: float, capabilities: frozenset[str]) -> None:
+    def __init__(self, name: str, launch: Callable[[], Launch], *, timeout: float, capabilities: frozenset[str],
+                 surface: Surface = CLI) -> None:
         self.name = name
         self._launch = launch
         self.timeout = timeout
+        self.surface = surface  # whose units the silence limit is reported in
         self.capabilities = capabilities
         self._running: _Running | None = None
         self._start_lock = asyncio.Lock()
@@ -138,8 +141,8 @@ class PluginProcess:
                 else:
                     wait = timeout - (loop.time() - pending.last_heard)
                     if wait <= 0:
-                        message = (f"call {method!r} was silent for more than {timeout:g} s "
-                                   "(--plugin-timeout); it was cancelled and the process killed")
+                        message = (f"call {method!r} was silent for more than {self.surface.duration(timeout)} "
+                                   f"({self.surface.flag('plugin_timeout')}); it was cancelled and the process killed")
                         running.kill(f"killed because {message}")
                         raise PluginError(self.name, message)
                 try:

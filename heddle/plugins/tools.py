@@ -54,7 +54,8 @@ async def _run_executable(run: "PluginRun", tool: PluginTool, arguments: dict[st
     argv, env = confine(options.sandbox, [str(tool.path)], workspace=workspace, tools_dir=folder,
                         env=workspace.env(os.environ))
     return await run_tool_process(tool.name, argv, arguments, cwd=workspace.root, env=env,
-                                  timeout=options.tool_timeout)
+                                  timeout=options.tool_timeout, surface=options.surface,
+                                  sandboxed=options.sandbox.safe)
 
 
 async def _ask_process(run: "PluginRun", tool: PluginTool, node_name: str, arguments: dict[str, Any], workspace: Any,

@@ -16,6 +16,7 @@ from starlette.routing import Route
 from heddle.errors import HeddleError
 from heddle.server.body import Gone, read_json_object
 from heddle.server.errors import ApiError, as_api_error, bad_request, error_body
+from heddle.server.guard import guard_middleware
 from heddle.server.service import Service
 
 log = logging.getLogger("heddle.server")
@@ -116,17 +117,11 @@ def build_app(service: Service) -> Starlette:
         return _error(500, "internal_error", f"the server failed on this request ({type(exc).__name__}); "
                                              "see the server log")
 
-    middleware: list[Middleware] = []
-    if config.cors_origins:
-        from starlette.middleware.cors import CORSMiddleware
-
-        middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
-                                     allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"],
-                                     max_age=600))
+    auth: list[Middleware] = []
     if config.auth_token is not None:
         from heddle.server.auth import BearerAuth
 
-        middleware.append(Middleware(BearerAuth, token=config.auth_token))
+        auth.append(Middleware(BearerAuth, token=config.auth_token))
 
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
@@ -137,6 +132,9 @@ def build_app(service: Service) -> Starlette:
         Route("/v1/validate", validate, methods=["POST"]),
         Route("/v1/runs", runs, methods=["POST"]),
     ]
+    middleware = guard_middleware(host=config.host, allowed_hosts=config.allowed_hosts,
+                                  cors_origins=config.cors_origins, auth=auth,
+                                  body_paths=[r.path for r in routes if "POST" in (r.methods or ())])
     return Starlette(routes=routes, middleware=middleware, exception_handlers={
         ApiError: on_api_error,
         HeddleError: on_heddle_error,

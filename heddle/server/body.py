@@ -7,7 +7,8 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from heddle.canonical import CanonicalJSONError, loads_strict
+from heddle.canonical import CanonicalJSONError
+from heddle.safeparse import ParseLimitError, loads_strict_json
 from heddle.server.errors import ApiError, bad_request
 
 # Past the cap the rest of the body is still read (up to this much) and dropped, so the client
@@ -57,13 +58,13 @@ async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        value = loads_strict(raw)
+        value = loads_strict_json(raw)
     except UnicodeDecodeError:
         raise bad_request("the request body is not UTF-8; send JSON text") from None
+    except ParseLimitError as exc:
+        raise bad_request(f"the request body {exc}; flatten it") from None
     except (ValueError, CanonicalJSONError) as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise bad_request("the request body nests too deeply to be read; flatten it") from None
     if not isinstance(value, dict):
         raise bad_request(f"the request body must be a JSON object, not {type(value).__name__}")
     try:

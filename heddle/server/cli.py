@@ -20,10 +20,17 @@ environment:
   HEDDLE_STREAM           1 (default) or 0: whether models are asked to stream their answers
   HEDDLE_LLM_DEFAULT_KEY  API key sent to the --llm-default-url endpoint (only with that flag)
 
+browsers and proxies (every route, /healthz and /readyz too):
+  Host     must name this server, at any port: localhost, 127.0.0.1, [::1], the --host address,
+           or an --allowed-host name; with a wildcard --host (0.0.0.0, ::) any IP address too,
+           so probes that send the pod's IP pass. Otherwise 421 (this stops DNS rebinding).
+  Origin   a request that carries one (a web page's) needs --cors-origin to allow it, else 403.
+  bodies   POST bodies must be Content-Type: application/json (charset=utf-8 at most), else 415.
+
 examples:
   heddle-server --bundle app.heddle --trust me.pub --port 4319
   heddle-server --flows-root flows --tools-dir tools --safe --deny-net
-  curl -s localhost:4319/v1/runs -d '{"inputs": {"query": "hi"}}'
+  curl -s localhost:4319/v1/runs -H 'Content-Type: application/json' -d '{"inputs": {"query": "hi"}}'
 """
 
 
@@ -68,7 +75,11 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--host", default="127.0.0.1", help="Address to listen on [default: 127.0.0.1].")
     g.add_argument("--port", type=_int, default=4319, help="Port to listen on; 0 picks a free one [default: 4319].")
     g.add_argument("--cors-origin", action="append", default=[], metavar="O",
-                   help="Let browser pages from origin O call the server (repeatable; * for any).")
+                   help="Let browser pages from origin O (such as https://app.example.com) call the server "
+                        "(repeatable; * for any). Requests from other pages get 403.")
+    g.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="Also accept requests whose Host header is NAME, at any port (repeatable; * for any "
+                        "name, for a server behind a proxy). Others get 421; see below.")
     g.add_argument("--auth-token", metavar="T", help="Require 'Authorization: Bearer T' (see HEDDLE_AUTH_TOKEN).")
     g = p.add_argument_group("limits (durations in milliseconds)")
     g.add_argument("--max-concurrent", type=_int, default=4, metavar="N",
@@ -81,6 +92,15 @@ def parser() -> argparse.ArgumentParser:
                    help="Model calls an agent may make per execution [default: the bundle's, else 10].")
     g.add_argument("--drain-timeout", type=_ms, default=30_000, metavar="MS",
                    help="On SIGTERM, how long runs in flight may finish before they are cancelled [default: 30000].")
+    g.add_argument("--header-timeout", type=_ms, default=10_000, metavar="MS",
+                   help="Milliseconds a connection may take to send a request's line and headers, from when it "
+                        "opens or sends its first byte; then it gets 408 and is closed [default: 10000].")
+    g.add_argument("--body-timeout", type=_ms, default=30_000, metavar="MS",
+                   help="Milliseconds a request may take to send its body once its headers are in; then it "
+                        "gets 408 and is closed [default: 30000].")
+    g.add_argument("--max-connections", type=_int, metavar="N",
+                   help="Open connections at once; more are answered 503 and closed [default: 512, lowered "
+                        "to fit the open-file limit (ulimit -n) with a warning].")
     g = p.add_argument_group("request code and models")
     g.add_argument("--allow-request-code", action="store_true",
                    help="Accept tools sent in requests (written to a per-run folder, removed afterwards).")
@@ -128,6 +148,8 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Any:
         max_concurrent=args.max_concurrent, timeout_ms=args.timeout, tool_timeout_ms=args.tool_timeout,
         max_iterations=args.max_iterations, max_tool_rounds=args.max_tool_rounds,
         drain_timeout_ms=args.drain_timeout, cors_origins=tuple(args.cors_origin),
+        allowed_hosts=tuple(args.allowed_host), header_timeout_ms=args.header_timeout,
+        body_timeout_ms=args.body_timeout, max_connections=args.max_connections,
         allow_request_code=args.allow_request_code, allow_net=tuple(args.allow_net), work_dir=args.work_dir,
         data_dir=args.data_dir,
         mounts=tuple(args.mount), workspace=args.workspace, mount_max_bytes=args.mount_max_bytes,
@@ -180,7 +202,12 @@ def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = N
 
         config = config_from(args, environ)
         warnings = check_config(config)
-        config = replace(config, work_dir=_prepare_work_dir(config.work_dir))
+        from heddle.server.config import DEFAULT_MAX_CONNECTIONS
+        from heddle.server.connections import connection_cap
+
+        connections, lowered = connection_cap(config.max_connections, DEFAULT_MAX_CONNECTIONS, config.max_concurrent)
+        warnings += [lowered] if lowered else []
+        config = replace(config, work_dir=_prepare_work_dir(config.work_dir), max_connections=connections)
         # The engine and the HTTP stack load only once the command line has passed its checks.
         from heddle.server.serve import serve
         from heddle.server.service import Service

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from heddle import secret_env
 from heddle.errors import UsageError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -18,11 +19,14 @@ DEFAULT_PORT = 4319
 DEFAULT_MAX_CONCURRENT = 4
 DEFAULT_TIMEOUT_MS = 300_000
 DEFAULT_DRAIN_TIMEOUT_MS = 30_000
+DEFAULT_HEADER_TIMEOUT_MS = 10_000
+DEFAULT_BODY_TIMEOUT_MS = 30_000
+DEFAULT_MAX_CONNECTIONS = 512
 MAX_BODY_BYTES = 1 << 20
 
-ENV_AUTH_TOKEN = "HEDDLE_AUTH_TOKEN"
+ENV_AUTH_TOKEN = secret_env.AUTH_TOKEN
 ENV_STREAM = "HEDDLE_STREAM"
-ENV_LLM_DEFAULT_KEY = "HEDDLE_LLM_DEFAULT_KEY"
+ENV_LLM_DEFAULT_KEY = secret_env.LLM_DEFAULT_KEY
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,11 @@ class ServerConfig:
     max_tool_rounds: str | None = None
     drain_timeout_ms: int = DEFAULT_DRAIN_TIMEOUT_MS
     cors_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    header_timeout_ms: int = DEFAULT_HEADER_TIMEOUT_MS
+    body_timeout_ms: int = DEFAULT_BODY_TIMEOUT_MS
+    # None: not given, so the default applies, lowered to what the open-file limit allows.
+    max_connections: int | None = None
     allow_request_code: bool = False
     allow_net: tuple[str, ...] = ()
     work_dir: Path | None = None
@@ -80,6 +89,38 @@ def is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def check_origin(origin: str) -> None:
+    """`--cors-origin`: `*`, or scheme://host[:port] exactly as a browser sends it in Origin."""
+    from urllib.parse import urlsplit
+
+    if origin == "*":
+        return
+    parts = urlsplit(origin.rstrip("/"))
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path or parts.query or parts.fragment \
+            or parts.username is not None:
+        raise UsageError(f"--cors-origin {origin!r}: give an origin such as https://app.example.com "
+                         "(scheme, host and port only), or *")
+
+
+def check_allowed_host(name: str) -> None:
+    """`--allowed-host`: a host name or IP address (no port, no scheme), or `*`."""
+    import re
+
+    if name == "*" or is_ip_literal(name.strip("[]")):
+        return
+    if not re.fullmatch(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?\.?", name):
+        raise UsageError(f"--allowed-host {name!r}: give a host name such as api.example.com (no scheme or "
+                         "port), an IP address, or * for any")
+
+
+def is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def stream_from_env(environ: Mapping[str, str]) -> bool:
@@ -139,7 +180,10 @@ def check_config(config: ServerConfig) -> list[str]:
                                ("--mount-max-entries", config.mount_max_entries, 1),
                                ("--tool-timeout", config.tool_timeout_ms, 1),
                                ("--plugin-timeout", config.plugin_timeout_ms, 1),
-                               ("--max-node-attempts", config.max_node_attempts, 1)):
+                               ("--max-node-attempts", config.max_node_attempts, 1),
+                               ("--header-timeout", config.header_timeout_ms, 1),
+                               ("--body-timeout", config.body_timeout_ms, 1),
+                               ("--max-connections", 1 if config.max_connections is None else config.max_connections, 1)):
         if value < least:
             raise UsageError(f"{flag} {value}: must be at least {least}")
     if config.llm_default_url is not None:
@@ -150,8 +194,9 @@ def check_config(config: ServerConfig) -> list[str]:
             raise UsageError(f"--llm-default-url {config.llm_default_url!r}: give an http(s) URL "
                              "such as http://127.0.0.1:8000/v1")
     for origin in config.cors_origins:
-        if origin != "*" and not origin.startswith(("http://", "https://")):
-            raise UsageError(f"--cors-origin {origin!r}: give an origin such as https://app.example.com, or *")
+        check_origin(origin)
+    for name in config.allowed_hosts:
+        check_allowed_host(name)
     if not is_loopback_host(config.host):
         if config.auth_token is None:
             warnings.append(f"--host {config.host} is not a loopback address and there is no authentication: "

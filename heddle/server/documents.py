@@ -15,16 +15,12 @@ from heddle.errors import DocumentError, HeddleError
 def _load_yaml(text: str, source: str) -> Any:
     import yaml
 
-    class NoAliases(yaml.SafeLoader):
-        def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
-            if self.check_event(yaml.AliasEvent):
-                mark = self.peek_event().start_mark
-                raise DocumentError(f"{source}: line {mark.line + 1}: YAML aliases (*name) are not accepted "
-                                    "in a request; write the value out")
-            return super().compose_node(parent, index)
+    from heddle.safeparse import ParseLimitError, load_yaml
 
     try:
-        return yaml.load(text, Loader=NoAliases)  # noqa: S506 - a SafeLoader subclass
+        return load_yaml(text, aliases=False)
+    except ParseLimitError as exc:
+        raise DocumentError(f"{source}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -51,14 +47,15 @@ def flow_from_value(value: Any, *, source: str = "flow", node_types: frozenset[s
     if isinstance(value, str):
         text = value.strip()
         if text.startswith("{"):
-            from heddle.canonical import CanonicalJSONError, loads_strict
+            from heddle.canonical import CanonicalJSONError
+            from heddle.safeparse import ParseLimitError, loads_strict_json
 
             try:
-                value = loads_strict(text)
+                value = loads_strict_json(text)
+            except ParseLimitError as exc:
+                raise DocumentError(f"{source}: {exc}") from None
             except (ValueError, CanonicalJSONError) as exc:
                 raise DocumentError(f"{source}: is not valid JSON: {exc}") from None
-            except RecursionError:
-                raise DocumentError(f"{source}: the document nests too deeply to be read") from None
         else:
             value = _load_yaml(text, source)
     elif not isinstance(value, dict):

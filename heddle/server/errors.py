@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from heddle.errors import DocumentError, HeddleError, UsageError
+from heddle.errors import DocumentError, HeddleError, ToolInputError, UsageError
 
 
 class ServeError(HeddleError):
@@ -34,9 +34,12 @@ def error_body(type_: str, message: str) -> dict[str, Any]:
 
 
 def status_of(exc: HeddleError) -> int:
-    """Errors found before a run starts are the caller's to fix (400); a run that fails is a 500."""
+    """Errors found before a run starts are the caller's to fix (400); so are values the run was
+    given that a tool's schema refuses before it starts (422); any other failed run is a 500."""
     if isinstance(exc, (DocumentError, UsageError)):
         return 400
+    if isinstance(exc, ToolInputError):
+        return 422
     return 500
 
 

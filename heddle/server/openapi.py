@@ -116,11 +116,20 @@ def _schemas() -> dict[str, Any]:
 
 
 def openapi_document(version: str, *, auth: bool = False) -> dict[str, Any]:
+    # Every route, the probes too: a request must name this server and come from no web page
+    # but the --cors-origin ones.
+    guarded = {
+        "403": _error("The Origin header names a page that --cors-origin does not allow."),
+        "421": _error("The Host header does not name this server (see --allowed-host)."),
+    }
     denied = {"401": _error("Missing or wrong bearer token.")} if auth else {}
+    denied = {**denied, **guarded}
     body_errors = {
         "400": _error("Malformed request or flow, a forbidden field, or a tool with no executable."),
         "404": _error("flowPath names no flow under the flows root."),
+        "408": _error("The body did not arrive within --body-timeout."),
         "413": _error("The body is over 1 MiB."),
+        "415": _error("The body is not Content-Type: application/json."),
     }
     run_responses = {
         "200": {"description": "The run's final state; with ?stream=true, its events as Server-Sent Events "
@@ -131,6 +140,8 @@ def openapi_document(version: str, *, auth: bool = False) -> dict[str, Any]:
                                     "description": "With ?protocol=NAME: the run as an encoder plugin renders it."}}},
         **body_errors,
         **denied,
+        "422": _error("A ToolNode's tool refused the values the run was given (its input schema); "
+                      "the tool did not start."),
         "429": _error("Every run slot is in use (--max-concurrent); retry later. Runs are never queued."),
         "500": _error("The run failed."),
         "503": _error("The server is draining and takes no new runs."),
@@ -143,11 +154,11 @@ def openapi_document(version: str, *, auth: bool = False) -> dict[str, Any]:
         "paths": {
             "/healthz": {"get": {"operationId": "healthz", "summary": "Liveness (200 while draining too).",
                                  "security": [],
-                                 "responses": {"200": _json(_ref("Health"), "The server is up.")}}},
+                                 "responses": {"200": _json(_ref("Health"), "The server is up."), **guarded}}},
             "/readyz": {"get": {"operationId": "readyz", "summary": "Readiness: 503 once draining.",
                                 "security": [],
                                 "responses": {"200": _json(_ref("Ready"), "Taking runs."),
-                                              "503": _json(_ref("Ready"), "Draining.")}}},
+                                              "503": _json(_ref("Ready"), "Draining."), **guarded}}},
             "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics.",
                                  "responses": {"200": {"description": "Prometheus text format.",
                                                        "content": {"text/plain": {"schema": {"type": "string"}}}},

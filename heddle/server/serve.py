@@ -108,13 +108,18 @@ class DrainingServer(uvicorn.Server):
 def serve(service: Service, *, on_ready: Callable[[str], None]) -> int:
     """Open the port, serve until drained, and return the exit status."""
     from heddle.server.app import build_app
+    from heddle.server.config import DEFAULT_MAX_CONNECTIONS
+    from heddle.server.connections import Limits, protocol_class
 
     config = service.config
+    limits = Limits(header_timeout=config.header_timeout_ms / 1000, body_timeout=config.body_timeout_ms / 1000,
+                    max_connections=config.max_connections or DEFAULT_MAX_CONNECTIONS)
     sock = bind(config.host, config.port)
     url = url_of(sock)
     logging.basicConfig(level=logging.WARNING, format="heddle-server: %(message)s", stream=sys.stderr)
     uv_config = uvicorn.Config(build_app(service), lifespan="off", log_config=None, log_level="warning",
-                               access_log=False, timeout_graceful_shutdown=5, server_header=False)
+                               access_log=False, timeout_graceful_shutdown=5, server_header=False,
+                               http=protocol_class(limits))
     server = DrainingServer(uv_config, service, on_ready=lambda: on_ready(url))
     with sock:
         server.run(sockets=[sock])

@@ -73,7 +73,8 @@ def run_options(config: ServerConfig, sealed: Any = None) -> Any:
     """The engine's RunOptions for every run of this server; a bundle's mounts come first, and its
     proposed tool-round limit applies unless --max-tool-rounds was given."""
     from heddle.engine import RunOptions
-    from heddle.engine.options import DEFAULT_MAX_TOOL_ROUNDS, parse_max_tool_rounds
+    from heddle.engine.options import resolve_max_tool_rounds
+    from heddle.surface import SERVER
     from heddle.workspace.mounts import parse_mount
     from heddle.workspace.sandbox import SandboxPolicy
     from heddle.workspace.workspace import WorkspaceOptions
@@ -81,15 +82,10 @@ def run_options(config: ServerConfig, sealed: Any = None) -> Any:
     mounts = [parse_mount(m) for m in config.mounts]
     if sealed is not None:
         mounts = [*sealed.mounts, *mounts]
-    if config.max_tool_rounds is not None:
-        rounds = parse_max_tool_rounds(config.max_tool_rounds)
-    elif sealed is not None and sealed.max_tool_rounds is not None:
-        rounds = sealed.max_tool_rounds
-    else:
-        rounds = DEFAULT_MAX_TOOL_ROUNDS
+    rounds = resolve_max_tool_rounds(config.max_tool_rounds, sealed.max_tool_rounds if sealed is not None else None)
     return RunOptions(
         max_iterations=config.max_iterations, max_tool_rounds=rounds, timeout=config.timeout_ms / 1000,
-        tool_timeout=config.tool_timeout_ms / 1000, stream=config.stream,
+        tool_timeout=config.tool_timeout_ms / 1000, stream=config.stream, surface=SERVER,
         workspace=WorkspaceOptions(mounts=tuple(mounts), keep_root=config.workspace,
                                    mount_tools=not config.no_mount_tools, max_entries=config.mount_max_entries,
                                    max_bytes=config.mount_max_bytes),
@@ -174,6 +170,8 @@ class Service:
 
     async def prepare(self, body: dict[str, Any]) -> Job:
         """The request as a job ready to run, or the 400 saying what is wrong with it."""
+        from heddle.engine.inputs import input_problem
+
         resolved = await self._resolve(body)
         try:
             prepared = self.bundle_run or await self._prepare(resolved)
@@ -182,6 +180,10 @@ class Service:
                 names = ", ".join(repr(m) for m in missing)
                 raise bad_request(f"inputs: the flow {resolved.flow.name!r} needs {names}; send "
                                   f'{{"inputs": {{"{missing[0]}": ...}}}}', "missing_input")
+            problem = input_problem(resolved.flow, resolved.inputs)
+            if problem is not None:
+                raise bad_request(f"inputs: {problem} (as the flow {resolved.flow.name!r} declares in its "
+                                  "StartNode); send values of the declared types", "invalid_input")
         except BaseException:
             if resolved.folder is not None:
                 resolved.folder.close()
@@ -284,6 +286,9 @@ class Service:
                 "maxToolRounds": options.max_tool_rounds,
                 "maxBodyBytes": config.max_body_bytes,
                 "drainTimeoutMs": config.drain_timeout_ms,
+                "headerTimeoutMs": config.header_timeout_ms,
+                "bodyTimeoutMs": config.body_timeout_ms,
+                "maxConnections": config.max_connections,
                 "mountMaxBytes": config.mount_max_bytes,
                 "mountMaxEntries": config.mount_max_entries,
             },

@@ -25,23 +25,32 @@ def detect_format(path: Path, forced: str | None = None) -> Format:
 
 
 def _parse_text(text: str, fmt: Format, source: str) -> Any:
+    # Within the nesting and alias caps: a flow file may come from anyone (a bundle, a request).
+    from heddle.safeparse import ParseLimitError, load_yaml, loads_json
+
     if fmt == "yaml":
         import yaml
 
         try:
-            return yaml.safe_load(text)
+            return load_yaml(text)
+        except ParseLimitError as exc:
+            raise DocumentError(f"{source}: {exc}") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
             raise DocumentError(f"{source}:{where} is not valid YAML: {problem}") from None
     try:
-        return json.loads(text)
+        return loads_json(text)
+    except ParseLimitError as exc:
+        raise DocumentError(f"{source}: {exc}") from None
     except json.JSONDecodeError as exc:
         hint = " (is it YAML? name it .yaml or pass --format yaml)" if exc.pos == 0 else ""
         raise DocumentError(
             f"{source}: line {exc.lineno}, column {exc.colno} is not valid JSON: {exc.msg}{hint}"
         ) from None
+    except ValueError as exc:  # a number json will not turn into an int, for one
+        raise DocumentError(f"{source}: is not valid JSON: {exc}") from None
 
 
 def _check_component_types(node: Any, source: str, path: str = "$",
@@ -111,13 +120,20 @@ def load_flow_text(text: str, *, fmt: Format = "json", source: str = "<flow>", n
 
 def load_flow(path: str | Path, *, fmt: str | None = None, node_types: Iterable[str] = ()):
     """Read, resolve and type the flow at `path`."""
+    from heddle.safeparse import NotRegularFileError, ParseLimitError, read_regular
+
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        # A FIFO or a device is refused from its stat: reading one would block or never end.
+        text = read_regular(p).decode("utf-8")
     except FileNotFoundError:
         raise DocumentError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise DocumentError(f"{p}: is a directory; give the flow document's path") from None
+    except NotRegularFileError as exc:
+        if exc.kind == "a directory":
+            raise DocumentError(f"{p}: is a directory; give the flow document's path") from None
+        raise DocumentError(f"{p}: is {exc.kind}, not a regular file; give the path of a flow document") from None
+    except ParseLimitError as exc:
+        raise DocumentError(f"{p}: {exc}") from None
     except UnicodeDecodeError:
         raise DocumentError(f"{p}: is not UTF-8 text") from None
     except OSError as exc:

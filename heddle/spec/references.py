@@ -9,6 +9,7 @@ JSON path where the reference was used.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from heddle.errors import DocumentError
@@ -34,17 +35,48 @@ class _Scope:
         return None
 
 
+def _short(path: str) -> str:
+    return path if len(path) <= 120 else f"{path[:60]}...{path[-50:]}"
+
+
 def resolve_references(document: Any, *, source: str = "<flow>") -> Any:
     """Return `document` with every `$component_ref` replaced by the component it names."""
-    resolving: list[str] = []
+    from heddle.safeparse import DEFAULT_PARSE_LIMITS
 
-    def walk(node: Any, scope: _Scope | None, path: str) -> Any:
-        if isinstance(node, list):
-            return [walk(item, scope, f"{path}[{i}]") for i, item in enumerate(node)]
-        if not isinstance(node, dict):
+    resolving: list[str] = []
+    # Each reference inlines a component where it is used, so a chain of them nests deeper,
+    # and stands for more values, than the text does: both are capped as the walk goes, before
+    # it runs out of stack or anything after it walks an exponential tree.
+    max_depth = DEFAULT_PARSE_LIMITS.max_resolved_depth
+    max_nodes = DEFAULT_PARSE_LIMITS.max_nodes
+    shape: dict[int, tuple[int, int]] = {}  # id(resolved container) -> (values expanded, height)
+
+    def shape_of(value: Any) -> tuple[int, int]:
+        return shape[id(value)] if isinstance(value, (list, dict)) else (1, 0)
+
+    def measured(out: Any, children: Iterable[Any], path: str) -> Any:
+        nodes, height = 1, 0
+        for child in children:
+            n, h = shape_of(child)
+            nodes += n
+            height = max(height, h)
+        if nodes > max_nodes:
+            raise DocumentError(f"{source}: {_short(path)} stands for more than {max_nodes} values once its "
+                                f"{REF}s are resolved; refer to fewer copies of the same components")
+        shape[id(out)] = (nodes, height + 1)
+        return out
+
+    def walk(node: Any, scope: _Scope | None, path: str, depth: int = 0) -> Any:
+        if not isinstance(node, (list, dict)):
             return node
+        if depth >= max_depth:
+            raise DocumentError(f"{source}: {_short(path)} nests deeper than {max_depth} levels once its "
+                                f"{REF}s are resolved; a chain of references that long is not a flow heddle runs")
+        if isinstance(node, list):
+            items = [walk(item, scope, f"{path}[{i}]", depth + 1) for i, item in enumerate(node)]
+            return measured(items, items, path)
         if REF in node:
-            return follow(node, scope, path)
+            return follow(node, scope, path, depth)
         table = node.get(REFS)
         if table is not None:
             if not isinstance(table, dict):
@@ -54,10 +86,10 @@ def resolve_references(document: Any, *, source: str = "<flow>") -> Any:
         for key, value in node.items():
             if key == REFS:
                 continue
-            out[key] = walk(value, scope, f"{path}.{key}")
-        return out
+            out[key] = walk(value, scope, f"{path}.{key}", depth + 1)
+        return measured(out, out.values(), path)
 
-    def follow(node: dict[str, Any], scope: _Scope | None, path: str) -> Any:
+    def follow(node: dict[str, Any], scope: _Scope | None, path: str, depth: int) -> Any:
         ref = node[REF]
         if not isinstance(ref, str):
             raise DocumentError(f"{source}: {path}.{REF} must be a string id")
@@ -74,14 +106,19 @@ def resolve_references(document: Any, *, source: str = "<flow>") -> Any:
                 f"{REFS}; add it there or fix the id"
             )
         if ref in owner.resolved:
-            return owner.resolved[ref]
+            value = owner.resolved[ref]
+            # Resolved once, at the depth of its first use: this use may be deeper.
+            if depth + shape_of(value)[1] > max_depth:
+                raise DocumentError(f"{source}: {_short(path)} nests deeper than {max_depth} levels once its "
+                                    f"{REF}s are resolved; a chain of references that long is not a flow heddle runs")
+            return value
         if ref in resolving:
             chain = " -> ".join([*resolving[resolving.index(ref):], ref])
             raise DocumentError(f"{source}: reference cycle {chain} (at {path})")
         resolving.append(ref)
         try:
             # A referenced component sees the scope it was declared in (and its own table).
-            value = walk(owner.table[ref], owner, f"{REFS}[{ref!r}]")
+            value = walk(owner.table[ref], owner, f"{REFS}[{ref!r}]", depth)
         finally:
             resolving.pop()
         owner.resolved[ref] = value

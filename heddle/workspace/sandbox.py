@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from heddle.errors import RunError, UsageError
+from heddle.secret_env import SECRET_ENV, without_secrets
 
 if TYPE_CHECKING:
     from heddle.workspace.workspace import Workspace
@@ -35,7 +36,11 @@ SYSTEM_DIRS = (
     "/opt",
 )
 
+# What a sandboxed tool keeps of the environment it is given: a few harmless settings, the
+# variables heddle sets for it, and nothing else unless `--allow-env` names it. A prefix rule
+# (`HEDDLE_*`) would hand over heddle's own secrets, which share that prefix.
 KEPT_ENV = ("PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "TZ", "TERM")
+HEDDLE_SET_ENV = ("HEDDLE_WORKSPACE", "HEDDLE_WORKSPACE_BIN")
 
 SANDBOX_TMP = "/tmp"
 SANDBOX_HOME = "/tmp/home"
@@ -136,6 +141,11 @@ def check_policy(policy: SandboxPolicy, *, explicitly_set: Sequence[str] = ()) -
             raise UsageError(
                 f"--allow-env {name!r}: not an environment variable name; give NAME only"
             )
+        if name in SECRET_ENV:
+            raise UsageError(
+                f"--allow-env {name}: heddle's own secret, never passed to a tool; "
+                "give the tool its value under another name"
+            )
     for flag, paths in (("--allow-read", policy.allow_read), ("--allow-write", policy.allow_write)):
         for path in paths:
             if not os.path.exists(path):
@@ -156,9 +166,10 @@ def _covered(path: str, roots: Sequence[str]) -> bool:
 
 
 def sandbox_env(policy: SandboxPolicy, env: dict[str, str]) -> dict[str, str]:
-    """The environment a sandboxed tool gets: a short list, `HEDDLE_*` and `--allow-env`."""
-    allowed = set(KEPT_ENV) | set(policy.allow_env)
-    out = {k: v for k, v in env.items() if k in allowed or k.startswith("HEDDLE_")}
+    """The environment a sandboxed tool gets: a short list, heddle's own settings for it, and
+    `--allow-env`; heddle's secrets never, whatever a policy built without the CLI says."""
+    allowed = (set(KEPT_ENV) | set(HEDDLE_SET_ENV) | set(policy.allow_env)) - SECRET_ENV
+    out = {k: v for k, v in env.items() if k in allowed}
     out["HOME"] = SANDBOX_HOME
     out["TMPDIR"] = SANDBOX_TMP
     return out
@@ -230,9 +241,10 @@ def confine(
     tools_dir: Path | None,
     env: dict[str, str],
 ) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment to exec for one tool call: sandboxed under --safe, else as given."""
+    """The argv and environment to exec for one tool call: sandboxed under --safe, else as given
+    less heddle's own secrets."""
     if not policy.safe:
-        return list(argv), dict(env)
+        return list(argv), without_secrets(env)
     return (
         bwrap_args(policy, argv, workspace=workspace, tools_dir=tools_dir),
         sandbox_env(policy, env),

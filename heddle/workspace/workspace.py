@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Callable, Mapping
 
 from heddle.errors import RunError, UsageError
+from heddle.secret_env import without_secrets
 from heddle.workspace import treecopy
 from heddle.workspace.mounts import (
     DEFAULT_MAX_BYTES,
@@ -155,7 +156,9 @@ class Workspace:
         return self.root.joinpath(*mount.dest.parts)
 
     def env(self, base: Mapping[str, str]) -> dict[str, str]:
-        env = dict(base)
+        """The environment of a tool in this workspace: `base` with heddle's settings for it,
+        and without heddle's own secrets."""
+        env = without_secrets(base)
         env["HEDDLE_WORKSPACE"] = str(self.root)
         env["HEDDLE_WORKSPACE_BIN"] = str(self.bin_dir)
         # After the system entries, so a tool named like a system command cannot shadow it

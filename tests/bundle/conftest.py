@@ -91,7 +91,8 @@ def load_make_vectors() -> Any:
 
 
 def write_agent(root: Path) -> dict[str, Any]:
-    """A small agent on disk: a flow naming one tool, a tools folder, a notes folder, secrets."""
+    """A small agent on disk: a flow naming one tool, a tools folder, a notes folder with a .git
+    folder (left out of a bundle), a work folder."""
     vectors = load_make_vectors()
     root.mkdir(parents=True, exist_ok=True)
     (root / "flow.json").write_bytes(vectors.FLOW)
@@ -103,8 +104,8 @@ def write_agent(root: Path) -> dict[str, Any]:
     (notes / "sub").mkdir(parents=True)
     (notes / "readme.md").write_text("# notes\n")
     (notes / "sub" / "deep.txt").write_text("deep\n")
-    (notes / ".env").write_text("SECRET=1\n")
-    (notes / "server.pem").write_text("-----BEGIN PRIVATE KEY-----\n")
+    (notes / ".git").mkdir()
+    (notes / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     work = root / "work"
     work.mkdir()
     (work / "draft.txt").write_text("draft\n")

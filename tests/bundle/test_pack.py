@@ -63,13 +63,13 @@ def test_source_date_epoch_sets_every_mtime(sandbox: Path, monkeypatch: pytest.M
     assert not (sandbox / "c.heddle").exists()
 
 
-def test_round_trip_layout_and_skipped_secrets(sandbox: Path, keypair: KeyPair) -> None:
+def test_round_trip_layout_and_skipped_git_folders(sandbox: Path, keypair: KeyPair) -> None:
     paths = write_agent(sandbox / "agent")
     (paths["tools"] / ".git").mkdir()
     (paths["tools"] / ".git" / "config").write_text("[core]\n")
     plan = agent_plan(paths, input={"text": "hi"})
     result = pack(plan, sandbox / "app.heddle", signing_key=keypair.signing)
-    assert sorted(p.name for p in result.skipped) == [".env", ".git", "server.pem"]
+    assert sorted(str(p.relative_to(sandbox / "agent")) for p in result.skipped) == ["notes/.git", "tools/.git"]
     assert result.signer == keypair.signing.keyid
     opened = open_bundle(sandbox / "app.heddle", trusted_keys=[keypair.public], tool_fingerprints=flow_tool_fingerprints)
     assert opened.digest == result.digest
@@ -162,10 +162,11 @@ def test_every_tool_the_flow_names_must_be_carried(sandbox: Path) -> None:
     fps = flow_tool_fingerprints(paths["flow"])
     with pytest.raises(PackError, match="no --tools-dir"):
         make_plan(paths["flow"], tools={"echo": ToolSpec(paths["tools"] / "echo.py", fps["echo"])})
-    secret = paths["tools"] / "echo.key"
-    secret.write_text("x")
+    (paths["tools"] / ".git").mkdir()
+    hidden = paths["tools"] / ".git" / "echo.py"
+    hidden.write_text("x")
     with pytest.raises(PackError, match="not carried"):
-        make_plan(paths["flow"], tools_dir=paths["tools"], tools={"echo": ToolSpec(secret, fps["echo"])})
+        make_plan(paths["flow"], tools_dir=paths["tools"], tools={"echo": ToolSpec(hidden, fps["echo"])})
 
 
 def test_plugins_are_carried_as_folders(sandbox: Path) -> None:

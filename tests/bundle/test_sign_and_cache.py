@@ -76,19 +76,32 @@ def test_a_cached_digest_is_still_checked_against_current_trust(sandbox: Path, k
         open_bundle(packed, trusted_keys=[], allow_unsigned=True)
 
 
-def test_deep_verify_finds_and_evicts_a_modified_cache(sandbox: Path, keypair: KeyPair, packed: Path) -> None:
-    opened = open_bundle(packed, trusted_keys=[keypair.public])
-    assert open_bundle(packed, trusted_keys=[keypair.public], deep=True).cached
-    target = opened.root / "mounts/notes/readme.md"
+def _rewrite(target: Path, text: str) -> None:
+    """Change a sealed cache file in place, putting the read-only modes back."""
     os.chmod(target.parent, 0o755)
     os.chmod(target, 0o644)
-    target.write_text("# changed\n")
-    # A plain re-open trusts the cache (that is what makes it fast) ...
-    assert open_bundle(packed, trusted_keys=[keypair.public]).cached
-    # ... and --deep re-hashes it, refuses, and removes the bad copy.
+    target.write_text(text)
+    os.chmod(target, 0o444)
+    os.chmod(target.parent, 0o555)
+
+
+def test_a_modified_cache_is_evicted_and_verified_again(sandbox: Path, keypair: KeyPair, packed: Path) -> None:
+    from heddle.bundle.cache import Cache
+    from heddle.bundle.verify import rehash
+
+    opened = open_bundle(packed, trusted_keys=[keypair.public])
+    assert open_bundle(packed, trusted_keys=[keypair.public], deep=True).cached
+    _rewrite(opened.root / "mounts/notes/readme.md", "# changed\n")
+    # A plain re-open does not trust the cache: the stat snapshot shows the change, so the
+    # copy is evicted and the payload verified from the file again.
+    again = open_bundle(packed, trusted_keys=[keypair.public])
+    assert not again.cached and "mounts/notes/readme.md" in (again.repaired or "")
+    assert (again.root / "mounts/notes/readme.md").read_text() == "# notes\n"
+    # Without the file at hand, the changed copy is refused naming the file, and removed.
+    _rewrite(again.root / "mounts/notes/readme.md", "# changed\n")
     with pytest.raises(ContentMismatchError, match="mounts/notes/readme.md"):
-        open_bundle(packed, trusted_keys=[keypair.public], deep=True)
-    assert not opened.root.exists()
+        rehash(Cache(), again.digest, again.manifest, what=str(packed))
+    assert not again.root.exists()
     fresh = open_bundle(packed, trusted_keys=[keypair.public])
     assert not fresh.cached
     assert (fresh.root / "mounts/notes/readme.md").read_text() == "# notes\n"
@@ -125,4 +138,4 @@ def test_two_openers_racing_share_one_cache_entry(sandbox: Path, keypair: KeyPai
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         roots = list(pool.map(lambda _: open_bundle(packed, trusted_keys=[keypair.public]).root, range(4)))
     assert len(set(roots)) == 1
-    assert sorted(os.listdir(sandbox / "cache")) == [roots[0].name]
+    assert sorted(os.listdir(sandbox / "cache")) == [roots[0].parent.name]

@@ -31,9 +31,10 @@ def test_format_flag_forces_yaml(tmp_path):
     yaml_path = passthrough(tmp_path, ".yaml")
     odd = tmp_path / "flow.agent"
     odd.write_text(yaml_path.read_text())
-    proc = heddle("run", odd, "--input", '{"text": "x"}')
+    # A name that does not say flow is read as one only with --flow; then it is JSON unless --format says.
+    proc = heddle("run", "--flow", odd, "--input", '{"text": "x"}')
     assert proc.returncode == 2 and "is not valid JSON" in error_line(proc)
-    assert state_of(heddle("run", odd, "--format", "yaml", "--input", '{"text": "x"}')) == {"text": "x"}
+    assert state_of(heddle("run", "--flow", odd, "--format", "yaml", "--input", '{"text": "x"}')) == {"text": "x"}
 
 
 def test_inline_components_without_references(tmp_path):

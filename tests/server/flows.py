@@ -21,9 +21,14 @@ def napper(marker: Path, seconds: float) -> str:
     return f"#!/bin/sh\ncat >/dev/null\necho started > {marker}\nsleep {seconds}\necho '{{\"slept\": true}}'\n"
 
 
+def untyped(titles) -> list[dict]:
+    """Inputs that take any JSON value (the server checks given values against declared types)."""
+    return [{"title": t} for t in titles]
+
+
 def one_tool_flow(name: str, tool: str, inputs=("x",), outputs=("x",)) -> FlowDoc:
     f = FlowDoc(name)
-    s = f.start(list(inputs))
+    s = f.start(untyped(inputs))
     t = f.tool_node(tool, server_tool(tool))
     e = f.end(list(outputs))
     f.control(s, t)
@@ -34,7 +39,7 @@ def one_tool_flow(name: str, tool: str, inputs=("x",), outputs=("x",)) -> FlowDo
 def tool_chain(name: str, tools: list[str]) -> FlowDoc:
     """StartNode(x) -> one ToolNode per tool, in order -> EndNode(x)."""
     f = FlowDoc(name)
-    previous = f.start(["x"])
+    previous = f.start(untyped(["x"]))
     for i, tool in enumerate(tools):
         node = f.tool_node(f"step{i}-{tool}", server_tool(tool))
         f.control(previous, node)

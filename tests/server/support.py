@@ -61,11 +61,13 @@ class Server:
 
 
 
-def start_server(tmp_path: Path, *args: Any, env: dict[str, str] | None = None) -> Server:
-    """Start `heddle-server --port 0 ARGS` and wait until it prints the URL it listens on."""
+def start_server(tmp_path: Path, *args: Any, env: dict[str, str] | None = None,
+                 wrap: tuple[str, ...] = ()) -> Server:
+    """Start `heddle-server --port 0 ARGS` and wait until it prints the URL it listens on.
+    `wrap` goes before the command (e.g. a shell that lowers a limit, then execs it)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     stderr_path = tmp_path / f"server-{time.monotonic_ns()}.err"
-    argv = [str(SERVER), "--port", "0", *[str(a) for a in args]]
+    argv = [*wrap, str(SERVER), "--port", "0", *[str(a) for a in args]]
     with open(stderr_path, "wb") as stderr:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr,
                                    env=env_with(env), cwd=tmp_path)
@@ -82,9 +84,9 @@ def start_server(tmp_path: Path, *args: Any, env: dict[str, str] | None = None) 
 
 
 def run_server_to_exit(tmp_path: Path, *args: Any, env: dict[str, str] | None = None,
-                       timeout: float = 30) -> subprocess.CompletedProcess[str]:
+                       timeout: float = 30, wrap: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     """Run a `heddle-server` that is expected to refuse to start."""
-    argv = [str(SERVER), "--port", "0", *[str(a) for a in args]]
+    argv = [*wrap, str(SERVER), "--port", "0", *[str(a) for a in args]]
     return subprocess.run(argv, capture_output=True, text=True, env=env_with(env), cwd=tmp_path,
                           timeout=timeout, stdin=subprocess.DEVNULL)
 

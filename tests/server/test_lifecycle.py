@@ -223,7 +223,7 @@ def test_the_run_timeout_is_a_500_and_stops_the_tool(tmp_path):
             assert time.monotonic() - started < 5
             assert response.status_code == 500
             err = response.json()["error"]
-            assert err["type"] == "limit_exceeded" and "--timeout 0.4 s" in err["message"]
+            assert err["type"] == "limit_exceeded" and "--timeout 400 ms" in err["message"]
             assert wait_gone(int(pidfile.read_text()), 1.0)
             assert client.get("/v1/capabilities").json()["limits"]["timeoutMs"] == 400
     finally:

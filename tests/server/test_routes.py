@@ -29,6 +29,9 @@ def served(tmp_path_factory):
     server.stop()
 
 
+JSON = {"Content-Type": "application/json"}
+
+
 def error_of(response) -> dict:
     body = response.json()
     assert set(body) == {"error"} and set(body["error"]) == {"type", "message"}, body
@@ -88,7 +91,7 @@ def test_malformed_requests_are_400_naming_the_field(served):
         (b'{"flowPath": "echo.json", "flowsRoot": "/"}', "'flowsRoot' is not accepted"),
     ]
     for body, expected in cases:
-        response = client.post("/v1/runs", content=body)
+        response = client.post("/v1/runs", content=body, headers=JSON)
         assert response.status_code == 400, (body, response.text)
         assert expected in error_of(response)["message"], (body, response.text)
     assert error_of(client.post("/v1/runs", json={"flowPath": "echo.json", "toolsDir": "t"}))["type"] == \
@@ -164,7 +167,7 @@ def test_unknown_routes_wrong_methods_and_big_bodies(served):
     assert response.headers["allow"] == "POST"
     assert client.delete("/healthz").status_code == 405
     big = b'{"flowPath": "echo.json", "inputs": {"x": "' + b"a" * (1 << 20) + b'"}}'
-    response = client.post("/v1/runs", content=big)
+    response = client.post("/v1/runs", content=big, headers=JSON)
     assert response.status_code == 413 and error_of(response)["type"] == "body_too_large"
 
     def chunks():
@@ -173,7 +176,7 @@ def test_unknown_routes_wrong_methods_and_big_bodies(served):
             yield b"b" * 65536
         yield b'"}}'
 
-    response = client.post("/v1/validate", content=chunks())
+    response = client.post("/v1/validate", content=chunks(), headers=JSON)
     assert response.status_code == 413
 
 

@@ -23,7 +23,8 @@ def test_version_and_help_name_every_setting():
                  "--drain-timeout", "--cors-origin", "--allow-request-code", "--allow-net", "--work-dir",
                  "--mount", "--workspace", "--mount-max-bytes", "--mount-max-entries", "--no-mount-tools",
                  "--llm-default-url", "--safe", "--sandbox", "--allow-read", "--allow-write", "--allow-env",
-                 "--deny-net", "--auth-token", "HEDDLE_AUTH_TOKEN", "HEDDLE_STREAM", "HEDDLE_LLM_DEFAULT_KEY"):
+                 "--deny-net", "--auth-token", "--allowed-host", "--header-timeout", "--body-timeout",
+                 "--max-connections", "HEDDLE_AUTH_TOKEN", "HEDDLE_STREAM", "HEDDLE_LLM_DEFAULT_KEY"):
         assert flag in proc.stdout, flag
 
 
@@ -50,6 +51,12 @@ def test_bad_start_up_settings_fail_with_one_line_and_status_2(tmp_path):
         (([], {"HEDDLE_STREAM": "yes"}), "HEDDLE_STREAM='yes': use 1"),
         (([], {"HEDDLE_AUTH_TOKEN": " "}), "HEDDLE_AUTH_TOKEN is set but empty"),
         ((["--work-dir", tmp_path / "file" / "sub"], None), "--work-dir"),
+        ((["--max-connections", "0"], None), "--max-connections 0: must be at least 1"),
+        ((["--header-timeout", "0"], None), "--header-timeout 0: must be at least 1"),
+        ((["--body-timeout", "1.5"], None), "argument --body-timeout: '1.5' is not a whole number of milliseconds"),
+        ((["--allowed-host", "http://api.example.com"], None), "--allowed-host 'http://api.example.com'"),
+        ((["--allowed-host", "api.example.com:8443"], None), "(no scheme or port)"),
+        ((["--cors-origin", "https://app.example.com/page"], None), "(scheme, host and port only)"),
     ]
     for (args, env), expected in cases:
         proc = run_server_to_exit(tmp_path, *args, env=env)
@@ -123,6 +130,6 @@ def test_cors_origins_are_answered(tmp_path):
             response = client.get("/healthz", headers={"Origin": "https://app.example.com"})
             assert response.headers["access-control-allow-origin"] == "https://app.example.com"
             response = client.get("/healthz", headers={"Origin": "https://evil.example.com"})
-            assert "access-control-allow-origin" not in response.headers
+            assert response.status_code == 403 and "access-control-allow-origin" not in response.headers
     finally:
         server.stop()

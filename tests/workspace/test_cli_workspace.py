@@ -78,18 +78,19 @@ def test_safe_run_confines_the_tool(tmp_path: Path, tcp_server: int) -> None:
         )
     finally:
         marker.unlink()
-    home, tools, tmp, ro_write, ro_read, _, allowed, denied = reports["tool"]
+    home, tools, tmp, ro_write, ro_read, unlisted, allowed, denied = reports["tool"]
     assert home["ok"] is False and "FileNotFoundError" in home["error"]
     assert tools["ok"] is False and "Read-only file system" in tools["error"]
     assert tmp == {"ok": True} and not os.path.exists(escape)
     assert ro_write["ok"] is False and "Read-only file system" in ro_write["error"]
     assert ro_read == {"ok": True, "value": "input"}
+    assert unlisted == {"ok": False, "value": None}
     assert allowed == {"ok": True, "value": "arrived"}
     assert denied["ok"] is False and "ConnectionRefusedError" in denied["error"]
     assert not (tmp_path / "tools" / "planted").exists()
     assert (data / "in.txt").read_text() == "input"
 
-    # HEDDLE_* variables pass (they are heddle's own); any other name needs --allow-env.
+    # Any name not on the sandbox's short list needs --allow-env.
     reports, _ = run_ops(
         tmp_path,
         {"tool": [{"op": "env", "arg": "SECRET_TOKEN"}, connect]},

@@ -1,0 +1,308 @@
+"""The stat snapshot of a cached payload tree, and the proof that re-opens it.
+
+A cache entry is believed only as far as it can be re-proved on each open, without paying
+a full re-hash of big mounts: the programs (every executable, every tool and plugin entry,
+the files a plugin's command names), the flow and the plugin manifests are re-hashed every
+time; every other file is compared with the stat snapshot recorded when the tree was
+committed (type and mode, size, device, inode, mtime and ctime in nanoseconds) and
+re-hashed only if anything differs. A file that was rewritten keeps none of (inode, ctime)
+by accident: ctime moves on every write or chmod, and no user can set it back.
+
+The snapshot sits beside the tree, never in it, as one file: a line with its format and a
+sha256 binding it to the entry's key (the manifest digest), then its JSON body.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from heddle.bundle.manifest import Manifest
+
+FORMAT = 1
+MAGIC = b"heddle-snapshot"
+MAX_SNAPSHOT_BYTES = 64 * 1024 * 1024
+SEALED_DIR_MODE = stat.S_IFDIR | 0o555
+_HASH_CHUNK = 1 << 20
+# O_NONBLOCK: a FIFO planted where a file should be is refused, never waited on.
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+class SnapshotError(Exception):
+    """A snapshot that is missing, does not parse, or does not belong to its entry."""
+
+
+class FileStat(NamedTuple):
+    # A tuple, not a dataclass: a warm open builds and compares thousands of them.
+    path: str
+    mode: int  # st_mode: type and permission bits
+    size: int
+    dev: int
+    ino: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, path: str, st: os.stat_result) -> FileStat:
+        return cls(path, st.st_mode, st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    key: str
+    name: str
+    files: tuple[FileStat, ...]
+    dirs: tuple[str, ...]
+    # Format 1 carries no signed manifest: its heddle.json and file hashes live here instead.
+    legacy: dict[str, Any] | None = None
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_bytes(self) -> bytes:
+        body: dict[str, Any] = {
+            "format": FORMAT, "key": self.key, "name": self.name, "dirs": sorted(self.dirs),
+            "files": [list(f) for f in sorted(self.files)],
+        }
+        if self.legacy is not None:
+            body["legacy"] = self.legacy
+        raw = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return b"%s %d %s\n%s" % (MAGIC, FORMAT, _seal(self.key, raw).encode("ascii"), raw)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, key: str) -> Snapshot:
+        line, sep, raw = data.partition(b"\n")
+        parts = line.split(b" ")
+        if not sep or len(parts) != 3 or parts[0] != MAGIC:
+            raise SnapshotError("the snapshot is not a heddle snapshot")
+        if parts[1] != str(FORMAT).encode():
+            raise SnapshotError(f"the snapshot is format {parts[1]!r}, not {FORMAT}")
+        if parts[2] != _seal(key, raw).encode("ascii"):
+            raise SnapshotError("the snapshot's checksum does not match this entry (corrupt or not its own)")
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise SnapshotError("the snapshot does not parse") from None
+        try:
+            return cls._from_body(body, key)
+        except (KeyError, TypeError, ValueError):
+            raise SnapshotError("the snapshot's fields are not what heddle writes") from None
+
+    @classmethod
+    def _from_body(cls, body: Any, key: str) -> Snapshot:
+        if not isinstance(body, dict) or body["format"] != FORMAT or body["key"] != key:
+            raise ValueError("not this entry's")
+        files = []
+        for row in body["files"]:
+            path, mode, size, dev, ino, mtime_ns, ctime_ns = row
+            # json gives exact types: `type() is` keeps bools and floats out, and is fast.
+            if (type(path) is not str or type(mode) is not int or type(size) is not int or type(dev) is not int
+                    or type(ino) is not int or type(mtime_ns) is not int or type(ctime_ns) is not int):
+                raise ValueError("bad row")
+            files.append(FileStat(path, mode, size, dev, ino, mtime_ns, ctime_ns))
+        dirs = body["dirs"]
+        name = body["name"]
+        legacy = body.get("legacy")
+        if not isinstance(name, str) or not all(isinstance(d, str) for d in dirs):
+            raise ValueError("bad names")
+        if legacy is not None and not isinstance(legacy, dict):
+            raise ValueError("bad legacy")
+        return cls(key, name, tuple(files), tuple(dirs), legacy)
+
+
+def _seal(key: str, raw: bytes) -> str:
+    return hashlib.sha256(MAGIC + b"\0" + key.encode("utf-8") + b"\0" + raw).hexdigest()
+
+
+def sealed_mode(executable: bool) -> int:
+    return stat.S_IFREG | (0o555 if executable else 0o444)
+
+
+def record(payload: str | os.PathLike[str], *, key: str, name: str, legacy: dict[str, Any] | None = None) -> Snapshot:
+    """The snapshot of a sealed tree, taken once it is read-only and will not change again."""
+    files: list[FileStat] = []
+    dirs: list[str] = []
+    for rel, st in _walk(os.fspath(payload)):
+        if stat.S_ISDIR(st.st_mode):
+            dirs.append(rel)
+        else:
+            files.append(FileStat.of(rel, st))
+    return Snapshot(key, name, tuple(files), tuple(dirs), legacy)
+
+
+def _walk(top: str, rel: str = "") -> Iterable[tuple[str, os.stat_result]]:
+    """Every entry under `top`, links not followed, parents before children."""
+    with os.scandir(top) as it:
+        entries = list(it)
+    for entry in entries:
+        path = f"{rel}/{entry.name}" if rel else entry.name
+        st = entry.stat(follow_symlinks=False)
+        yield path, st
+        if stat.S_ISDIR(st.st_mode):
+            yield from _walk(entry.path, path)
+
+
+def parent_dirs(paths: Iterable[str]) -> set[str]:
+    out: set[str] = set()
+    for path in paths:
+        folder = posixpath.dirname(path)
+        while folder and folder not in out:
+            out.add(folder)
+            folder = posixpath.dirname(folder)
+    return out
+
+
+def always_hashed(payload: str | os.PathLike[str], manifest: Manifest) -> frozenset[str]:
+    """The files re-hashed on every open: what runs, and what says what runs."""
+    paths = manifest.by_path
+    out = {manifest.flow}
+    out.update(f.path for f in manifest.files if f.executable)
+    out.update(t.entry for t in manifest.tools.values())
+    for plugin in manifest.plugins:
+        out.add(plugin.manifest)
+        named = _command_files(os.path.join(os.fspath(payload), plugin.manifest), plugin.dir, paths)
+        if named is None:  # a manifest we cannot read for its command: its whole folder is code
+            prefix = f"{plugin.dir}/" if plugin.dir else ""
+            named = {p for p in paths if p.startswith(prefix)}
+        out.update(named)
+    return frozenset(p for p in out if p in paths)
+
+
+def _command_files(manifest_path: str, folder: str, paths: dict[str, Any]) -> set[str] | None:
+    """The files inside `folder` that a plugin manifest's `command` names (its program and
+    the script an interpreter is given); None when the manifest cannot be read for them."""
+    try:
+        fd = os.open(manifest_path, _READ_FLAGS)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            data = json.loads(fh.read(MAX_SNAPSHOT_BYTES))
+    except (OSError, ValueError, RecursionError):
+        return None
+    command = data.get("command") if isinstance(data, dict) else None
+    if isinstance(command, str):
+        command = [command]
+    if not isinstance(command, list):
+        return None
+    out: set[str] = set()
+    for arg in command:
+        if isinstance(arg, str) and arg and not arg.startswith("/"):
+            candidate = posixpath.normpath(posixpath.join(folder, arg)) if folder else posixpath.normpath(arg)
+            if candidate in paths:
+                out.add(candidate)
+    return out
+
+
+@dataclass
+class Proof:
+    """The outcome of re-proving a cached tree: `problem` is None when it is what was sealed;
+    `fresh` is the snapshot to keep when files matched but their stat had moved on."""
+
+    problem: str | None
+    fresh: Snapshot | None = None
+
+
+def consistent(snapshot: Snapshot, manifest: Manifest, *, exact_dirs: bool) -> str | None:
+    """Why `snapshot` cannot describe a tree of `manifest`, or None."""
+    listed = manifest.by_path
+    if len(snapshot.files) != len(listed):
+        return "the snapshot does not list this bundle's files"
+    for f in snapshot.files:
+        item = listed.get(f.path)
+        if item is None or f.size != item.size or f.mode != sealed_mode(item.executable):
+            return f"the snapshot does not match the manifest at {f.path!r}"
+    implied = parent_dirs(listed)
+    dirs = set(snapshot.dirs)
+    if not implied <= dirs or (exact_dirs and dirs != implied):
+        return "the snapshot does not list this bundle's folders"
+    return None
+
+
+def prove(
+    payload: str | os.PathLike[str],
+    snapshot: Snapshot,
+    manifest: Manifest,
+    *,
+    exact_dirs: bool = True,
+    deep: bool = False,
+) -> Proof:
+    """Re-prove the tree at `payload` against `manifest`, trusting `snapshot` only for stat.
+
+    Every sealed program and manifest is re-hashed (and with `deep`, every file); any other
+    file whose stat differs from the snapshot is re-hashed; anything missing, extra, of
+    another type or mode, or of other bytes is the problem reported.
+    """
+    problem = consistent(snapshot, manifest, exact_dirs=exact_dirs)
+    if problem is not None:
+        return Proof(problem)
+    top = os.fspath(payload)
+    try:
+        st = os.lstat(top)
+    except FileNotFoundError:
+        return Proof("the payload folder is missing")
+    if st.st_mode != SEALED_DIR_MODE or st.st_uid != os.geteuid():
+        return Proof("the payload folder is not read-only and ours")
+    listed = manifest.by_path
+    recorded = {f.path: f for f in snapshot.files}
+    dirs = set(snapshot.dirs)
+    hashed = frozenset(listed) if deep else always_hashed(top, manifest)
+    uid = os.geteuid()
+    seen_files: list[FileStat] = []
+    seen_dirs = 0
+    moved = False
+    try:
+        for rel, st in _walk(top):
+            if stat.S_ISDIR(st.st_mode):
+                if rel not in dirs:
+                    return Proof(f"{rel!r} is a folder the bundle does not have")
+                if st.st_mode != SEALED_DIR_MODE or st.st_uid != uid:
+                    return Proof(f"folder {rel!r} is no longer read-only")
+                seen_dirs += 1
+                continue
+            item = listed.get(rel)
+            if item is None:
+                return Proof(f"{rel!r} is not in the manifest")
+            if not stat.S_ISREG(st.st_mode):
+                return Proof(f"{rel!r} is not a regular file")
+            if st.st_mode != sealed_mode(item.executable):
+                return Proof(f"{rel!r} changed mode")
+            now = FileStat.of(rel, st)
+            if now != recorded[rel] or rel in hashed:
+                if not _same_bytes(os.path.join(top, rel), item.size, item.sha256):
+                    return Proof(f"{rel!r} changed content")
+                moved = moved or now != recorded[rel]
+            seen_files.append(now)
+    except FileNotFoundError:
+        return Proof("a file vanished while it was being checked")
+    if len(seen_files) != len(listed):
+        missing = sorted(set(listed) - {f.path for f in seen_files})
+        return Proof(f"{missing[0]!r} is missing")
+    if seen_dirs != len(dirs):
+        return Proof("a folder of the bundle is missing")
+    fresh = Snapshot(snapshot.key, snapshot.name, tuple(seen_files), snapshot.dirs, snapshot.legacy) if moved else None
+    return Proof(None, fresh)
+
+
+def _same_bytes(path: str, size: int, sha256: str) -> bool:
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError:
+        return False
+    digest = hashlib.sha256()
+    total = 0
+    with os.fdopen(fd, "rb", buffering=0) as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        while chunk := fh.read(_HASH_CHUNK):
+            digest.update(chunk)
+            total += len(chunk)
+            if total > size:
+                return False
+    return total == size and digest.hexdigest() == sha256

@@ -1,0 +1,141 @@
+"""Whether a path on the command line is a bundle or a flow: decided one way, for every command.
+
+A bundle runs only once its seal is proved; a flow runs as written, with this machine's API
+keys. So the choice is never a guess from the bytes alone: a path whose name ends in
+`.heddle`, or one given with an option that only a bundle takes, must be a bundle or it is
+refused (exit 7); a flow is read only from a `.json`, `.yaml` or `.yml` path, or from any path
+given with `--flow`. A file that starts like a bundle is opened as one whatever its name: that
+only ever adds the proof.
+
+The path is looked at through `safeparse.open_regular`, so a FIFO or a device is refused from
+its stat and never blocks the command.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from heddle.errors import UsageError
+
+BUNDLE_SUFFIX = ".heddle"
+FLOW_SUFFIXES = (".json", ".yaml", ".yml")
+BUNDLE_OPTIONS = "--trust, --allow-unsigned and --data-dir"
+_BOTH_WAYS = "run a flow from a .json, .yaml or .yml file, or pass --flow PATH to read any file as a flow"
+
+
+@dataclass(frozen=True)
+class Target:
+    path: Path
+    is_bundle: bool
+
+
+def _starts_like_bundle(path: Path) -> bool:
+    """True when the regular file at `path` starts with a bundle's magic number (zstd, or
+    gzip for format 1). OSErrors, `NotRegularFileError` among them, pass through."""
+    from heddle.bundle.frame import GZIP_MAGIC, ZSTD_MAGIC
+    from heddle.safeparse import open_regular
+
+    fd = open_regular(path)
+    try:
+        head = os.read(fd, len(ZSTD_MAGIC))
+    finally:
+        os.close(fd)
+    return head == ZSTD_MAGIC or head[: len(GZIP_MAGIC)] == GZIP_MAGIC
+
+
+def _one_of(positional: Path | None, flow: Path | None, what: str) -> Path | None:
+    """The path given, or None when it was given with --flow; refuses none and both."""
+    if positional is not None and flow is not None:
+        raise UsageError(f"give the {what} either as the argument or with --flow PATH, not both "
+                         f"({positional} and --flow {flow})")
+    if positional is None and flow is None:
+        raise UsageError(f"missing the {what}: give a .heddle bundle or a flow document (.json, .yaml, .yml), "
+                         "or --flow PATH")
+    return positional
+
+
+def _kind(path: Path) -> str | None:
+    """What is at `path` if it is not a regular file ("a directory", "a FIFO", ...), else None."""
+    from heddle.safeparse import file_kind
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else file_kind(mode)
+
+
+def resolve_target(positional: Path | None, flow: Path | None, *, bundle_options: Sequence[str] = ()) -> Target:
+    """What `heddle run` / `heddle validate` are given: a bundle, or a flow document.
+
+    `bundle_options` names the options given that only a bundle takes.
+    """
+    from heddle.bundle.errors import MalformedBundleError
+    from heddle.safeparse import NotRegularFileError
+
+    path = _one_of(positional, flow, "flow or bundle")
+    if path is None:
+        assert flow is not None
+        if bundle_options:
+            raise UsageError(f"{', '.join(bundle_options)} apply to bundles; --flow {flow} reads a flow document: "
+                             "leave them out, or give the bundle's path instead of --flow")
+        return Target(flow, False)
+    suffix = path.suffix.lower()
+    must_be_bundle = suffix == BUNDLE_SUFFIX or bool(bundle_options)
+    try:
+        if _starts_like_bundle(path):
+            return Target(path, True)
+    except NotRegularFileError as exc:
+        if must_be_bundle:
+            raise MalformedBundleError(f"{path}: not a heddle bundle (it is {exc.kind})") from None
+        if suffix in FLOW_SUFFIXES:
+            return Target(path, False)  # load_flow names what it is
+        raise UsageError(f"{path}: is {exc.kind}, not a bundle or a flow document") from None
+    except FileNotFoundError:
+        if must_be_bundle or suffix not in FLOW_SUFFIXES:
+            raise UsageError(f"{path}: no such file; give the path of a .heddle bundle or a flow document") from None
+        return Target(path, False)  # load_flow says so, as it always has
+    except OSError as exc:
+        if must_be_bundle or suffix not in FLOW_SUFFIXES:
+            raise UsageError(f"{path}: cannot be read: {exc.strerror}") from None
+        return Target(path, False)
+    if must_be_bundle:
+        if bundle_options:
+            why = f"{BUNDLE_OPTIONS} apply to bundles only: leave them out to run a flow document"
+        else:
+            why = (f"a path ending in {BUNDLE_SUFFIX} must be one: to run a flow document, name it .json, .yaml "
+                   "or .yml, or pass --flow PATH")
+        raise MalformedBundleError(f"{path}: not a heddle bundle (it does not start with a bundle's magic "
+                                   f"number; {why})")
+    if suffix in FLOW_SUFFIXES:
+        return Target(path, False)
+    raise UsageError(f"{path}: is not a heddle bundle, and its name does not make it a flow document; {_BOTH_WAYS}")
+
+
+def resolve_flow(positional: Path | None, flow: Path | None) -> Path:
+    """The flow `heddle bundle` seals: a flow document by the same rule, never a bundle."""
+    from heddle.safeparse import NotRegularFileError
+
+    path = _one_of(positional, flow, "flow")
+    if path is None:
+        assert flow is not None
+        return flow
+    suffix = path.suffix.lower()
+    try:
+        bundle = _starts_like_bundle(path)
+    except (NotRegularFileError, OSError):
+        bundle = False  # load_flow names what is wrong with the path
+    if bundle or suffix == BUNDLE_SUFFIX:
+        raise UsageError(f"{path}: is {'a heddle bundle' if bundle else 'named like a heddle bundle'}; "
+                         "heddle bundle seals a flow document (.json, .yaml, .yml, or any file with --flow PATH)")
+    if suffix in FLOW_SUFFIXES:
+        return path
+    kind = _kind(path)
+    if kind is not None:
+        raise UsageError(f"{path}: is {kind}, not a flow document")
+    raise UsageError(f"{path}: its name does not make it a flow document; name it .json, .yaml or .yml, "
+                     "or pass --flow PATH to read it as one")

@@ -1,0 +1,306 @@
+"""Reading JSON and YAML that heddle did not write, within caps: nesting depth, size, and
+(for YAML) the size of the tree once its aliases are expanded.
+
+Python's json and yaml recurse once per nesting level, so a document of a few kilobytes
+that only opens brackets ends in a RecursionError wherever it is read; a YAML alias makes a
+few lines stand for a tree of billions of nodes. Every document heddle reads from a bundle,
+a flow file or a request comes through here, so each is refused by a cap, before any
+recursion, with an error its caller turns into its own outcome (a malformed bundle, an
+invalid flow, a 400).
+
+The same goes for the file a document is read from: a FIFO, a directory or a device is
+refused from its stat, never opened in a way that can block or read forever.
+
+This module stands below the engine and the bundle format: it imports neither.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import re
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import accumulate
+from pathlib import Path
+from typing import Any
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+@dataclass(frozen=True)
+class ParseLimits:
+    """The caps, with their defaults. Bundle manifests and signatures also have byte caps of
+    their own (heddle.bundle.limits), checked before they get here; request bodies have the
+    server's body cap (heddle.server.config)."""
+
+    # Arrays and objects (YAML sequences and mappings) inside one another. Real flows nest
+    # about twenty deep; the parsers' own recursion gives out near a thousand.
+    max_depth: int = 64
+    # A flow document read from a file.
+    max_bytes: int = 16 * MiB
+    # Values once every YAML alias (or a flow's every `$component_ref`) is expanded: fewer
+    # than a document of `max_bytes` could spell out, so aliases buy an attacker nothing.
+    max_nodes: int = 1_000_000
+    # Depth of a flow once its `$component_ref`s are replaced by what they name: each
+    # reference inlines a component, so a chain of them nests deeper than the text does.
+    max_resolved_depth: int = 256
+
+
+DEFAULT_PARSE_LIMITS = ParseLimits()
+
+
+class ParseLimitError(ValueError):
+    """The document is over a cap. The message has no subject: callers put the file or field
+    in front of it."""
+
+
+class NotRegularFileError(OSError):
+    """The path is there but is a directory, FIFO, socket or device, not a regular file."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(errno.EINVAL, f"is {kind}, not a regular file")
+        self.kind = kind
+
+
+# ------------------------------------------------------------------ files
+
+
+def file_kind(mode: int) -> str:
+    """What a stat mode is, as a phrase for an error message."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def open_regular(path: str | Path) -> int:
+    """A read-only descriptor on the regular file at `path` (links followed), or
+    `NotRegularFileError`. Other OSErrors (no such file, permission) pass through."""
+    st = os.stat(path)
+    # Decided from the stat, before any open: opening a FIFO blocks until a writer comes, and
+    # opening some devices has effects of its own.
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFileError(file_kind(st.st_mode))
+    # O_NONBLOCK in case the path was swapped for a FIFO since the stat; fstat then says so.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFileError(file_kind(mode))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: str | Path, *, max_bytes: int = DEFAULT_PARSE_LIMITS.max_bytes) -> bytes:
+    """The bytes of the regular file at `path`, or `ParseLimitError` past `max_bytes`."""
+    fd = open_regular(path)
+    try:
+        chunks: list[bytes] = []
+        size = 0
+        while size <= max_bytes:
+            chunk = os.read(fd, min(1 * MiB, max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > max_bytes:
+        raise ParseLimitError(f"is over {max_bytes} bytes, the cap for a document")
+    return b"".join(chunks)
+
+
+# ------------------------------------------------------------------ JSON
+
+_JSON_MARK = re.compile(r'["\[\]{}]')
+# The rest of a string after its opening quote. Unambiguous, so a failed match costs one pass.
+_JSON_STRING_REST = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# A whole string, or an unterminated one to the end of the text: it always matches, so no
+# attempt fails and has to be retried from a later quote.
+_JSON_STRING_ANY = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
+_JSON_NOT_BRACKET = re.compile(r'[^\[\]{}]+')
+_JSON_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _where(text: str, pos: int) -> str:
+    line = text.count("\n", 0, pos) + 1
+    return f"line {line}, column {pos - text.rfind(chr(10), 0, pos)}"
+
+
+def _deepest(text: str) -> int:
+    """An upper bound on how deep `text` nests, at the speed of the regex engine: strings are
+    cut out (an unterminated one runs to the end), and the brackets left are summed."""
+    brackets = _JSON_NOT_BRACKET.sub("", _JSON_STRING_ANY.sub("", text))
+    return max(accumulate(map(_JSON_STEP.__getitem__, brackets)), default=0)
+
+
+def check_json_depth(text: str, max_depth: int = DEFAULT_PARSE_LIMITS.max_depth) -> None:
+    """Refuse `text` if its arrays and objects nest deeper than `max_depth`.
+
+    A text is refused only if json, reading it, would go past `max_depth` before it found an
+    error: the exact walk below reads it as json does and stops where json would stop. It
+    runs only when the fast bound says the text may be too deep.
+    """
+    if text.count("[") + text.count("{") <= max_depth or _deepest(text) <= max_depth:
+        return
+    depth = 0
+    pos = 0
+    search, rest = _JSON_MARK.search, _JSON_STRING_REST.match
+    while (mark := search(text, pos)) is not None:
+        at = mark.start()
+        char = text[at]
+        if char == '"':
+            end = rest(text, at + 1)
+            if end is None:
+                return  # an unterminated string: json stops here
+            pos = end.end()
+            continue
+        if char in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise ParseLimitError(f"nests deeper than {max_depth} levels of arrays and objects "
+                                      f"(at {_where(text, at)})")
+        else:
+            depth -= 1
+            if depth < 0:
+                return  # a closing bracket with nothing open: json stops here
+        pos = at + 1
+
+
+def _text(data: bytes | str) -> str:
+    return data.decode("utf-8") if isinstance(data, bytes) else data
+
+
+def loads_json(data: bytes | str, *, max_depth: int = DEFAULT_PARSE_LIMITS.max_depth, **options: Any) -> Any:
+    """`json.loads` after the depth check; `options` go to json.loads."""
+    import json
+
+    text = _text(data)
+    check_json_depth(text, max_depth)
+    return json.loads(text, **options)
+
+
+def loads_strict_json(data: bytes | str, *, max_depth: int = DEFAULT_PARSE_LIMITS.max_depth) -> Any:
+    """`canonical.loads_strict` (no duplicate keys, no NaN) after the depth check."""
+    from heddle.canonical import loads_strict
+
+    text = _text(data)
+    check_json_depth(text, max_depth)
+    return loads_strict(text)
+
+
+# ------------------------------------------------------------------ YAML
+
+
+def _children(node: Any) -> list[Any]:
+    import yaml
+
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def _check_expanded(root: Any, limits: ParseLimits) -> None:
+    """Refuse a composed YAML tree whose aliases expand past the caps or into a cycle.
+
+    Iterative and memoised by node, so a document of a few lines that stands for billions
+    of nodes costs as many steps as it has lines.
+    """
+    import yaml
+
+    sizes: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded nodes, height)
+    open_: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            kids = [sizes[id(c)] for c in _children(node)]
+            count = 1 + sum(k[0] for k in kids)
+            height = 1 + max((k[1] for k in kids), default=0) if not isinstance(node, yaml.ScalarNode) else 0
+            open_.discard(key)
+            mark = node.start_mark
+            if count > limits.max_nodes:
+                raise ParseLimitError(f"stands for more than {limits.max_nodes} values once its aliases "
+                                      f"are expanded (line {mark.line + 1}); write the values out")
+            if height > limits.max_depth:
+                raise ParseLimitError(f"nests deeper than {limits.max_depth} levels once its aliases are "
+                                      f"expanded (line {mark.line + 1})")
+            sizes[key] = (count, height)
+            continue
+        if key in sizes:
+            continue
+        if key in open_:
+            mark = node.start_mark
+            raise ParseLimitError(f"line {mark.line + 1}: a YAML alias refers to a node that holds it")
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node) if id(child) not in sizes)
+
+
+@functools.lru_cache(maxsize=8)
+def _loader(limits: ParseLimits, aliases: bool) -> Callable[[str], Any]:
+    import yaml
+
+    class CappedLoader(yaml.SafeLoader):
+        depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                if not aliases:
+                    mark = self.peek_event().start_mark
+                    raise ParseLimitError(f"line {mark.line + 1}: YAML aliases (*name) are not accepted here; "
+                                          "write the value out")
+                return super().compose_node(parent, index)
+            if not self.check_event(yaml.SequenceStartEvent, yaml.MappingStartEvent):
+                return super().compose_node(parent, index)
+            self.depth += 1
+            try:
+                if self.depth > limits.max_depth:
+                    mark = self.peek_event().start_mark
+                    raise ParseLimitError(f"nests deeper than {limits.max_depth} levels of sequences and "
+                                          f"mappings (at line {mark.line + 1}, column {mark.column + 1})")
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+        def get_single_node(self) -> Any:
+            node = super().get_single_node()
+            if node is not None:
+                _check_expanded(node, limits)
+            return node
+
+    def load(text: str) -> Any:
+        loader = CappedLoader(text)
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
+
+    return load
+
+
+def load_yaml(text: str, *, limits: ParseLimits = DEFAULT_PARSE_LIMITS, aliases: bool = True) -> Any:
+    """`yaml.safe_load` within the caps; `aliases=False` refuses every alias.
+
+    Raises `ParseLimitError` over a cap and `yaml.YAMLError` for text that is not YAML.
+    """
+    if len(text) > limits.max_bytes:
+        raise ParseLimitError(f"is over {limits.max_bytes} characters, the cap for a document")
+    return _loader(limits, aliases)(text)

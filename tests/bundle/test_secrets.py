@@ -1,0 +1,163 @@
+"""Secrets are never sealed silently: files that look like secrets are refused unless
+`--include-secret` names them, a model key written in the flow is refused, and `heddle doctor`
+lists the variables the flow reads instead."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from heddle.bundle.collect import secret_by_name
+from heddle.bundle.errors import PackError
+from heddle.bundle.flowenv import env_reads, literal_keys
+from tests.support.cli import error_line, heddle
+from tests.support.flows import FlowDoc, llm_config
+
+from .conftest import KeyPair, agent_plan, write_agent
+
+PEM = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----\n"
+
+
+@pytest.mark.parametrize("path, secret", [
+    ("id_rsa", True), ("keys/id_ed25519", True), ("id_ecdsa", True), ("id_dsa", True), ("tls/server.pem", True),
+    ("a.key", True), ("cert.P12", True), ("x.pfx", True), (".ssh/known_hosts", True), ("home/.aws/config", True),
+    (".gnupg/pubring.kbx", True), (".netrc", True), (".npmrc", True), (".pypirc", True), (".git-credentials", True),
+    (".docker/config.json", True), (".kube/config", True), (".env", True), ("app/.env.local", True), (".envrc", True),
+    ("id_rsa.pub", False), ("config.json", False), ("env.txt", False), ("notes/.environment", False),
+    ("kube/config", False), ("keys.md", False), ("ssh/notes.txt", False),
+])
+def test_names_that_look_like_secrets(path: str, secret: bool) -> None:
+    assert (secret_by_name(PurePosixPath(path).parts) is not None) is secret
+
+
+def _secret_mount(root: Path) -> Path:
+    mount = root / "notes"
+    mount.mkdir(parents=True)
+    (mount / "readme.md").write_text("# notes\n")
+    (mount / ".env").write_text("TOKEN=abc\n")
+    (mount / "id_ed25519").write_text("not really\n")
+    # A key under an innocent name, after a byte-order mark and blank lines.
+    (mount / "notes.txt").write_bytes(b"\xef\xbb\xbf\n  \n" + PEM.encode())
+    (mount / "pubkey.txt").write_text("-----BEGIN PUBLIC KEY-----\nMCow\n-----END PUBLIC KEY-----\n")
+    return mount
+
+
+def test_secret_files_are_refused_by_name_and_content_and_nothing_is_written(sandbox: Path, keypair: KeyPair) -> None:
+    from tests.bundle.test_run_bundle import project
+
+    src = sandbox / "src"
+    src.mkdir()
+    flow, tools = project(src)
+    mount = _secret_mount(src / "secret")
+    out = sandbox / "out"
+    out.mkdir()
+    args = ["bundle", flow, "-t", tools, "--mount", src / "notes", "--mount", f"{src / 'data'}:data:rw",
+            "--mount", f"{mount}:more", "--sign-key", keypair.key_path, "-o", out / "app.heddle"]
+    proc = heddle(*args)
+    assert proc.returncode == 2, proc.stderr
+    line = error_line(proc)
+    for name in (".env", "id_ed25519", "notes.txt"):
+        assert f"{mount / name} (as mounts/more/{name}:" in line
+    assert "readme.md" not in line and "pubkey.txt" not in line
+    assert "--include-secret PATH" in line and "3 files look like secrets" in line
+    assert os.listdir(out) == []
+
+    # Each one allowed by name, or all of them by their folder: sealed, and listed by inspect.
+    for allow in ([mount / ".env", mount / "id_ed25519", mount / "notes.txt"], [mount]):
+        flags = [a for path in allow for a in ("--include-secret", path)]
+        proc = heddle(*args, *flags)
+        assert proc.returncode == 0, proc.stderr
+        listing = heddle("inspect", out / "app.heddle").stdout
+        assert all(f"mounts/more/{name}" in listing for name in (".env", "id_ed25519", "notes.txt"))
+
+    # Allowing one but not the others still names the others; an allowance that matches no
+    # secret is refused rather than ignored.
+    proc = heddle(*args, "--include-secret", mount / ".env")
+    assert proc.returncode == 2 and "2 files look like secrets" in error_line(proc)
+    assert f"{mount / '.env'} (as" not in error_line(proc)
+    proc = heddle(*args, "--include-secret", mount, "--include-secret", src / "notes" / "readme.md")
+    assert proc.returncode == 2
+    assert f"--include-secret {src / 'notes' / 'readme.md'}: no file sealed from there looks like a secret" \
+        in error_line(proc)
+
+
+def test_secrets_in_the_tools_folder_and_plugin_folders_are_refused_too(sandbox: Path) -> None:
+    paths = write_agent(sandbox / "agent")
+    (paths["tools"] / ".aws").mkdir()
+    (paths["tools"] / ".aws" / "credentials").write_text("[default]\n")
+    plugin = sandbox / "agent" / "plug"
+    plugin.mkdir()
+    (plugin / "plugin.json").write_text('{"name": "greeter"}')
+    (plugin / "deploy").write_text(PEM)
+    with pytest.raises(PackError) as caught:
+        agent_plan(paths, plugins=[plugin / "plugin.json"])
+    message = caught.value.message
+    assert f"{paths['tools'] / '.aws' / 'credentials'} (as tools/.aws/credentials: inside .aws/)" in message
+    assert f"{plugin / 'deploy'} (as plugins/greeter/deploy: a private key by its content)" in message
+    plan = agent_plan(paths, plugins=[plugin / "plugin.json"], include_secrets=[paths["tools"] / ".aws", plugin / "deploy"])
+    assert {"tools/.aws/credentials", "plugins/greeter/deploy"} <= {f.path for f in plan.files}
+
+
+def _llm_flow(path: Path, config: dict, **extra_refs: dict) -> Path:
+    f = FlowDoc("asks")
+    s = f.start(["question"])
+    n = f.llm("answer", config, "{{question}}", inputs=["question"])
+    e = f.end(["generated_text"])
+    f.control(s, n)
+    f.control(n, e)
+    f.data(s, "question", n, "question")
+    f.data(n, "generated_text", e, "generated_text")
+    f.extra_refs.update(extra_refs)
+    return f.write(path)
+
+
+def test_a_literal_api_key_is_refused_at_seal(sandbox: Path) -> None:
+    flow = _llm_flow(sandbox / "flow.yaml", llm_config("http://127.0.0.1:9/v1", name="gpt", api_key="sk-live-123"))
+    out = sandbox / "app.heddle"
+    proc = heddle("bundle", flow, "-o", out)
+    assert proc.returncode == 2, proc.stderr
+    line = error_line(proc)
+    assert f"flow {flow}: llm_config 'gpt' (id 'llm-" in line
+    assert "at $.$referenced_components.answer-" in line and ".llm_config has a literal api_key" in line
+    assert 'write api_key: "$VAR"' in line
+    assert "sk-live-123" not in proc.stdout + proc.stderr
+    assert not out.exists()
+    # With the key in the environment instead, it seals.
+    _llm_flow(flow, llm_config("http://127.0.0.1:9/v1", name="gpt", api_key="$MODEL_KEY"))
+    assert heddle("bundle", flow, "-o", out).returncode == 0
+
+
+def test_literal_keys_are_found_wherever_the_document_holds_them() -> None:
+    unused = {"component_type": "OllamaConfig", "id": "spare", "name": "spare", "model_id": "m",
+              "url": "http://x", "api_key": "abc"}
+    document = {"component_type": "Flow", "nodes": [{"component_type": "AgentNode", "agent": {
+        "llm_config": {"component_type": "OpenAiConfig", "name": "main", "model_id": "m", "api_key": "${KEY}"}}}],
+        "$referenced_components": {"spare": unused, "other": {**unused, "name": "b", "id": "b", "api_key": "$not a ref"}}}
+    assert literal_keys(document) == [
+        "llm_config 'spare' at $.$referenced_components.spare has a literal api_key",
+        "llm_config 'b' at $.$referenced_components.other has a literal api_key",
+    ]
+    # The resolved document: only what is used, each variable once.
+    assert [(r.name, r.required) for r in env_reads(document)] == [("KEY", True)]
+    # A model with no key of its own sends OPENAI_API_KEY when it is set, and goes on without it.
+    del document["nodes"][0]["agent"]["llm_config"]["api_key"]
+    [read] = env_reads(document)
+    assert (read.name, read.required) == ("OPENAI_API_KEY", False)
+
+
+def test_doctor_lists_the_variables_the_flow_reads(sandbox: Path) -> None:
+    flow = _llm_flow(sandbox / "flow.json", llm_config("http://127.0.0.1:9/v1", name="gpt", api_key="$HEDDLE_TEST_MODEL_KEY"))
+    bundle = sandbox / "app.heddle"
+    assert heddle("bundle", flow, "-o", bundle).returncode == 0
+
+    proc = heddle("doctor", bundle, env={"HEDDLE_TEST_MODEL_KEY": ""})
+    assert proc.returncode == 9, proc.stdout + proc.stderr
+    assert "MISSING env  HEDDLE_TEST_MODEL_KEY: not set; the flow reads it (api_key of llm_config 'gpt'" in proc.stdout
+    assert "1 of 1 requirements missing: env HEDDLE_TEST_MODEL_KEY" in error_line(proc)
+
+    proc = heddle("doctor", bundle, env={"HEDDLE_TEST_MODEL_KEY": "very-secret-value"})
+    assert proc.returncode == 0, proc.stderr
+    assert "ok      env  HEDDLE_TEST_MODEL_KEY: set; the flow reads it" in proc.stdout
+    assert "very-secret-value" not in proc.stdout + proc.stderr
