@@ -34,7 +34,7 @@ MiB = 1024 * KiB
 @dataclass(frozen=True)
 class ParseLimits:
     """The caps, with their defaults. Bundle manifests and signatures also have byte caps of
-    their own (heddle.bundle.limits), checked before they get here; request bodies have the
+    their own (heddle.format.limits), checked before they get here; request bodies have the
     server's body cap (heddle.server.config)."""
 
     # Arrays and objects (YAML sequences and mappings) inside one another. Real flows nest

@@ -111,12 +111,12 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="build in this folder and keep it")
     args = parser.parse_args()
 
-    from heddle.bundle.archive import ZSTD_LEVEL
-    from heddle.bundle.cache import remove_tree
+    from heddle.format.archive import ZSTD_LEVEL
+    from heddle.format.cache import remove_tree
     from heddle.bundle.collect import PlanFile, collect_tree
-    from heddle.bundle.keys import generate, load_public_key, load_signing_key
-    from heddle.bundle.seal import PackPlan, pack
-    from heddle.bundle.verify import open_bundle
+    from heddle.format.keys import generate, load_public_key, load_signing_key
+    from heddle.format.pack import PackPlan, pack
+    from heddle.format.verify import open_bundle
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="heddle-bench-"))
     work.mkdir(parents=True, exist_ok=True)

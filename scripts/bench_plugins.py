@@ -70,9 +70,9 @@ def chain(tmp: Path) -> tuple[Path, Path]:
 
 async def round_trips(manifest: Path, tools: Path, runs: int) -> tuple[float, float]:
     """Median seconds of one `before` round-trip to a live plugin, and of one tool subprocess call."""
-    from heddle.plugins import load_manifest
-    from heddle.plugins.launch import plan_launch
-    from heddle.plugins.process import PluginProcess
+    from heddle.plugin_host import load_manifest
+    from heddle.plugin_host.launch import plan_launch
+    from heddle.plugin_host.process import PluginProcess
     from heddle.tools.process import run_tool_process
     from heddle.workspace.sandbox import SandboxPolicy
 

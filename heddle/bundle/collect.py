@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from heddle.bundle.errors import PackError
+from heddle.format.errors import PackError
+from heddle.format.pack import PlanFile
 
 INCLUDE_SECRET = "--include-secret"
 LEFT_OUT = ".git"
@@ -31,15 +32,6 @@ _SECRET_DIRS = frozenset({".ssh", ".aws", ".gnupg"})
 _PRIVATE_KEY = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|PuTTY-User-Key-File-")
 _SNIFF_BYTES = 512
 _BOM = b"\xef\xbb\xbf"
-
-
-@dataclass(frozen=True)
-class PlanFile:
-    """One file to seal: where it goes under `payload/`, where it comes from, its mode."""
-
-    path: str
-    source: Path
-    mode: int = 0o644
 
 
 @dataclass

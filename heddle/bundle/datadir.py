@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from heddle.bundle.verify import OpenedBundle
+    from heddle.format.verify import OpenedBundle
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from heddle.bundle.manifest import Manifest
+from heddle.format.manifest import Manifest
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from heddle.bundle.errors import MalformedBundleError
+from heddle.format.errors import MalformedBundleError
 from heddle.errors import DocumentError
 
 
@@ -42,7 +42,7 @@ def sealed_flow(flow_path: Path, manifest: Any = None, *, fmt: str | None = None
     plugin_tools: frozenset[str] = frozenset()
     types = set(node_types)
     if manifest is not None and manifest.plugins:
-        from heddle.plugins.sealed import read_sealed
+        from heddle.plugin_host.carried import read_sealed
 
         # The flow sits at the payload root, beside the plugins/ folder (SPEC: payload layout).
         carried = read_sealed(flow_path.parent, manifest)

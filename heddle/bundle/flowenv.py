@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
 
-from heddle.bundle.errors import MalformedBundleError, PackError
+from heddle.format.errors import MalformedBundleError, PackError
 
 # The OpenAiConfig default when a config gives no api_key (heddle.model.client.resolve_api_key).
 OPENAI_DEFAULT = "OPENAI_API_KEY"
@@ -154,9 +154,9 @@ class _Collect:
 def sealed_flow_reads(bundle: Path) -> list[EnvRead]:
     """The variables the flow sealed in `bundle` reads. Nothing is trusted or unpacked: the
     flow's bytes are read from the archive and checked against the manifest's sha256."""
-    from heddle.bundle.archive import read_head
-    from heddle.bundle.limits import DEFAULT_LIMITS
-    from heddle.bundle.verify import open_file, sealed_manifest, walk_payload
+    from heddle.format.archive import read_head
+    from heddle.format.limits import DEFAULT_LIMITS
+    from heddle.format.verify import open_file, sealed_manifest, walk_payload
     from heddle.errors import DocumentError
     from heddle.spec.document import _parse_text, detect_format
 

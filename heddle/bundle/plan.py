@@ -14,10 +14,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Mapping, Protocol, Sequence
 
 from heddle.bundle.collect import LEFT_OUT, Collected, collect_tree, refuse_secrets
-from heddle.bundle.errors import PackError
+from heddle.format.errors import PackError
 from heddle.bundle.flowenv import refuse_literal_keys
-from heddle.bundle.limits import DEFAULT_LIMITS, Limits
-from heddle.bundle.manifest import (
+from heddle.format.limits import DEFAULT_LIMITS, Limits
+from heddle.format.manifest import (
     PAYLOAD,
     RESERVED_DEST,
     MountEntry,
@@ -26,9 +26,9 @@ from heddle.bundle.manifest import (
     Requires,
     ToolEntry,
 )
-from heddle.bundle.seal import PackPlan
-from heddle.bundle.paths import PathSet, path_problem
-from heddle.bundle.tar import split_name
+from heddle.format.pack import PackPlan
+from heddle.format.paths import PathSet, path_problem
+from heddle.format.tar import split_name
 
 
 class MountLike(Protocol):

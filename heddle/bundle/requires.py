@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from heddle import canonical
-from heddle.bundle.errors import PackError
-from heddle.bundle.manifest import Requires
+from heddle.format.errors import PackError
+from heddle.format.manifest import Requires
 
 if TYPE_CHECKING:
     from heddle.bundle.flowenv import EnvRead

@@ -52,8 +52,8 @@ def open_runnable(
     """Verify `path` against the trusted keys and return what to run. Raises the bundle errors."""
     from heddle.bundle.datadir import seed_data_dir
     from heddle.bundle.fingerprints import fingerprints_of, sealed_flow
-    from heddle.bundle.trust import resolve_trust
-    from heddle.bundle.verify import open_bundle
+    from heddle.format.trust import resolve_trust
+    from heddle.format.verify import open_bundle
     from heddle.tools.registry import discover_tools
     from heddle.workspace.mounts import Mount
 

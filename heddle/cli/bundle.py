@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 if TYPE_CHECKING:
-    from heddle.bundle.manifest import Manifest
-    from heddle.bundle.seal import PackResult
+    from heddle.format.manifest import Manifest
+    from heddle.format.pack import PackResult
 
 _TRUST = typer.Option(
     [], "--trust", metavar="KEY.pub|KEYID",
@@ -64,7 +64,7 @@ def keygen(
     asked for on the terminal. Nothing is trusted by this: use `heddle trust add PATH.pub`
     where bundles are verified, or `--trust PATH.pub` for one command.
     """
-    from heddle.bundle.keys import generate, key_paths, passphrase_from_env_or_prompt
+    from heddle.format.keys import generate, key_paths, passphrase_from_env_or_prompt
 
     passphrase = None
     if not no_passphrase:
@@ -86,8 +86,8 @@ def sign(
     key: Path = typer.Option(..., "--key", metavar="KEY", help="Private key from `heddle keygen` (PATH.key)."),
 ) -> None:
     """Add a signature to a bundle. The manifest, and so the digest, stay exactly the same."""
-    from heddle.bundle.keys import load_signing_key
-    from heddle.bundle.seal import add_signature
+    from heddle.format.keys import load_signing_key
+    from heddle.format.pack import add_signature
 
     signing_key = load_signing_key(key)
     digest, signatures = add_signature(bundle, signing_key)
@@ -113,11 +113,11 @@ def verify(
     trusted key; 6 content does not match the manifest; 7 malformed or over a cap;
     8 made by a newer heddle; 2 usage.
     """
-    from heddle.bundle.errors import BundleError
+    from heddle.format.errors import BundleError
     from heddle.bundle.fingerprints import flow_tool_fingerprints
-    from heddle.bundle.progress import terminal_progress
-    from heddle.bundle.trust import resolve_trust
-    from heddle.bundle.verify import open_bundle
+    from heddle.cli.progress import terminal_progress
+    from heddle.format.trust import resolve_trust
+    from heddle.format.verify import open_bundle
 
     keys = resolve_trust(trust)
     try:
@@ -156,11 +156,11 @@ def verify(
 def _status(bundle: Path, seen: Any, trust: list[str], cache_dir: Path | None) -> str:
     """VERIFIED only when a trusted key signed this manifest and its payload in the cache proves
     to be what was sealed (the same re-open proof `heddle run` makes)."""
-    from heddle.bundle.cache import Cache
-    from heddle.bundle.errors import BundleError
-    from heddle.bundle.signing import decide_trust
-    from heddle.bundle.trust import resolve_trust
-    from heddle.bundle.verify import reprove
+    from heddle.format.cache import Cache
+    from heddle.format.errors import BundleError
+    from heddle.format.signing import decide_trust
+    from heddle.format.trust import resolve_trust
+    from heddle.format.verify import reprove
 
     if seen.legacy:
         return "UNVERIFIED (format-1 gzip bundle: carries no signature)"
@@ -188,7 +188,7 @@ def inspect(
 
     The listing is marked UNVERIFIED unless a trusted key signed it and its payload was verified.
     """
-    from heddle.bundle.verify import peek
+    from heddle.format.verify import peek
 
     seen = peek(bundle)
     status = _status(bundle, seen, trust, cache_dir)
@@ -241,7 +241,7 @@ def diff(
     Reads both manifests without verifying either; exits 0 whether or not they differ.
     """
     from heddle.bundle.diff import diff_manifests
-    from heddle.bundle.verify import read_unverified
+    from heddle.format.verify import read_unverified
 
     changes = diff_manifests(read_unverified(a)[0], read_unverified(b)[0])
     if json_out:
@@ -263,10 +263,10 @@ def doctor(
 
     Exits 0 when everything is there, 9 when something is missing.
     """
-    from heddle.bundle.errors import RequirementsUnmetError
+    from heddle.format.errors import RequirementsUnmetError
     from heddle.bundle.flowenv import sealed_flow_reads
     from heddle.bundle.requires import check_flow_env, check_requires
-    from heddle.bundle.verify import peek
+    from heddle.format.verify import peek
 
     seen = peek(bundle)
     checks = check_requires(seen.manifest.requires)
@@ -298,7 +298,7 @@ trust_app = typer.Typer(
 @trust_app.command("add")
 def trust_add(key: Path = typer.Argument(..., metavar="KEY.pub", help="A public key from `heddle keygen`.")) -> None:
     """Trust a public key for verifying bundles."""
-    from heddle.bundle.trust import TrustStore
+    from heddle.format.trust import TrustStore
 
     added, new = TrustStore().add(key)
     typer.echo(f"{'trusted' if new else 'already trusted'} {added.keyid} ({key})")
@@ -307,7 +307,7 @@ def trust_add(key: Path = typer.Argument(..., metavar="KEY.pub", help="A public 
 @trust_app.command("list")
 def trust_list() -> None:
     """List the trusted keys: key id and file."""
-    from heddle.bundle.trust import TrustStore
+    from heddle.format.trust import TrustStore
 
     store = TrustStore()
     keys = store.list()
@@ -320,7 +320,7 @@ def trust_list() -> None:
 @trust_app.command("remove")
 def trust_remove(keyid: str = typer.Argument(..., metavar="KEYID", help="The key id (or a unique prefix of 8+ digits).")) -> None:
     """Stop trusting a key."""
-    from heddle.bundle.trust import TrustStore
+    from heddle.format.trust import TrustStore
 
     removed = TrustStore().remove(keyid)
     typer.echo(f"removed {removed.keyid}")
@@ -379,7 +379,7 @@ def cache_ls(
     import time
     from datetime import UTC, datetime
 
-    from heddle.bundle.cache import Cache
+    from heddle.format.cache import Cache
 
     cache = Cache(cache_dir)
     entries = cache.entries()
@@ -418,7 +418,7 @@ def cache_prune(
     An entry removed while a run uses it breaks that run: prune when nothing runs, or keep
     --older-than above the longest run.
     """
-    from heddle.bundle.cache import Cache
+    from heddle.format.cache import Cache
     from heddle.errors import UsageError
 
     if all_ and older_than is not None:

@@ -31,7 +31,7 @@ def _node_types(plugins: list[Path]) -> frozenset[str]:
     """The node types the `--plugin` manifests add (read only: nothing starts, no settings needed)."""
     if not plugins:
         return frozenset()
-    from heddle.plugins.sealed import read_carried
+    from heddle.plugin_host.carried import read_carried
 
     return read_carried(plugins).node_types
 
@@ -45,7 +45,7 @@ def _load_plugins(plugins: list[Path], configs: list[str], timeout: float, max_n
 
             raise UsageError("--plugin-config sets a plugin component's settings; load the plugin with --plugin MANIFEST")
         return None
-    from heddle.plugins import PluginHost
+    from heddle.plugin_host import PluginHost
 
     return PluginHost.load(plugins, config_specs=configs, timeout=timeout, max_node_attempts=max_node_attempts,
                            require_settings=require_settings)
@@ -190,7 +190,7 @@ def run(
         tools = discover_tools(tools_dir)
         tools_root = tools_dir.absolute() if tools_dir else None
     if protocol not in (None, "heddle"):
-        from heddle.plugins.encoder import encoder_for
+        from heddle.plugin_host.encoder import encoder_for
 
         encoder_for(host, protocol)
 
@@ -207,7 +207,7 @@ def run(
     if host is None:
         state = asyncio.run(run_prepared(prepared, inputs, on_event=printer))
     else:
-        from heddle.plugins.runner import run_with_plugins
+        from heddle.plugin_host.runner import run_with_plugins
 
         def write(text: str) -> None:
             sys.stdout.write(text)

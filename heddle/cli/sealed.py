@@ -29,17 +29,17 @@ def seal(
     include_secrets: list[Path] | None = None,
 ) -> None:
     """Check everything, then write the bundle atomically and report it."""
-    from heddle.bundle.keys import load_signing_key
-    from heddle.bundle.manifest import Proposals
+    from heddle.format.keys import load_signing_key
+    from heddle.format.manifest import Proposals
     from heddle.bundle.plan import ToolSpec, make_plan
-    from heddle.bundle.progress import terminal_progress
+    from heddle.cli.progress import terminal_progress
     from heddle.bundle.requires import parse_requires
-    from heddle.bundle.seal import pack
+    from heddle.format.pack import pack
     from heddle.cli.bundle import print_pack_result
     from heddle.engine.options import parse_max_tool_rounds
     from heddle.bundle.fingerprints import fingerprints_of
     from heddle.graph import check_flow
-    from heddle.plugins.sealed import read_carried
+    from heddle.plugin_host.carried import read_carried
     from heddle.spec import load_flow
     from heddle.tools.registry import discover_tools
     from heddle.workspace.mounts import check_mounts, parse_mount
@@ -82,7 +82,7 @@ def seal(
 def load_sealed(target: Path, *, trust: list[Path], allow_unsigned: bool, data_dir: Path | None,
                 fmt: str | None, verbose: bool, seed_data: bool = True, node_types: Any = ()) -> Any:
     """Verify the bundle and return a `SealedRun`; say where rw mounts were seeded."""
-    from heddle.bundle.progress import terminal_progress
+    from heddle.cli.progress import terminal_progress
     from heddle.bundle.runnable import open_runnable
 
     sealed = open_runnable(target, trust=trust, allow_unsigned=allow_unsigned, data_dir=data_dir,

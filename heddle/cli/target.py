@@ -36,7 +36,7 @@ class Target:
 def _starts_like_bundle(path: Path) -> bool:
     """True when the regular file at `path` starts with a bundle's magic number (zstd, or
     gzip for format 1). OSErrors, `NotRegularFileError` among them, pass through."""
-    from heddle.bundle.frame import GZIP_MAGIC, ZSTD_MAGIC
+    from heddle.format.frame import GZIP_MAGIC, ZSTD_MAGIC
     from heddle.safeparse import open_regular
 
     fd = open_regular(path)
@@ -74,7 +74,7 @@ def resolve_target(positional: Path | None, flow: Path | None, *, bundle_options
 
     `bundle_options` names the options given that only a bundle takes.
     """
-    from heddle.bundle.errors import MalformedBundleError
+    from heddle.format.errors import MalformedBundleError
     from heddle.safeparse import NotRegularFileError
 
     path = _one_of(positional, flow, "flow or bundle")

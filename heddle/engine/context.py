@@ -29,7 +29,7 @@ class RunContext:
     emit: ev.EventSink
     iterations: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
-    plugins: Any = None  # a heddle.plugins PluginRun when plugins are loaded: the seams go through it
+    plugins: Any = None  # a heddle.plugin_host PluginRun when plugins are loaded: the seams go through it
 
     def count_iteration(self, node_name: str) -> None:
         self.iterations += 1

@@ -52,14 +52,14 @@ class PreparedRun:
     tools_dir: Path | None
     options: RunOptions
     endpoints: dict[int, Any]
-    plugins: Any = None  # a heddle.plugins.PluginHost, when plugins are loaded
+    plugins: Any = None  # a heddle.plugin_host.PluginHost, when plugins are loaded
 
 
 def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | None,
                 options: RunOptions, sandbox_flags: tuple[str, ...] = (), plugins: Any = None) -> PreparedRun:
     """Graph, tools, keys, mounts and sandbox: everything refused before any node runs.
 
-    `plugins` (a heddle.plugins.PluginHost) adds its node types, tools, files and middleware.
+    `plugins` (a heddle.plugin_host.PluginHost) adds its node types, tools, files and middleware.
     """
     from heddle.workspace.sandbox import check_policy
 

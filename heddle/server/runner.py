@@ -100,7 +100,7 @@ class RunResponse:
 
             run = run_prepared(job.prepared, job.inputs, on_event=sink)
         else:
-            from heddle.plugins.runner import run_with_plugins
+            from heddle.plugin_host.runner import run_with_plugins
 
             # The host serves every run of this server: it is closed when the server stops.
             run = run_with_plugins(job.prepared, job.inputs, host=job.host, on_event=sink, close=False,

@@ -16,7 +16,7 @@ def open_sealed(config: ServerConfig) -> Any:
     assert config.bundle is not None
     node_types: frozenset[str] = frozenset()
     if config.plugins:
-        from heddle.plugins.sealed import read_carried
+        from heddle.plugin_host.carried import read_carried
 
         # Plugins given beside the bundle may add node types its sealed flow uses.
         node_types = read_carried(config.plugins).node_types

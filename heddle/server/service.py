@@ -63,7 +63,7 @@ def load_plugins(config: ServerConfig, sealed: Any = None) -> Any:
     paths = [*(getattr(sealed, "plugins", ()) if sealed is not None else ()), *config.plugins]
     if not paths:
         return None
-    from heddle.plugins import PluginHost
+    from heddle.plugin_host import PluginHost
 
     return PluginHost.load(paths, config_specs=config.plugin_configs, timeout=config.plugin_timeout_ms / 1000,
                            max_node_attempts=config.max_node_attempts)

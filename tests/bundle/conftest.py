@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from heddle.bundle.keys import PublicKey, SigningKey, generate, load_public_key, load_signing_key
+from heddle.format.keys import PublicKey, SigningKey, generate, load_public_key, load_signing_key
 
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = REPO / "bundle-format" / "vectors"
@@ -22,7 +22,7 @@ CONFORMANCE = REPO.parent / "shared" / "conformance" / "cases"
 def vector_keys() -> dict[str, PublicKey]:
     from cryptography.hazmat.primitives import serialization
 
-    from heddle.bundle.keys import key_id
+    from heddle.format.keys import key_id
 
     keys = {}
     for name, record in EXPECTED["keys"].items():

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from heddle.bundle.trust import TrustStore
-from heddle.bundle.verify import open_bundle, peek
+from heddle.format.trust import TrustStore
+from heddle.format.verify import open_bundle, peek
 from tests.support.cli import BIN, env_with, error_line, heddle, state_of
 from tests.support.flows import FlowDoc, server_tool, write_tool
 
@@ -34,7 +34,7 @@ def seal(sandbox: Path, keypair: KeyPair) -> Path:
 
     from heddle.bundle.fingerprints import flow_tool_fingerprints
     from heddle.bundle.plan import ToolSpec, make_plan
-    from heddle.bundle.seal import pack
+    from heddle.format.pack import pack
     from heddle.workspace.mounts import Mount
 
     src = sandbox / "src"
@@ -118,7 +118,7 @@ def test_an_entry_planted_before_the_first_run_is_not_trusted(sandbox: Path, key
     # tool is re-hashed on every open, so the snapshot's say-so is not enough.
     shutil.rmtree(sandbox / "cache")
     (sandbox / "cache").mkdir()
-    from heddle.bundle.snapshot import record
+    from heddle.format.snapshot import record
 
     entry = _planted(sandbox, bundle, keypair)
     forged = record(entry / "payload", key=entry.name, name="anchor")
@@ -278,7 +278,7 @@ def test_dead_staging_is_swept_and_the_cache_is_listed_and_pruned(sandbox: Path,
 def _gzip_bomb(path: Path, inflated: int) -> None:
     """A format-1 bundle whose one big file is `inflated` bytes of zeros, built from one
     compressed block repeated (each after a full flush, so each is the same bytes)."""
-    from heddle.bundle.tar import header
+    from heddle.format.tar import header
 
     manifest = json.dumps({"format": 1, "name": "bomb", "flow": "flow.json"}).encode()
     flow = b"{}"
@@ -369,7 +369,7 @@ def test_a_cache_path_that_is_a_file_is_a_clear_error(sandbox: Path, keypair: Ke
 
 
 def test_a_snapshot_belongs_to_one_entry_and_parses_only_as_written(sandbox: Path, keypair: KeyPair) -> None:
-    from heddle.bundle.snapshot import Snapshot, SnapshotError
+    from heddle.format.snapshot import Snapshot, SnapshotError
 
     root = warm(seal(sandbox, keypair), keypair)
     key = root.parent.name
@@ -382,7 +382,7 @@ def test_a_snapshot_belongs_to_one_entry_and_parses_only_as_written(sandbox: Pat
         with pytest.raises(SnapshotError, match=why):
             Snapshot.from_bytes(bad, key if bad is not data else "0" * 64)
     # Sealed for this key, but not what heddle writes: refused as such, never a traceback.
-    from heddle.bundle import snapshot as module
+    from heddle.format import snapshot as module
 
     for raw in (nested, b'{"format": 1}', b'{"format":1,"key":"%s","name":"a","dirs":[],"files":[["p",true,1,1,1,1,1]]}'
                 % key.encode()):
@@ -392,7 +392,7 @@ def test_a_snapshot_belongs_to_one_entry_and_parses_only_as_written(sandbox: Pat
 
 
 def test_cache_folders_are_made_private_whatever_the_umask(sandbox: Path) -> None:
-    from heddle.bundle.private import make_private_dir
+    from heddle.format.private import make_private_dir
     from heddle.cli.bundle import parse_duration
 
     old = os.umask(0)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from heddle.bundle.manifest import Requires
-from heddle.bundle.seal import pack
+from heddle.format.manifest import Requires
+from heddle.format.pack import pack
 from tests.support.cli import error_line, heddle
 
 from .conftest import EXPECTED, VECTORS, agent_plan, write_agent

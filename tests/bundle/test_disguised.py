@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from heddle import canonical
-from heddle.bundle.errors import BundleError, MalformedBundleError
-from heddle.bundle.signing import PAYLOAD_TYPE
+from heddle.format.errors import BundleError, MalformedBundleError
+from heddle.format.signing import PAYLOAD_TYPE
 from heddle.cli.target import resolve_flow, resolve_target
 from heddle.errors import DocumentError, UsageError
 from tests.bundle.conftest import load_make_vectors, write_agent
@@ -90,7 +90,7 @@ def test_the_rule_every_command_shares(sandbox, keypair):
 
 
 def test_a_fifo_a_folder_or_a_device_is_refused_without_blocking(sandbox):
-    from heddle.bundle.verify import peek
+    from heddle.format.verify import peek
     from heddle.spec import load_flow
 
     pipe_bundle, pipe_flow = sandbox / "pipe.heddle", sandbox / "pipe.yaml"
@@ -142,7 +142,7 @@ def test_a_deeply_nested_signatures_file_is_malformed_before_trust(sandbox):
 
 def test_a_deeply_nested_manifest_or_flow_is_malformed(sandbox):
     from heddle.bundle.fingerprints import flow_tool_fingerprints
-    from heddle.bundle.verify import open_bundle, peek
+    from heddle.format.verify import open_bundle, peek
 
     manifest = sandbox / "deep-manifest.heddle"
     manifest.write_bytes(_crafted(manifest=DEEP))

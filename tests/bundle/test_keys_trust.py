@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from heddle.bundle.errors import KeyFileError
-from heddle.bundle.keys import generate, key_id, load_public_key, load_signing_key
-from heddle.bundle.trust import TrustStore, default_trust_dir, resolve_trust
+from heddle.format.errors import KeyFileError
+from heddle.format.keys import generate, key_id, load_public_key, load_signing_key
+from heddle.format.trust import TrustStore, default_trust_dir, resolve_trust
 from heddle.errors import UsageError
 
 

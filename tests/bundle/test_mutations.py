@@ -41,14 +41,14 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from heddle import canonical
-from heddle.bundle.cache import STAGING_PREFIX, remove_tree
+from heddle.format.cache import STAGING_PREFIX, remove_tree
 from heddle.bundle.fingerprints import flow_tool_fingerprints
-from heddle.bundle.keys import PublicKey, SigningKey, key_id
+from heddle.format.keys import PublicKey, SigningKey, key_id
 from heddle.bundle.plan import ToolSpec, make_plan
-from heddle.bundle.seal import pack
-from heddle.bundle.signing import PAYLOAD_TYPE, pae
-from heddle.bundle.tar import TarReader
-from heddle.bundle.verify import OpenedBundle, open_bundle
+from heddle.format.pack import pack
+from heddle.format.signing import PAYLOAD_TYPE, pae
+from heddle.format.tar import TarReader
+from heddle.format.verify import OpenedBundle, open_bundle
 from heddle.errors import HeddleError
 from heddle.workspace.mounts import Mount
 from tests.support.cli import heddle

@@ -9,11 +9,11 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from heddle.bundle.errors import PackError
+from heddle.format.errors import PackError
 from heddle.bundle.fingerprints import flow_tool_fingerprints
 from heddle.bundle.plan import ToolSpec, make_plan
-from heddle.bundle.seal import pack
-from heddle.bundle.verify import open_bundle, peek
+from heddle.format.pack import pack
+from heddle.format.verify import open_bundle, peek
 from heddle.workspace.mounts import Mount
 
 from .conftest import KeyPair, agent_plan, snapshot, write_agent
@@ -150,7 +150,7 @@ def test_plan_refusals_name_the_source(sandbox: Path) -> None:
     with pytest.raises(PackError, match="reserves"):
         agent_plan(paths, mounts=[Mount(paths["notes"], PurePosixPath(".heddle/x"), "ro")])
     with pytest.raises(PackError, match="overlaps"):
-        from heddle.bundle.seal import pack as _pack
+        from heddle.format.pack import pack as _pack
 
         _pack(agent_plan(paths, mounts=[Mount(paths["notes"], PurePosixPath("a"), "ro"),
                                         Mount(paths["work"], PurePosixPath("a/b"), "rw")]), sandbox / "x.heddle")
@@ -184,7 +184,7 @@ def test_plugins_are_carried_as_folders(sandbox: Path) -> None:
 def test_progress_is_a_bar_on_a_terminal_and_silent_in_a_pipe(sandbox: Path, keypair: KeyPair) -> None:
     import io
 
-    from heddle.bundle.progress import TerminalProgress, terminal_progress
+    from heddle.cli.progress import TerminalProgress, terminal_progress
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

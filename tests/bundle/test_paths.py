@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from heddle.bundle.paths import PathSet, path_problem
+from heddle.format.paths import PathSet, path_problem
 
 
 @pytest.mark.parametrize("path", [
@@ -61,7 +61,7 @@ def test_checking_all_paths_at_once_is_never_laxer_than_one_by_one() -> None:
     rules must pass too."""
     import random
 
-    from heddle.bundle.paths import all_clean, collision_free
+    from heddle.format.paths import all_clean, collision_free
 
     pool = [
         "a", "B", "docs", "x.md", ".hidden", "..", ".", "", " ", "a ", "a.", "con", "Con.txt", "aux .log",

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from heddle.bundle.errors import ContentMismatchError, UntrustedSignerError
+from heddle.format.errors import ContentMismatchError, UntrustedSignerError
 from heddle.bundle.runnable import open_runnable
-from heddle.bundle.seal import pack
-from heddle.bundle.trust import TrustStore
+from heddle.format.pack import pack
+from heddle.format.trust import TrustStore
 
 from .conftest import VECTORS, KeyPair, agent_plan, write_agent
 

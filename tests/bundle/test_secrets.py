@@ -10,7 +10,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from heddle.bundle.collect import secret_by_name
-from heddle.bundle.errors import PackError
+from heddle.format.errors import PackError
 from heddle.bundle.flowenv import env_reads, literal_keys
 from tests.support.cli import error_line, heddle
 from tests.support.flows import FlowDoc, llm_config

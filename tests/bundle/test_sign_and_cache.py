@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from heddle.bundle.datadir import seed_data_dir
-from heddle.bundle.errors import ContentMismatchError, UnsignedBundleError, UntrustedSignerError
-from heddle.bundle.seal import add_signature, pack
-from heddle.bundle.verify import open_bundle, peek
+from heddle.format.errors import ContentMismatchError, UnsignedBundleError, UntrustedSignerError
+from heddle.format.pack import add_signature, pack
+from heddle.format.verify import open_bundle, peek
 
 from .conftest import KeyPair, agent_plan, make_keypair, write_agent
 
@@ -86,8 +86,8 @@ def _rewrite(target: Path, text: str) -> None:
 
 
 def test_a_modified_cache_is_evicted_and_verified_again(sandbox: Path, keypair: KeyPair, packed: Path) -> None:
-    from heddle.bundle.cache import Cache
-    from heddle.bundle.verify import rehash
+    from heddle.format.cache import Cache
+    from heddle.format.verify import rehash
 
     opened = open_bundle(packed, trusted_keys=[keypair.public])
     assert open_bundle(packed, trusted_keys=[keypair.public], deep=True).cached

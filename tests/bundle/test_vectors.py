@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from heddle.bundle import signing
-from heddle.bundle.errors import BundleError
+from heddle.format import signing
+from heddle.format.errors import BundleError
 from heddle.bundle.fingerprints import flow_tool_fingerprints
-from heddle.bundle.verify import open_bundle, peek
+from heddle.format.verify import open_bundle, peek
 
 from .conftest import EXPECTED, VECTORS, load_make_vectors, snapshot, vector_keys
 
@@ -170,8 +170,8 @@ def test_manifest_schema_matches_the_reader() -> None:
         {**good, "requires": {"bins": [], "env": ["1BAD"], "files": []}},
         {k: v for k, v in good.items() if k != "input"},
     ]
-    from heddle.bundle.errors import MalformedBundleError
-    from heddle.bundle.manifest import Manifest
+    from heddle.format.errors import MalformedBundleError
+    from heddle.format.manifest import Manifest
 
     for doc in bad_shapes:
         assert not validator.is_valid(doc), doc

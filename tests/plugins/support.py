@@ -74,8 +74,8 @@ def run_in_process(flow: Path, *, tools_dir: Path | None, plugins: list[Path], i
 
     Returns (final state or the exception raised, every event as a dict, what an encoder wrote)."""
     from heddle.engine import RunOptions, prepare_run
-    from heddle.plugins import PluginHost
-    from heddle.plugins.runner import run_with_plugins
+    from heddle.plugin_host import PluginHost
+    from heddle.plugin_host.runner import run_with_plugins
     from heddle.spec import load_flow
     from heddle.tools.registry import discover_tools
 

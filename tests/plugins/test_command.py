@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from heddle.plugins.errors import PluginLoadError
-from heddle.plugins.manifest import load_manifest
+from heddle.plugin_host.errors import PluginLoadError
+from heddle.plugin_host.manifest import load_manifest
 from tests.plugins.support import make_plugin, middleware, tool_chain_flow
 from tests.support.cli import error_line, heddle
 
@@ -113,9 +113,9 @@ def test_inline_code_never_runs_from_a_plugin_flag_a_seal_or_a_bundle(tmp_path, 
 
     # A bundle sealed without that check (an older heddle, or by hand) is refused when opened.
     from heddle.bundle.fingerprints import flow_tool_fingerprints
-    from heddle.bundle.keys import load_signing_key
+    from heddle.format.keys import load_signing_key
     from heddle.bundle.plan import ToolSpec, make_plan
-    from heddle.bundle.seal import pack
+    from heddle.format.pack import pack
 
     fps = flow_tool_fingerprints(flow)
     plan = make_plan(flow, tools_dir=tools, tools={n: ToolSpec(tools / f"{n}.py", fp) for n, fp in fps.items()},

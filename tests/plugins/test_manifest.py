@@ -8,8 +8,8 @@ import os
 import jsonschema
 import pytest
 
-from heddle.plugins import PluginHost, load_manifest, manifest_schema
-from heddle.plugins.errors import PluginLoadError
+from heddle.plugin_host import PluginHost, load_manifest, manifest_schema
+from heddle.plugin_host.errors import PluginLoadError
 from tests.plugins.support import make_plugin, middleware, node_type
 from tests.support.cli import error_line, heddle
 from tests.support.flows import write_tool

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from heddle.plugins import load_manifest
-from heddle.plugins.errors import PluginError
-from heddle.plugins.launch import plan_launch
-from heddle.plugins.process import CallbackError, PluginCallError, PluginProcess
+from heddle.plugin_host import load_manifest
+from heddle.plugin_host.errors import PluginError
+from heddle.plugin_host.launch import plan_launch
+from heddle.plugin_host.process import CallbackError, PluginCallError, PluginProcess
 from heddle.workspace.sandbox import SandboxPolicy
 from tests.plugins.support import make_plugin, node_type
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from heddle.errors import GraphError, RunError
-from heddle.plugins.errors import PluginError
+from heddle.plugin_host.errors import PluginError
 from tests.plugins.support import make_plugin, middleware, node_type, run_in_process, tool_chain_flow, warnings
 from tests.support.flows import FlowDoc, server_tool, write_tool
 from tests.support.scripted_model import scripted_model

@@ -1,17 +1,21 @@
-"""`scripts/load` (heddle.server.load): bounded runs against a server it starts, and its checks."""
+"""`scripts/load` (scripts/load.py): bounded runs against a server it starts, and its checks."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.server.flows import ECHO, tool_chain, write_tools
 from tests.support.cli import env_with
 
+LOAD = Path(__file__).resolve().parents[2] / "scripts" / "load.py"
+
 
 def load(*args) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "heddle.server.load", *[str(a) for a in args]],
+    return subprocess.run([sys.executable, str(LOAD), *[str(a) for a in args]],
                           capture_output=True, text=True, timeout=300, env=env_with(), stdin=subprocess.DEVNULL)
 
 
@@ -39,7 +43,12 @@ def test_a_tool_that_tries_to_escape_leaves_nothing_behind(tmp_path):
 
 
 def test_the_leak_check_finds_a_process_in_a_workspace(tmp_path):
-    from heddle.server.load import tool_processes
+    spec = importlib.util.spec_from_file_location("load", LOAD)
+    assert spec is not None and spec.loader is not None
+    load_module = importlib.util.module_from_spec(spec)
+    sys.modules["load"] = load_module  # its dataclasses look their module up there
+    spec.loader.exec_module(load_module)
+    tool_processes = load_module.tool_processes
 
     work = tmp_path / "work"
     child = subprocess.Popen(["sleep", "30"], env={"HEDDLE_WORKSPACE": f"{work}/ws-1", "PATH": "/usr/bin:/bin"})

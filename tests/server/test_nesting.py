@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from heddle import canonical
-from heddle.bundle.signing import PAYLOAD_TYPE
+from heddle.format.signing import PAYLOAD_TYPE
 from tests.bundle.conftest import load_make_vectors
 from tests.server.flows import ECHO, one_tool_flow, write_tools
 from tests.server.support import run_server_to_exit, start_server

@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from heddle.plugins.errors import PluginLoadError
+from heddle.plugin_host.errors import PluginLoadError
 
 MANIFEST_NAME = "plugin.json"
 CAPABILITIES = ("runTool", "callModel", "emitEvent", "log")

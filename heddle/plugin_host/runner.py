@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from heddle.engine import events as ev
-from heddle.plugins.host import RUN_ID, PluginHost, new_run_id
+from heddle.plugin_host.host import RUN_ID, PluginHost, new_run_id
 
 
 def _both(first: ev.EventSink, second: ev.EventSink) -> ev.EventSink:
@@ -28,7 +28,7 @@ async def run_with_plugins(prepared: Any, inputs: dict[str, Any], *, host: Plugi
     With `close`, the plugin processes are stopped when the run ends, however it ends.
     """
     from heddle.engine import run_prepared
-    from heddle.plugins.encoder import EncoderSink
+    from heddle.plugin_host.encoder import EncoderSink
 
     token = RUN_ID.set(new_run_id())
     sink: EncoderSink | None = None

@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 from heddle.engine import events as ev
 from heddle.errors import ModelError, ToolError
-from heddle.plugins.callbacks import Scope, endpoint_of, handler_for
-from heddle.plugins.errors import PluginError, PluginRejected
-from heddle.plugins.manifest import Component, Phase
-from heddle.plugins.process import PluginCallError
-from heddle.plugins.seams import Verdict, parse_verdict
+from heddle.plugin_host.callbacks import Scope, endpoint_of, handler_for
+from heddle.plugin_host.errors import PluginError, PluginRejected
+from heddle.plugin_host.manifest import Component, Phase
+from heddle.plugin_host.process import PluginCallError
+from heddle.plugin_host.seams import Verdict, parse_verdict
 
 if TYPE_CHECKING:
     from heddle.engine.context import RunContext
-    from heddle.plugins.host import PluginHost
+    from heddle.plugin_host.host import PluginHost
 
 Outcome = tuple[dict[str, Any], "str | None"]
 
@@ -128,7 +128,7 @@ class PluginRun:
         elif node.component_type in EXECUTORS:
             output, branch = await EXECUTORS[node.component_type](self.ctx, node, node_input)
         else:
-            from heddle.plugins.nodes import execute_plugin_node
+            from heddle.plugin_host.nodes import execute_plugin_node
 
             output, branch = await execute_plugin_node(self, node, node_input)
         for comp in self._chain("node", "after"):
@@ -222,7 +222,7 @@ class PluginRun:
         tool = self.host.tools.get(tool_name)
         if tool is None:
             return await self.ctx.run_tool(node_name, tool_name, arguments, workspace, call_id=call_id)
-        from heddle.plugins.tools import invoke_plugin_tool
+        from heddle.plugin_host.tools import invoke_plugin_tool
 
         return await invoke_plugin_tool(self, tool, node_name, arguments, workspace, call_id, scope)
 
@@ -231,7 +231,7 @@ class PluginRun:
     async def chat(self, node_name: str, endpoint: Any, messages: list[dict[str, Any]],
                    tools: list[dict[str, Any]] | None, on_delta: Any, caller: str | None = None) -> Any:
         """One model call through the modelCall seam."""
-        from heddle.plugins.turns import turn_from_json, turn_to_json
+        from heddle.plugin_host.turns import turn_from_json, turn_to_json
 
         scope = self._scope(node_name, endpoint=endpoint)
         for comp in self._chain("modelCall", "before", caller):
@@ -294,7 +294,7 @@ class PluginRun:
                                      f"{verdict.reason}")
 
     async def round_after(self, node_name: str, round_no: int, turn: Any, results: list[Any]) -> None:
-        from heddle.plugins.turns import turn_to_json
+        from heddle.plugin_host.turns import turn_to_json
 
         for comp in self._chain("agentRound", "after"):
             verdict = await self._verdict(comp, "agentRound", "after", node_name,

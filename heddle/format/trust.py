@@ -11,9 +11,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from heddle.bundle.errors import KeyFileError
-from heddle.bundle.keys import PublicKey, load_public_key
-from heddle.bundle.private import (
+from heddle.format.errors import KeyFileError
+from heddle.format.keys import PublicKey, load_public_key
+from heddle.format.private import (
     check_private_dir,
     check_private_file,
     make_private_dir,

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from heddle.engine import events as ev
 from heddle.errors import ToolError
-from heddle.plugins.callbacks import Scope
-from heddle.plugins.errors import PluginError
-from heddle.plugins.manifest import PluginTool
-from heddle.plugins.process import PluginCallError
+from heddle.plugin_host.callbacks import Scope
+from heddle.plugin_host.errors import PluginError
+from heddle.plugin_host.manifest import PluginTool
+from heddle.plugin_host.process import PluginCallError
 
 if TYPE_CHECKING:
-    from heddle.plugins.middleware import PluginRun
+    from heddle.plugin_host.middleware import PluginRun
 
 
 async def invoke_plugin_tool(run: "PluginRun", tool: PluginTool, node_name: str, arguments: dict[str, Any],

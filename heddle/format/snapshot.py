@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from heddle.bundle.manifest import Manifest
+from heddle.format.manifest import Manifest
 
 FORMAT = 1
 MAGIC = b"heddle-snapshot"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator, Mapping, Sequence
 
 from heddle import __version__, canonical
-from heddle.bundle.archive import (
+from heddle.format.archive import (
     MANIFEST_ENTRY,
     META_MODE,
     SIGNATURES_ENTRY,
@@ -27,11 +27,10 @@ from heddle.bundle.archive import (
     read_head,
     tar_size,
 )
-from heddle.bundle.collect import PlanFile
-from heddle.bundle.errors import PackError
-from heddle.bundle.keys import SigningKey
-from heddle.bundle.limits import DEFAULT_LIMITS, Limits
-from heddle.bundle.manifest import (
+from heddle.format.errors import PackError
+from heddle.format.keys import SigningKey
+from heddle.format.limits import DEFAULT_LIMITS, Limits
+from heddle.format.manifest import (
     FileEntry,
     Manifest,
     MountEntry,
@@ -40,11 +39,20 @@ from heddle.bundle.manifest import (
     Requires,
     ToolEntry,
 )
-from heddle.bundle.progress import Progress
-from heddle.bundle.signing import Signatures, sign
+from heddle.format.progress import Progress
+from heddle.format.signing import Signatures, sign
 from heddle.errors import UsageError
 
 _CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class PlanFile:
+    """One file to seal: where it goes under `payload/`, where it comes from, its mode."""
+
+    path: str
+    source: Path
+    mode: int = 0o644
 
 
 @dataclass
@@ -274,7 +282,7 @@ def add_signature(path: Path, key: SigningKey, *, limits: Limits = DEFAULT_LIMIT
     a bundle whose bytes do not match what it signs. Other signatures are kept; an earlier
     one by the same key is replaced.
     """
-    from heddle.bundle.verify import open_file, sealed_manifest, walk_payload
+    from heddle.format.verify import open_file, sealed_manifest, walk_payload
 
     path = Path(path)
     what = str(path)

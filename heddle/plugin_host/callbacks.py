@@ -8,11 +8,11 @@ import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from heddle.plugins.events import LOG_LEVELS, PluginEvent, PluginLog
-from heddle.plugins.process import CallbackError, Handler
+from heddle.plugin_host.events import LOG_LEVELS, PluginEvent, PluginLog
+from heddle.plugin_host.process import CallbackError, Handler
 
 if TYPE_CHECKING:
-    from heddle.plugins.middleware import PluginRun
+    from heddle.plugin_host.middleware import PluginRun
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ async def _run_tool(run: "PluginRun", plugin: str, scope: Scope, params: dict[st
 
 async def _call_model(run: "PluginRun", plugin: str, scope: Scope, params: dict[str, Any]) -> Any:
     from heddle.errors import ModelError
-    from heddle.plugins.turns import turn_to_json
+    from heddle.plugin_host.turns import turn_to_json
 
     if scope.endpoint is None:
         where = f"node {scope.node!r}" if scope.node else "this call"

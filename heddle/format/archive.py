@@ -11,11 +11,11 @@ import os
 from dataclasses import dataclass
 from typing import IO, Any
 
-from heddle.bundle.errors import BundleLimitError, MalformedBundleError
-from heddle.bundle.frame import FrameInfo, walk_frame
-from heddle.bundle.limits import Limits
-from heddle.bundle.manifest import MODES, PAYLOAD, Manifest
-from heddle.bundle.tar import END_OF_ARCHIVE, TarHeader, TarReader, describe_type, entry_span, header, padding
+from heddle.format.errors import BundleLimitError, MalformedBundleError
+from heddle.format.frame import FrameInfo, walk_frame
+from heddle.format.limits import Limits
+from heddle.format.manifest import MODES, PAYLOAD, Manifest
+from heddle.format.tar import END_OF_ARCHIVE, TarHeader, TarReader, describe_type, entry_span, header, padding
 
 MANIFEST_ENTRY = ".heddle/manifest.json"
 SIGNATURES_ENTRY = ".heddle/signatures.json"

@@ -19,16 +19,16 @@ import zlib
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from heddle.bundle.cache import Cache
-from heddle.bundle.errors import (
+from heddle.format.cache import Cache
+from heddle.format.errors import (
     BundleError,
     BundleLimitError,
     MalformedBundleError,
     UnsignedBundleError,
     UnsupportedVersionError,
 )
-from heddle.bundle.limits import Limits
-from heddle.bundle.manifest import (
+from heddle.format.limits import Limits
+from heddle.format.manifest import (
     FileEntry,
     Manifest,
     MountEntry,
@@ -36,15 +36,15 @@ from heddle.bundle.manifest import (
     Proposals,
     Requires,
 )
-from heddle.bundle.paths import PathSet, path_problem
-from heddle.bundle.progress import Progress
-from heddle.bundle.snapshot import Snapshot, SnapshotError, record
-from heddle.bundle.staging import StagedFile, StagingTree
-from heddle.bundle.tar import BLOCK, DIRECTORY, TarReader, describe_type, entry_span
+from heddle.format.paths import PathSet, path_problem
+from heddle.format.progress import Progress
+from heddle.format.snapshot import Snapshot, SnapshotError, record
+from heddle.format.staging import StagedFile, StagingTree
+from heddle.format.tar import BLOCK, DIRECTORY, TarReader, describe_type, entry_span
 from heddle.safeparse import ParseLimitError, loads_strict_json
 
 if TYPE_CHECKING:
-    from heddle.bundle.verify import OpenedBundle
+    from heddle.format.verify import OpenedBundle
 
 LEGACY_MANIFEST = "heddle.json"
 LEGACY_FORMAT = 1
@@ -294,7 +294,7 @@ def _remembered(raw: bytes, files: list[FileEntry]) -> dict[str, Any]:
 
 def _reopen(cache: Cache, key: str, *, what: str, limits: Limits, deep: bool) -> tuple[Manifest, str | None] | str:
     """The cached format-1 entry's manifest and tools folder once its tree is proved, or why not."""
-    from heddle.bundle.verify import reprove
+    from heddle.format.verify import reprove
 
     try:
         snap = cache.snapshot(key)
@@ -325,7 +325,7 @@ def open_legacy(
     progress: Progress | None,
     deep: bool = False,
 ) -> OpenedBundle:
-    from heddle.bundle.verify import OpenedBundle
+    from heddle.format.verify import OpenedBundle
 
     what = str(path)
     if not allow_unsigned:

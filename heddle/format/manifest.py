@@ -13,15 +13,15 @@ from functools import cached_property
 from typing import Any, Literal, Mapping, NoReturn
 
 from heddle import canonical
-from heddle.bundle.errors import (
+from heddle.format.errors import (
     BundleError,
     BundleLimitError,
     MalformedBundleError,
     UnsupportedVersionError,
 )
-from heddle.bundle.limits import DEFAULT_LIMITS, Limits
-from heddle.bundle.paths import PathSet, all_clean, collision_free, is_within, path_problem
-from heddle.bundle.tar import split_name
+from heddle.format.limits import DEFAULT_LIMITS, Limits
+from heddle.format.paths import PathSet, all_clean, collision_free, is_within, path_problem
+from heddle.format.tar import split_name
 from heddle.safeparse import ParseLimitError, loads_json
 
 FORMAT = "heddle-bundle"

@@ -11,7 +11,7 @@ import errno
 import os
 from pathlib import Path
 
-from heddle.bundle.errors import MalformedBundleError
+from heddle.format.errors import MalformedBundleError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from heddle.errors import RunError, UsageError
-from heddle.plugins.errors import PluginError
-from heddle.plugins.process import PluginCallError
+from heddle.plugin_host.errors import PluginError
+from heddle.plugin_host.process import PluginCallError
 
 if TYPE_CHECKING:
     from heddle.engine.options import RunOptions
-    from heddle.plugins.host import PluginHost
+    from heddle.plugin_host.host import PluginHost
 
 Write = Callable[[str], None]
 _END = object()

@@ -10,8 +10,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from heddle.plugins.errors import PluginLoadError
-from heddle.plugins.manifest import Component
+from heddle.plugin_host.errors import PluginLoadError
+from heddle.plugin_host.manifest import Component
 
 
 def parse_config_option(spec: str) -> tuple[str, Any]:

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from heddle.plugins.errors import PluginError
-from heddle.plugins.manifest import PluginManifest
+from heddle.plugin_host.errors import PluginError
+from heddle.plugin_host.manifest import PluginManifest
 from heddle.secret_env import without_secrets
 
 if TYPE_CHECKING:

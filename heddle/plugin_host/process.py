@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from heddle.plugins import protocol
-from heddle.plugins.errors import PluginError
-from heddle.plugins.launch import Launch
+from heddle.plugin_host import protocol
+from heddle.plugin_host.errors import PluginError
+from heddle.plugin_host.launch import Launch
 from heddle.surface import CLI, Surface
 
 # Answers a plugin's request (method, params); raising CallbackError answers with an error.

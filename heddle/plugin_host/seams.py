@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from heddle.plugins.errors import PluginError
-from heddle.plugins.manifest import Component, Phase
+from heddle.plugin_host.errors import PluginError
+from heddle.plugin_host.manifest import Component, Phase
 
 NEUTRAL: dict[Phase, str] = {"before": "proceed", "after": "pass"}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from heddle.bundle.errors import MalformedBundleError
+from heddle.format.errors import MalformedBundleError
 
 BLOCK = 512
 END_OF_ARCHIVE = bytes(2 * BLOCK)

@@ -7,7 +7,7 @@ each file hashed as it is written; then the tree is sealed read-only, its stat s
 taken, and both renamed into the cache under the digest.
 
 A digest already in the cache skips the payload only once the cached tree is proved again
-(heddle.bundle.snapshot: programs and manifests re-hashed, every other file checked against
+(heddle.format.snapshot: programs and manifests re-hashed, every other file checked against
 its stat snapshot); one that fails is evicted and the payload is verified from this file as
 if the cache were cold. Its signatures are always checked against the trust of this call,
 and `prove_file` (what `heddle verify` asks for) reads and checks this file's payload too.
@@ -22,24 +22,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from heddle.bundle.archive import (
+from heddle.format.archive import (
     Head,
     check_entry,
     check_ratio,
     payload_name,
     read_head,
 )
-from heddle.bundle.cache import Cache, Staging
-from heddle.bundle.errors import ContentMismatchError, MalformedBundleError
-from heddle.bundle.frame import GZIP_MAGIC
-from heddle.bundle.keys import PublicKey
-from heddle.bundle.limits import DEFAULT_LIMITS, Limits
-from heddle.bundle.manifest import FileEntry, Manifest, MountEntry
-from heddle.bundle.progress import Progress
-from heddle.bundle.signing import Signatures, decide_trust
-from heddle.bundle.snapshot import Snapshot, SnapshotError, prove, record
-from heddle.bundle.staging import StagedFile, StagingTree
-from heddle.bundle.tar import TarHeader, TarReader
+from heddle.format.cache import Cache, Staging
+from heddle.format.errors import ContentMismatchError, MalformedBundleError
+from heddle.format.frame import GZIP_MAGIC
+from heddle.format.keys import PublicKey
+from heddle.format.limits import DEFAULT_LIMITS, Limits
+from heddle.format.manifest import FileEntry, Manifest, MountEntry
+from heddle.format.progress import Progress
+from heddle.format.signing import Signatures, decide_trust
+from heddle.format.snapshot import Snapshot, SnapshotError, prove, record
+from heddle.format.staging import StagedFile, StagingTree
+from heddle.format.tar import TarHeader, TarReader
 from heddle.errors import UsageError
 
 # (sealed flow path, manifest) -> {tool name: input-schema fingerprint}
@@ -103,7 +103,7 @@ def peek(path: Path, *, limits: Limits = DEFAULT_LIMITS) -> Peek:
     what = str(path)
     with open_file(path) as fh:
         if fh.read(2) == GZIP_MAGIC:
-            from heddle.bundle.legacy import read_legacy_manifest
+            from heddle.format.legacy import read_legacy_manifest
 
             return Peek(read_legacy_manifest(fh, what=what, limits=limits), Signatures(), b"", True)
         head = read_head(fh, what=what, limits=limits)
@@ -157,7 +157,7 @@ def open_bundle(
     cache = Cache(cache_root)
     with open_file(path) as fh:
         if fh.read(2) == GZIP_MAGIC:
-            from heddle.bundle.legacy import open_legacy
+            from heddle.format.legacy import open_legacy
 
             return open_legacy(
                 fh, path, allow_unsigned=allow_unsigned, cache=cache, limits=limits, progress=progress, deep=deep

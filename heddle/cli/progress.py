@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import sys
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
-from heddle.bundle.limits import MiB
-
-
-class Progress(Protocol):
-    def start(self, total: int, label: str) -> None: ...
-
-    def advance(self, n: int) -> None: ...
-
-    def finish(self) -> None: ...
+from heddle.format.limits import MiB
+from heddle.format.progress import Progress
 
 
 class TerminalProgress:

@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from heddle import canonical
-from heddle.bundle.errors import (
+from heddle.format.errors import (
     BadSignatureError,
     BundleLimitError,
     MalformedBundleError,
     UnsignedBundleError,
     UntrustedSignerError,
 )
-from heddle.bundle.keys import PublicKey, SigningKey
-from heddle.bundle.limits import DEFAULT_LIMITS, Limits
+from heddle.format.keys import PublicKey, SigningKey
+from heddle.format.limits import DEFAULT_LIMITS, Limits
 from heddle.safeparse import ParseLimitError, loads_strict_json
 
 PAYLOAD_TYPE = "application/vnd.heddle.manifest+json"

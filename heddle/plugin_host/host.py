@@ -1,7 +1,7 @@
 """The plugins one heddle process has loaded: manifests, settings, and a process per plugin.
 
 A host is made once (by `heddle run`, or once for the whole of `heddle-server`) and serves
-every run: each run gets a `PluginRun` (heddle.plugins.middleware) whose calls name it.
+every run: each run gets a `PluginRun` (heddle.plugin_host.middleware) whose calls name it.
 Loading reads manifests and checks settings; no process starts until its first call.
 """
 
@@ -16,15 +16,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from heddle.plugins.config import parse_config_options, resolve_configs
-from heddle.plugins.errors import PluginLoadError
-from heddle.plugins.manifest import CAPABILITIES, Component, Phase, PluginManifest, PluginTool, load_manifest
+from heddle.plugin_host.config import parse_config_options, resolve_configs
+from heddle.plugin_host.errors import PluginLoadError
+from heddle.plugin_host.manifest import CAPABILITIES, Component, Phase, PluginManifest, PluginTool, load_manifest
 
 if TYPE_CHECKING:
     from heddle.engine.context import RunContext
     from heddle.engine.options import RunOptions
-    from heddle.plugins.middleware import PluginRun
-    from heddle.plugins.process import PluginProcess
+    from heddle.plugin_host.middleware import PluginRun
+    from heddle.plugin_host.process import PluginProcess
 
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MAX_NODE_ATTEMPTS = 3
@@ -190,8 +190,8 @@ class PluginHost:
         """The plugin's process, made (not started) on first use with the first run's sandbox policy."""
         proc = self._processes.get(plugin)
         if proc is None:
-            from heddle.plugins.launch import plan_launch
-            from heddle.plugins.process import PluginProcess
+            from heddle.plugin_host.launch import plan_launch
+            from heddle.plugin_host.process import PluginProcess
 
             manifest = self.manifests[plugin]
             policy = options.sandbox
@@ -205,7 +205,7 @@ class PluginHost:
         return proc
 
     def start_run(self, ctx: "RunContext") -> "PluginRun":
-        from heddle.plugins.middleware import PluginRun
+        from heddle.plugin_host.middleware import PluginRun
 
         return PluginRun(self, ctx, RUN_ID.get() or new_run_id())
 

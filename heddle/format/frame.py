@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from heddle.bundle.errors import BundleLimitError, MalformedBundleError
-from heddle.bundle.limits import Limits
+from heddle.format.errors import BundleLimitError, MalformedBundleError
+from heddle.format.limits import Limits
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 GZIP_MAGIC = b"\x1f\x8b"

@@ -3,7 +3,7 @@
 An entry is `<root>/<key>/` (0700) holding the sealed `payload/` tree (0555 folders, 0444 or
 0555 files), its stat `snapshot` and a `used` stamp, and appears in one rename of a folder
 that was complete. Its existence proves nothing: every open re-proves it against the
-manifest (heddle.bundle.snapshot), and one that fails is evicted and verified again from
+manifest (heddle.format.snapshot), and one that fails is evicted and verified again from
 the bundle. Work in progress lives in `.staging-*` folders, each held by an flock on its
 `lock` file, so one left by a killed verifier is told from a live one and removed.
 """
@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from heddle.bundle.private import check_private_dir, make_private_dir
-from heddle.bundle.snapshot import MAX_SNAPSHOT_BYTES, Snapshot, SnapshotError
+from heddle.format.private import check_private_dir, make_private_dir
+from heddle.format.snapshot import MAX_SNAPSHOT_BYTES, Snapshot, SnapshotError
 from heddle.errors import UsageError
 
 CACHE_DIR_ENV = "HEDDLE_CACHE_DIR"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from heddle import secret_env
-from heddle.bundle.errors import KeyFileError
+from heddle.format.errors import KeyFileError
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey

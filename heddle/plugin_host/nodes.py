@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from heddle.engine import events as ev
 from heddle.errors import RunError
-from heddle.plugins.callbacks import Scope, endpoint_of
-from heddle.plugins.errors import PluginError
-from heddle.plugins.process import PluginCallError
+from heddle.plugin_host.callbacks import Scope, endpoint_of
+from heddle.plugin_host.errors import PluginError
+from heddle.plugin_host.process import PluginCallError
 
 if TYPE_CHECKING:
-    from heddle.plugins.middleware import PluginRun
+    from heddle.plugin_host.middleware import PluginRun
 
 
 def _inputs(node: Any, declared: list[dict[str, Any]], values: dict[str, Any]) -> dict[str, Any]:

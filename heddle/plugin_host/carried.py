@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from heddle.plugins.manifest import PluginManifest, load_manifest
+from heddle.plugin_host.manifest import PluginManifest, load_manifest
 
 
 @dataclass(frozen=True)
