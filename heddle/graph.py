@@ -16,11 +16,14 @@ from heddle.spec.components import (
     EndNode,
     Flow,
     FlowNode,
+    LlmConfig,
+    Node,
+    ServerTool,
     StartNode,
 )
 
 
-def node_key(node) -> str:
+def node_key(node: Node) -> str:
     """Nodes are identified by id (names need not be unique); fall back to the name."""
     return node.id or node.name
 
@@ -30,11 +33,11 @@ class FlowGraph:
     """A flow's nodes and edges indexed for the engine."""
 
     flow: Flow
-    nodes: dict[str, object] = field(default_factory=dict)
+    nodes: dict[str, Node] = field(default_factory=dict)
     edges_from: dict[str, list[ControlFlowEdge]] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, flow: Flow) -> "FlowGraph":
+    def build(cls, flow: Flow) -> FlowGraph:
         graph = cls(flow)
         for node in flow.nodes:
             graph.nodes.setdefault(node_key(node), node)
@@ -42,7 +45,7 @@ class FlowGraph:
             graph.edges_from.setdefault(node_key(edge.from_node), []).append(edge)
         return graph
 
-    def next_edge(self, node, branch: str | None) -> ControlFlowEdge | None:
+    def next_edge(self, node: Node, branch: str | None) -> ControlFlowEdge | None:
         edges = self.edges_from.get(node_key(node), [])
         if branch is not None:
             for edge in edges:
@@ -67,7 +70,7 @@ class FlowGraph:
         return seen
 
 
-def _label(node) -> str:
+def _label(node: Node) -> str:
     return f"{node.component_type} {node.name!r}"
 
 
@@ -90,14 +93,16 @@ def check_flow(
     if start_key not in graph.nodes:
         problems.append(f"{prefix}start node {flow.start_node.name!r} is not listed in nodes")
 
-    for edge in flow.control_flow_connections:
-        for end, node in (("from_node", edge.from_node), ("to_node", edge.to_node)):
+    for control in flow.control_flow_connections:
+        for end, node in (("from_node", control.from_node), ("to_node", control.to_node)):
             if node_key(node) not in graph.nodes:
-                problems.append(f"{prefix}control edge {edge.name!r}: {end} {node.name!r} is not in the flow's nodes")
-    for edge in flow.data_flow_connections or []:
-        for end, node in (("source_node", edge.source_node), ("destination_node", edge.destination_node)):
+                problems.append(
+                    f"{prefix}control edge {control.name!r}: {end} {node.name!r} is not in the flow's nodes"
+                )
+    for data in flow.data_flow_connections or []:
+        for end, node in (("source_node", data.source_node), ("destination_node", data.destination_node)):
             if node_key(node) not in graph.nodes:
-                problems.append(f"{prefix}data edge {edge.name!r}: {end} {node.name!r} is not in the flow's nodes")
+                problems.append(f"{prefix}data edge {data.name!r}: {end} {node.name!r} is not in the flow's nodes")
 
     reachable = graph.reachable() if start_key in graph.nodes else []
     for key, node in graph.nodes.items():
@@ -107,9 +112,10 @@ def check_flow(
         problems.append(f"{prefix}no EndNode is reachable from the start node")
 
     for key in reachable:
-        node = graph.nodes.get(key)
-        if node is None or isinstance(node, EndNode):
+        reached = graph.nodes.get(key)
+        if reached is None or isinstance(reached, EndNode):
             continue
+        node = reached
         edges = graph.edges_from.get(key, [])
         if not edges:
             problems.append(f"{prefix}{_label(node)} has no outgoing control edge")
@@ -139,11 +145,11 @@ def check_flow(
     return problems
 
 
-def referenced_tools(flow: Flow) -> dict[str, object]:
+def referenced_tools(flow: Flow) -> dict[str, ServerTool]:
     """Every ServerTool the flow (and its subflows) names, by name."""
     from heddle.spec.components import AgentNode, ToolNode
 
-    found: dict[str, object] = {}
+    found: dict[str, ServerTool] = {}
     for node in flow.nodes:
         if isinstance(node, ToolNode):
             found.setdefault(node.tool.name, node.tool)
@@ -156,7 +162,7 @@ def referenced_tools(flow: Flow) -> dict[str, object]:
     return found
 
 
-def llm_configs(flow: Flow) -> "Iterator[tuple[str, object]]":
+def llm_configs(flow: Flow) -> Iterator[tuple[str, LlmConfig]]:
     """(node label, llm config) for every model the flow and its subflows call, plugin nodes included."""
     from heddle.spec.components import AgentNode, LlmNode, PluginNode
 

@@ -87,7 +87,7 @@ class HeddleCallError(Exception):
 class Call:
     """One call from heddle: what it sent, and the ways to ask heddle back while handling it."""
 
-    def __init__(self, plugin: "Plugin", id: int | str, method: str, params: dict[str, Any]) -> None:
+    def __init__(self, plugin: Plugin, id: int | str, method: str, params: dict[str, Any]) -> None:
         self._plugin = plugin
         self.id = id
         self.method = method
@@ -141,14 +141,16 @@ class Call:
     # asking heddle back; each blocks until heddle answers
     def run_tool(self, name: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
         """Run one of the run's tools (needs the runTool capability) and return its output."""
-        return self._ask("runTool", {"name": name, "arguments": arguments or {}})["output"]
+        output: dict[str, Any] = self._ask("runTool", {"name": name, "arguments": arguments or {}})["output"]
+        return output
 
     def call_model(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """Ask the node's model (needs callModel): returns {content, toolCalls, finishReason}."""
         params: dict[str, Any] = {"messages": messages}
         if tools is not None:
             params["tools"] = tools
-        return self._ask("callModel", params)
+        answer: dict[str, Any] = self._ask("callModel", params)
+        return answer
 
     def emit(self, name: str, data: Any = None) -> None:
         """Add a `plugin_event` to the run's event stream (needs emitEvent)."""
@@ -180,7 +182,7 @@ class Plugin:
         self._workers = workers
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
-        self._waiting: dict[int, Future] = {}
+        self._waiting: dict[int, Future[dict[str, Any]]] = {}  # request id -> heddle's answer
         self._states: dict[Any, dict[str, Any]] = {}
         self._out: BinaryIO | None = None
         self.capabilities: list[str] = []
@@ -231,7 +233,7 @@ class Plugin:
 
     def request(self, method: str, params: dict[str, Any]) -> Any:
         """Send heddle a request and wait for its answer (from a handler's thread)."""
-        future: Future = Future()
+        future: Future[dict[str, Any]] = Future()
         with self._lock:
             request_id = next(self._ids)
             self._waiting[request_id] = future
@@ -242,12 +244,17 @@ class Plugin:
         return answer.get("result")
 
     def _lookup(self, method: str, params: dict[str, Any]) -> Handler | None:
+        def handler(*parts: Any) -> Handler | None:
+            # handlers are registered under names; a missing or non-string one matches none
+            names = tuple(p for p in parts if isinstance(p, str))
+            return self._handlers.get((method, *names)) if len(names) == len(parts) else None
+
         component = params.get("component")
         if method in ("before", "after"):
-            return self._handlers.get((method, component, params.get("seam")))
+            return handler(component, params.get("seam"))
         if method == "callTool":
-            return self._handlers.get(("callTool", params.get("tool"))) or self._handlers.get(("callTool", component))
-        return self._handlers.get((method, component))
+            return handler(params.get("tool")) or handler(component)
+        return handler(component)
 
     def _result(self, method: str, value: Any) -> Any:
         if method == "execute":

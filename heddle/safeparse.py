@@ -25,7 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import yaml
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -206,7 +209,7 @@ def loads_strict_json(data: bytes | str, *, max_depth: int = DEFAULT_PARSE_LIMIT
 # ------------------------------------------------------------------ YAML
 
 
-def _children(node: Any) -> list[Any]:
+def _children(node: yaml.Node) -> list[yaml.Node]:
     import yaml
 
     if isinstance(node, yaml.SequenceNode):
@@ -216,7 +219,7 @@ def _children(node: Any) -> list[Any]:
     return []
 
 
-def _check_expanded(root: Any, limits: ParseLimits) -> None:
+def _check_expanded(root: yaml.Node, limits: ParseLimits) -> None:
     """Refuse a composed YAML tree whose aliases expand past the caps or into a cycle.
 
     Iterative and memoised by node, so a document of a few lines that stands for billions
@@ -226,7 +229,7 @@ def _check_expanded(root: Any, limits: ParseLimits) -> None:
 
     sizes: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded nodes, height)
     open_: set[int] = set()
-    stack: list[tuple[Any, bool]] = [(root, False)]
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
         node, done = stack.pop()
         key = id(node)
@@ -261,10 +264,15 @@ def _loader(limits: ParseLimits, aliases: bool) -> Callable[[str], Any]:
     class CappedLoader(yaml.SafeLoader):
         depth = 0
 
-        def compose_node(self, parent: Any, index: Any) -> Any:
+        def _next_mark(self) -> yaml.Mark:
+            # PyYAML's stubs leave peek_event unannotated; the parser's events always carry a mark
+            mark: yaml.Mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+            return mark
+
+        def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
             if self.check_event(yaml.AliasEvent):
                 if not aliases:
-                    mark = self.peek_event().start_mark
+                    mark = self._next_mark()
                     raise ParseLimitError(f"line {mark.line + 1}: YAML aliases (*name) are not accepted here; "
                                           "write the value out")
                 return super().compose_node(parent, index)
@@ -273,14 +281,14 @@ def _loader(limits: ParseLimits, aliases: bool) -> Callable[[str], Any]:
             self.depth += 1
             try:
                 if self.depth > limits.max_depth:
-                    mark = self.peek_event().start_mark
+                    mark = self._next_mark()
                     raise ParseLimitError(f"nests deeper than {limits.max_depth} levels of sequences and "
                                           f"mappings (at line {mark.line + 1}, column {mark.column + 1})")
                 return super().compose_node(parent, index)
             finally:
                 self.depth -= 1
 
-        def get_single_node(self) -> Any:
+        def get_single_node(self) -> yaml.Node | None:
             node = super().get_single_node()
             if node is not None:
                 _check_expanded(node, limits)

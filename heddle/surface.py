@@ -1,8 +1,9 @@
 """How the shell that started a run names its settings, so a library message speaks its language.
 
-The engine, the tools and the plugins report limits by the flag a user would change; the
-`heddle` CLI takes durations in seconds and `heddle-server` in milliseconds, so each shell
-passes its own `Surface` and a message reads `--timeout 300 s` or `--timeout 300000 ms`.
+The engine, the tools and the plugins report limits by the flag a user would change. Both shells
+read `30s` or `500ms`, but a plain number is seconds to the `heddle` CLI and milliseconds to
+`heddle-server` (their historic units), so each shell passes its own `Surface` and a message reads
+`--timeout 300 s` or `--timeout 300000 ms`, in the unit its user's plain numbers are in.
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-# Both shells spell these settings the same way today; a shell that differs passes its own names.
-_FLAGS: Mapping[str, str] = MappingProxyType({
-    "timeout": "--timeout",
-    "tool_timeout": "--tool-timeout",
-    "plugin_timeout": "--plugin-timeout",
-})
+from heddle.settings import SETTINGS
+
+# Both shells spell every setting's flag the same way (heddle.settings); a shell that differs
+# passes its own names.
+_FLAGS: Mapping[str, str] = MappingProxyType({s.name: s.flag for s in SETTINGS if s.flag is not None})
 
 
 def _number(value: float) -> str:

@@ -39,7 +39,7 @@ class Collected:
     files: list[PlanFile] = field(default_factory=list)
     skipped: list[Path] = field(default_factory=list)
 
-    def extend(self, other: "Collected") -> None:
+    def extend(self, other: Collected) -> None:
         self.files.extend(other.files)
         self.skipped.extend(other.skipped)
 
@@ -99,12 +99,13 @@ def refuse_secrets(files: Sequence[PlanFile], include: Sequence[Path] = ()) -> N
             used.add(allowed)
             continue
         found.append(f"{item.source} (as {item.path}: {why})")
-    unused = [str(p) for p, real in zip(include, wanted) if real not in used]
+    unused = [str(p) for p, real in zip(include, wanted, strict=True) if real not in used]
     if found:
         raise PackError(
             f"{len(found)} file{'s' if len(found) > 1 else ''} look{'' if len(found) > 1 else 's'} like "
             f"{'secrets' if len(found) > 1 else 'a secret'}, which a bundle never seals: {'; '.join(found)}; "
-            f"remove {'them' if len(found) > 1 else 'it'}, or pass {INCLUDE_SECRET} PATH for each one meant to be sealed"
+            f"remove {'them' if len(found) > 1 else 'it'}, "
+            f"or pass {INCLUDE_SECRET} PATH for each one meant to be sealed"
         )
     if unused:
         raise PackError(f"{INCLUDE_SECRET} {unused[0]}: no file sealed from there looks like a secret; drop the flag")

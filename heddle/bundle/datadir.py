@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from heddle.format.manifest import MountMode
     from heddle.format.verify import OpenedBundle
 
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 class SeededMount:
     source: Path
     dest: PurePosixPath
-    mode: str
+    mode: MountMode
     seeded: bool = False
 
 
@@ -40,7 +41,7 @@ def _make_writable(root: Path) -> None:
     if not root.is_dir():
         root.chmod(0o755 if root.stat().st_mode & 0o111 else 0o644)
         return
-    for top, dirs, files in os.walk(root):
+    for top, _dirs, files in os.walk(root):
         os.chmod(top, 0o755)
         for name in files:
             path = os.path.join(top, name)

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from heddle.format.errors import MalformedBundleError
 from heddle.errors import DocumentError
+from heddle.format.errors import MalformedBundleError
+
+if TYPE_CHECKING:
+    from heddle.format.manifest import Manifest
+    from heddle.spec.components import Flow
 
 
-def fingerprints_of(flow: Any, *, leave_out: Iterable[str] = ()) -> dict[str, str]:
+def fingerprints_of(flow: Flow, *, leave_out: Iterable[str] = ()) -> dict[str, str]:
     """{tool name: fingerprint} for every ServerTool a loaded flow (or its subflows) names,
     but those in `leave_out` (tools a plugin provides, fingerprinted with the plugin)."""
     from heddle.graph import referenced_tools
@@ -25,7 +29,7 @@ def fingerprints_of(flow: Any, *, leave_out: Iterable[str] = ()) -> dict[str, st
     return {name: input_fingerprint(tool) for name, tool in referenced_tools(flow).items() if name not in skip}
 
 
-def load_sealed_flow(flow_path: Path, fmt: str | None = None, node_types: Iterable[str] = ()) -> Any:
+def load_sealed_flow(flow_path: Path, fmt: str | None = None, node_types: Iterable[str] = ()) -> Flow:
     """The sealed flow document; one that does not load makes the bundle malformed."""
     from heddle.spec.document import load_flow
 
@@ -35,8 +39,8 @@ def load_sealed_flow(flow_path: Path, fmt: str | None = None, node_types: Iterab
         raise MalformedBundleError(f"the sealed flow does not load: {exc}") from None
 
 
-def sealed_flow(flow_path: Path, manifest: Any = None, *, fmt: str | None = None,
-                node_types: Iterable[str] = ()) -> tuple[Any, frozenset[str]]:
+def sealed_flow(flow_path: Path, manifest: Manifest | None = None, *, fmt: str | None = None,
+                node_types: Iterable[str] = ()) -> tuple[Flow, frozenset[str]]:
     """The sealed flow, read with the node types of the plugins the bundle carries, and the
     names of the tools those plugins provide (they are fingerprinted with the plugin, not here)."""
     plugin_tools: frozenset[str] = frozenset()
@@ -51,7 +55,7 @@ def sealed_flow(flow_path: Path, manifest: Any = None, *, fmt: str | None = None
     return load_sealed_flow(flow_path, fmt, node_types=types), plugin_tools
 
 
-def flow_tool_fingerprints(flow_path: Path, manifest: Any = None) -> dict[str, str]:
+def flow_tool_fingerprints(flow_path: Path, manifest: Manifest | None = None) -> dict[str, str]:
     """{tool name: fingerprint} of the tools the sealed flow names and the tools folder must carry."""
     flow, plugin_tools = sealed_flow(flow_path, manifest)
     return fingerprints_of(flow, leave_out=plugin_tools)

@@ -154,10 +154,10 @@ class _Collect:
 def sealed_flow_reads(bundle: Path) -> list[EnvRead]:
     """The variables the flow sealed in `bundle` reads. Nothing is trusted or unpacked: the
     flow's bytes are read from the archive and checked against the manifest's sha256."""
+    from heddle.errors import DocumentError
     from heddle.format.archive import read_head
     from heddle.format.limits import DEFAULT_LIMITS
     from heddle.format.verify import open_file, sealed_manifest, walk_payload
-    from heddle.errors import DocumentError
     from heddle.spec.document import _parse_text, detect_format
 
     what = str(bundle)

@@ -9,13 +9,14 @@ like secrets and model keys written in the flow are refused here too.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any
 
 from heddle.bundle.collect import LEFT_OUT, Collected, collect_tree, refuse_secrets
-from heddle.format.errors import PackError
 from heddle.bundle.flowenv import refuse_literal_keys
+from heddle.format.errors import PackError
 from heddle.format.limits import DEFAULT_LIMITS, Limits
 from heddle.format.manifest import (
     PAYLOAD,
@@ -30,13 +31,8 @@ from heddle.format.pack import PackPlan
 from heddle.format.paths import PathSet, path_problem
 from heddle.format.tar import split_name
 
-
-class MountLike(Protocol):
-    """A parsed `--mount`: heddle.workspace.mounts.Mount has this shape."""
-
-    source: Path
-    dest: Any
-    mode: str
+if TYPE_CHECKING:
+    from heddle.workspace.mounts import Mount
 
 
 @dataclass(frozen=True)
@@ -53,8 +49,9 @@ def plugin_name(manifest: Path) -> str:
         data = json.loads(manifest.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         data = None
-    if isinstance(data, dict) and isinstance(data.get("name"), str) and data["name"]:
-        return data["name"]
+    name = data.get("name") if isinstance(data, dict) else None
+    if isinstance(name, str) and name:
+        return name
     return manifest.resolve().parent.name
 
 
@@ -64,7 +61,7 @@ def make_plan(
     name: str | None = None,
     tools_dir: Path | None = None,
     tools: Mapping[str, ToolSpec] | None = None,
-    mounts: Sequence[MountLike] = (),
+    mounts: Sequence[Mount] = (),
     plugins: Sequence[Path] = (),
     input: Mapping[str, Any] | None = None,
     requires: Requires | None = None,
@@ -120,7 +117,7 @@ def _tools(tools: Mapping[str, ToolSpec], tools_dir: Path | None, carried: Colle
     return out
 
 
-def _mount(mount: MountLike, carried: Collected) -> MountEntry:
+def _mount(mount: Mount, carried: Collected) -> MountEntry:
     dest = str(PurePosixPath(str(mount.dest)))
     what = f"--mount {mount.source}:{dest}"
     problem = path_problem(dest, max_depth=DEFAULT_LIMITS.max_depth)
@@ -128,11 +125,11 @@ def _mount(mount: MountLike, carried: Collected) -> MountEntry:
         raise PackError(f"{what}: DEST {dest!r} {problem}")
     if dest.split("/", 1)[0] == RESERVED_DEST:
         raise PackError(f"{what}: DEST {dest!r} is inside {RESERVED_DEST}, which heddle reserves; choose another")
-    if mount.mode not in ("ro", "rw"):
+    if mount.mode not in ("ro", "rw"):  # a Mount is a plain dataclass: nothing checked it yet
         raise PackError(f"{what}: mode {mount.mode!r} is not ro or rw")
     prefix = f"mounts/{dest}"
     carried.extend(collect_tree(Path(mount.source), prefix, what=what))
-    return MountEntry(prefix=prefix, dest=dest, mode=mount.mode)  # type: ignore[arg-type]
+    return MountEntry(prefix=prefix, dest=dest, mode=mount.mode)
 
 
 def _plugins(manifests: Sequence[Path], carried: Collected) -> list[PluginEntry]:

@@ -9,10 +9,17 @@ into a writable data folder so the sealed copy is never written.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from heddle.format.manifest import Manifest
+    from heddle.format.progress import Progress
+    from heddle.format.trust import TrustPolicy
+    from heddle.spec.components import Flow
+    from heddle.workspace.mounts import Mount
 
 
 @dataclass(frozen=True)
@@ -20,53 +27,52 @@ class SealedRun:
     name: str
     digest: str
     signers: list[str]
-    flow: Any  # heddle.spec.components.Flow
+    flow: Flow
     flow_path: Path
     tools: dict[str, Path]
     tools_dir: Path
     tool_fingerprints: dict[str, str]
-    mounts: list[Any]  # heddle.workspace.mounts.Mount
+    mounts: list[Mount]
     input: dict[str, Any]
-    max_tool_rounds: int | str | None  # the proposal: a number, "unlimited", or None for none
+    max_tool_rounds: int | Literal["unlimited"] | None  # the proposal: a number, "unlimited", or None for none
     plugins: list[Path]  # sealed plugin manifests, inside the cache
+    manifest: Manifest = field(repr=False)
     data_dir: Path | None = None
     data_dir_created: bool = False
     legacy: bool = False
     cached: bool = False
-    manifest: Any = field(default=None, repr=False)
     repaired: str | None = None  # why the cached copy was not trusted and was verified again
 
 
 def open_runnable(
     path: Path,
     *,
-    trust: Sequence[str | Path] = (),
-    allow_unsigned: bool = False,
+    trust: TrustPolicy,
     data_dir: Path | None = None,
     seed_data: bool = True,
     cache_root: Path | None = None,
     fmt: str | None = None,
-    progress: Any = None,
+    progress: Progress | None = None,
     node_types: Iterable[str] = (),
 ) -> SealedRun:
-    """Verify `path` against the trusted keys and return what to run. Raises the bundle errors."""
+    """Verify `path` against `trust` (built once by the caller) and return what to run. Raises the
+    bundle errors."""
     from heddle.bundle.datadir import seed_data_dir
     from heddle.bundle.fingerprints import fingerprints_of, sealed_flow
-    from heddle.format.trust import resolve_trust
     from heddle.format.verify import open_bundle
     from heddle.tools.registry import discover_tools
     from heddle.workspace.mounts import Mount
 
-    loaded: list[Any] = []
+    loaded: list[Flow] = []
 
-    def sealed_fingerprints(flow_path: Path, manifest: Any) -> dict[str, str]:
+    def sealed_fingerprints(flow_path: Path, manifest: Manifest) -> dict[str, str]:
         # Parsed once, here, after every payload byte matched: for the check and for the run.
         flow, plugin_tools = sealed_flow(flow_path, manifest, fmt=fmt, node_types=node_types)
         loaded.append(flow)
         return fingerprints_of(flow, leave_out=plugin_tools)
 
-    keys = resolve_trust([str(t) for t in trust])
-    opened = open_bundle(Path(path), trusted_keys=keys, allow_unsigned=allow_unsigned, cache_root=cache_root,
+    opened = open_bundle(Path(path), trusted_keys=trust.trusted, allow_unsigned=trust.admits_unsigned,
+                         cache_root=cache_root,
                          progress=progress, tool_fingerprints=sealed_fingerprints)
     manifest = opened.manifest
     flow = loaded[-1] if loaded else sealed_flow(opened.flow_path, manifest, fmt=fmt, node_types=node_types)[0]
@@ -74,8 +80,8 @@ def open_runnable(
     # Every sealed tool is on .heddle/bin (tools may call each other); the ones the flow names
     # come from the manifest's own entries, whose fingerprints were just checked.
     tools = discover_tools(tools_dir) if tools_dir.is_dir() else {}
-    for name, entry in manifest.tools.items():
-        tools[name] = opened.root / entry.entry
+    for name in manifest.tools:
+        tools[name] = opened.tool_path(name)
     mounts: list[Mount] = []
     seeded_dir: Path | None = None
     created = False

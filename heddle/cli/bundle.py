@@ -6,15 +6,17 @@ heddle.bundle. Only typer and the standard library are imported at the top; the 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
+from heddle.cli import output
+from heddle.cli.output import QUIET, VERBOSE, json_option
+
 if TYPE_CHECKING:
+    from heddle.bundle.seal import SealResult
     from heddle.format.manifest import Manifest
-    from heddle.format.pack import PackResult
 
 _TRUST = typer.Option(
     [], "--trust", metavar="KEY.pub|KEYID",
@@ -22,34 +24,52 @@ _TRUST = typer.Option(
     "Without it, every key in the trust store is trusted.",
 )
 _ALLOW_UNSIGNED = typer.Option(
-    False, "--allow-unsigned", help="Admit a bundle that carries no signature at all (never one with a bad or untrusted one)."
+    False, "--allow-unsigned",
+    help="Admit a bundle that carries no signature at all (never one with a bad or untrusted one).",
 )
-_CACHE_DIR = typer.Option(None, "--cache-dir", help="Where verified payloads are kept [default: $HEDDLE_CACHE_DIR or ~/.cache/heddle/bundles].")
+_CACHE_DIR = typer.Option(
+    None, "--cache-dir",
+    help="Where verified payloads are kept [default: $HEDDLE_CACHE_DIR or ~/.cache/heddle/bundles].",
+)
 
 
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
+_size = output.binary_size
 
 
-def _err(text: str) -> None:
-    sys.stderr.write(text + "\n")
+def _trusting(names: list[str], keyids: list[str]) -> str:
+    """Which keys a command trusted, and why, for --verbose."""
+    from heddle.format.trust import TrustStore
+
+    where = "named by --trust" if names else f"in the trust store {TrustStore().directory}"
+    return f"trusting {len(keyids)} key(s) {where}: {', '.join(keyids) or 'none'}"
 
 
-def print_pack_result(result: "PackResult") -> None:
-    """What `heddle bundle` reports once a bundle is written: digest, signer, sizes, counts, skipped."""
+def seal_result_json(result: SealResult) -> dict[str, Any]:
+    """`heddle bundle --json`: what was written, as one object."""
     m = result.manifest
-    typer.echo(f"sealed {result.path}")
-    typer.echo(f"  digest   sha256:{result.digest}")
-    typer.echo(f"  signed   {'by ' + result.signer if result.signer else 'no (unsigned: runs only with --allow-unsigned)'}")
-    typer.echo(f"  size     {_size(result.size)} compressed, {_size(result.payload_size)} of payload")
-    typer.echo(f"  contents {result.file_count} files, {len(m.tools)} tools, {len(m.mounts)} mounts, {len(m.plugins)} plugins")
+    return {
+        "bundle": str(result.path), "digest": result.digest, "name": result.name, "signers": list(result.signers),
+        "size": result.size, "payload_bytes": result.payload_size, "files": result.file_count,
+        "tools": sorted(m.tools), "mounts": [mount.dest for mount in m.mounts],
+        "plugins": [plugin.name for plugin in m.plugins], "skipped": [str(path) for path in result.skipped],
+    }
+
+
+def print_seal_result(result: SealResult, *, json_out: bool = False) -> None:
+    """What `heddle bundle` reports once a bundle is written: digest, signer, sizes, counts, skipped."""
     for path in result.skipped:
-        _err(f"left out {path} (version-control folders are never sealed)")
+        output.note(f"left out {path} (version-control folders are never sealed)")
+    if json_out:
+        output.print_json(seal_result_json(result))
+        return
+    m = result.manifest
+    signed = f"by {', '.join(result.signers)}" if result.signers else "no (unsigned: runs only with --allow-unsigned)"
+    typer.echo(f"sealed {result.path}")
+    typer.echo(f"  digest   {result.digest}")
+    typer.echo(f"  signed   {signed}")
+    typer.echo(f"  size     {_size(result.size)} compressed, {_size(result.payload_size)} of payload")
+    typer.echo(f"  contents {result.file_count} files, {len(m.tools)} tools, {len(m.mounts)} mounts, "
+               f"{len(m.plugins)} plugins")
 
 
 def keygen(
@@ -57,6 +77,9 @@ def keygen(
     no_passphrase: bool = typer.Option(
         False, "--no-passphrase", help="Leave the private key unencrypted (for CI keys kept in a secret store)."
     ),
+    json_out: bool = json_option("Print the key id and the paths of the two files as JSON."),
+    quiet: bool = QUIET,
+    verbose: bool = VERBOSE,
 ) -> None:
     """Make an Ed25519 signing key pair and print its key id.
 
@@ -66,6 +89,7 @@ def keygen(
     """
     from heddle.format.keys import generate, key_paths, passphrase_from_env_or_prompt
 
+    output.use(quiet=quiet, verbose=verbose)
     passphrase = None
     if not no_passphrase:
         for path in key_paths(out):
@@ -76,21 +100,36 @@ def keygen(
                 "Passphrase for the new key: ", confirm=True, missing_hint="pass --no-passphrase"
             )
     made = generate(out, passphrase)
-    typer.echo(made.keyid)
-    _err(f"wrote {made.private_path} (private: keep it secret) and {made.public_path}")
-    _err(f"to trust it: heddle trust add {made.public_path}")
+    if json_out:
+        output.print_json({"keyid": made.keyid, "private_key": str(made.private_path),
+                           "public_key": str(made.public_path), "encrypted": passphrase is not None})
+    else:
+        typer.echo(made.keyid)
+    output.detail(f"Ed25519 key {made.keyid}; the private key is "
+                  f"{'encrypted with the passphrase' if passphrase is not None else 'not encrypted (--no-passphrase)'}")
+    output.note(f"wrote {made.private_path} (private: keep it secret) and {made.public_path}")
+    output.note(f"to trust it: heddle trust add {made.public_path}")
 
 
 def sign(
     bundle: Path = typer.Argument(..., metavar="BUNDLE", help="The .heddle file to sign (rewritten in place)."),
     key: Path = typer.Option(..., "--key", metavar="KEY", help="Private key from `heddle keygen` (PATH.key)."),
+    json_out: bool = json_option("Print the digest and the signatures now on the bundle as JSON."),
+    quiet: bool = QUIET,
+    verbose: bool = VERBOSE,
 ) -> None:
     """Add a signature to a bundle. The manifest, and so the digest, stay exactly the same."""
     from heddle.format.keys import load_signing_key
     from heddle.format.pack import add_signature
 
+    output.use(quiet=quiet, verbose=verbose)
     signing_key = load_signing_key(key)
+    output.detail(f"signing with key {signing_key.keyid} from {key}")
     digest, signatures = add_signature(bundle, signing_key)
+    if json_out:
+        output.print_json({"bundle": str(bundle), "keyid": signing_key.keyid, "digest": f"sha256:{digest}",
+                           "signatures": signatures.keyids})
+        return
     typer.echo(f"signed {bundle} with key {signing_key.keyid}")
     typer.echo(f"  digest     sha256:{digest} (unchanged)")
     typer.echo(f"  signatures {', '.join(signatures.keyids)}")
@@ -102,7 +141,9 @@ def verify(
     allow_unsigned: bool = _ALLOW_UNSIGNED,
     json_out: bool = typer.Option(False, "--json", help="Print the outcome as one JSON object on stdout."),
     deep: bool = typer.Option(False, "--deep", help="Also re-hash every file of a payload already in the cache."),
-    cache_dir: Optional[Path] = _CACHE_DIR,
+    cache_dir: Path | None = _CACHE_DIR,
+    quiet: bool = QUIET,
+    verbose: bool = VERBOSE,
 ) -> None:
     """Prove a bundle is exactly what a trusted key sealed, and unpack it into the cache.
 
@@ -113,25 +154,33 @@ def verify(
     trusted key; 6 content does not match the manifest; 7 malformed or over a cap;
     8 made by a newer heddle; 2 usage.
     """
-    from heddle.format.errors import BundleError
     from heddle.bundle.fingerprints import flow_tool_fingerprints
     from heddle.cli.progress import terminal_progress
-    from heddle.format.trust import resolve_trust
+    from heddle.format.errors import BundleError
+    from heddle.format.trust import TrustPolicy
     from heddle.format.verify import open_bundle
 
-    keys = resolve_trust(trust)
+    output.use(quiet=quiet, verbose=verbose)
+    policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
+    output.detail(_trusting(trust, policy.keyids) + ("; admitting an unsigned bundle" if allow_unsigned else ""))
     try:
         opened = open_bundle(
-            bundle, trusted_keys=keys, allow_unsigned=allow_unsigned, cache_root=cache_dir, deep=deep, prove_file=True,
+            bundle, trusted_keys=policy.trusted, allow_unsigned=policy.admits_unsigned, cache_root=cache_dir, deep=deep,
+            prove_file=True,
             progress=None if json_out else terminal_progress(), tool_fingerprints=flow_tool_fingerprints,
         )
     except BundleError as exc:
         if not json_out:
             raise
-        outcome = {"ok": False, "bundle": str(bundle), "error": {"kind": exc.kind, "exit_code": exc.exit_code, "message": exc.message}}
+        error = {"kind": exc.kind, "exit_code": exc.exit_code, "message": exc.message}
+        outcome = {"ok": False, "bundle": str(bundle), "error": error}
         typer.echo(json.dumps(outcome, ensure_ascii=False))
         raise typer.Exit(exc.exit_code) from None
     m = opened.manifest
+    if opened.repaired:
+        output.warn(f"the cached copy could not be proved ({opened.repaired}); it was replaced")
+    output.detail(f"payload {'already in the cache, proved again' if opened.cached else 'checked and unpacked'}"
+                  f"{' and re-hashed (--deep)' if opened.cached and deep else ''}: {opened.root}")
     if json_out:
         typer.echo(json.dumps({
             "ok": True, "bundle": str(bundle), "digest": opened.digest, "signers": opened.signers,
@@ -147,61 +196,42 @@ def verify(
     else:
         typer.echo("  signed   no (admitted by --allow-unsigned)")
     typer.echo(f"  contents {len(m.files)} files ({_size(m.total_size)}), {len(m.tools)} tools, {len(m.mounts)} mounts")
-    note = " (already verified, re-hashed)" if opened.cached and deep else " (already verified)" if opened.cached else ""
+    note = "" if not opened.cached else " (already verified, re-hashed)" if deep else " (already verified)"
     typer.echo(f"  cache    {opened.root}{note}")
-    if opened.repaired:
-        _err(f"warning: the cached copy could not be proved ({opened.repaired}); it was replaced")
-
-
-def _status(bundle: Path, seen: Any, trust: list[str], cache_dir: Path | None) -> str:
-    """VERIFIED only when a trusted key signed this manifest and its payload in the cache proves
-    to be what was sealed (the same re-open proof `heddle run` makes)."""
-    from heddle.format.cache import Cache
-    from heddle.format.errors import BundleError
-    from heddle.format.signing import decide_trust
-    from heddle.format.trust import resolve_trust
-    from heddle.format.verify import reprove
-
-    if seen.legacy:
-        return "UNVERIFIED (format-1 gzip bundle: carries no signature)"
-    try:
-        signers = decide_trust(seen.manifest_bytes, seen.signatures, resolve_trust(trust), allow_unsigned=False, what=str(bundle))
-    except BundleError as exc:
-        return f"UNVERIFIED ({exc.kind.replace('_', ' ')}: {exc.message})"
-    cache = Cache(cache_dir)
-    if cache.open(create=False) and cache.has(seen.digest):
-        problem = reprove(cache, seen.digest, seen.manifest)
-        if problem is None:
-            return f"VERIFIED (signed by {', '.join(signers)}; payload verified in the cache)"
-        return (f"UNVERIFIED (signed by trusted key {', '.join(signers)}; the cached copy is not what was sealed: "
-                f"{problem}; run heddle verify)")
-    return f"UNVERIFIED (signed by trusted key {', '.join(signers)}; payload not checked yet: run heddle verify)"
 
 
 def inspect(
     bundle: Path = typer.Argument(..., metavar="BUNDLE", help="The .heddle file to describe."),
     trust: list[str] = _TRUST,
     json_out: bool = typer.Option(False, "--json", help="Print the manifest, signatures and status as JSON."),
-    cache_dir: Optional[Path] = _CACHE_DIR,
+    cache_dir: Path | None = _CACHE_DIR,
+    quiet: bool = QUIET,
+    verbose: bool = VERBOSE,
 ) -> None:
     """Show a bundle's manifest, files and tools with their input-schema fingerprints, without unpacking it.
 
     The listing is marked UNVERIFIED unless a trusted key signed it and its payload was verified.
     """
+    from heddle.format.trust import TrustPolicy
+    from heddle.format.verdict import trust_verdict
     from heddle.format.verify import peek
 
+    output.use(quiet=quiet, verbose=verbose)
+    if output.verbosity() is output.Verbosity.VERBOSE:
+        output.detail(_trusting(trust, TrustPolicy.from_names(trust).keyids))
     seen = peek(bundle)
-    status = _status(bundle, seen, trust, cache_dir)
+    verdict = trust_verdict(bundle, seen, TrustPolicy.from_names(trust), cache_dir=cache_dir)
+    status = str(verdict)
     if json_out:
         typer.echo(json.dumps({
-            "bundle": str(bundle), "status": status.split(" ", 1)[0], "detail": status, "digest": seen.digest,
+            "bundle": str(bundle), "status": verdict.status, "detail": status, "digest": seen.digest,
             "signatures": seen.signatures.keyids, "manifest": seen.manifest.to_json(),
         }, ensure_ascii=False, indent=2))
         return
     _print_manifest(bundle, seen.manifest, seen.digest or "", seen.signatures.keyids, status)
 
 
-def _print_manifest(bundle: Path, m: "Manifest", digest: str, keyids: list[str], status: str) -> None:
+def _print_manifest(bundle: Path, m: Manifest, digest: str, keyids: list[str], status: str) -> None:
     echo = typer.echo
     echo(f"{bundle}: {status}")
     echo(f"  name       {m.name}")
@@ -235,15 +265,22 @@ def diff(
     a: Path = typer.Argument(..., metavar="A", help="The older bundle."),
     b: Path = typer.Argument(..., metavar="B", help="The newer bundle."),
     json_out: bool = typer.Option(False, "--json", help="Print the differences as JSON."),
+    quiet: bool = QUIET,
+    verbose: bool = VERBOSE,
 ) -> None:
     """Show the files, tools, input-schema fingerprints and settings that differ from A to B.
 
     Reads both manifests without verifying either; exits 0 whether or not they differ.
     """
     from heddle.bundle.diff import diff_manifests
-    from heddle.format.verify import read_unverified
+    from heddle.format.verify import peek
 
-    changes = diff_manifests(read_unverified(a)[0], read_unverified(b)[0])
+    output.use(quiet=quiet, verbose=verbose)
+    older, newer = peek(a), peek(b)
+    for label, path, seen in (("A", a, older), ("B", b, newer)):
+        digest = f"sha256:{seen.digest}" if seen.digest else "a legacy bundle"
+        output.detail(f"{label} {path}: {digest}, {len(seen.manifest.files)} files (not verified)")
+    changes = diff_manifests(older.manifest, newer.manifest)
     if json_out:
         typer.echo(json.dumps(changes.to_json(), ensure_ascii=False, indent=2))
         return
@@ -256,6 +293,9 @@ def diff(
 
 def doctor(
     bundle: Path = typer.Argument(..., metavar="BUNDLE", help="The .heddle file whose requirements to check."),
+    json_out: bool = json_option("Print every check as JSON (the exit status is the same)."),
+    quiet: bool = QUIET,
+    verbose: bool = VERBOSE,
 ) -> None:
     """Check that this machine has what the bundle `requires` and what its flow reads: binaries on
     PATH, environment variables set (the `$VAR`s of its llm configs too; values are never printed),
@@ -263,24 +303,34 @@ def doctor(
 
     Exits 0 when everything is there, 9 when something is missing.
     """
-    from heddle.format.errors import RequirementsUnmetError
     from heddle.bundle.flowenv import sealed_flow_reads
     from heddle.bundle.requires import check_flow_env, check_requires
+    from heddle.format.errors import RequirementsUnmetError
     from heddle.format.verify import peek
 
+    output.use(quiet=quiet, verbose=verbose)
     seen = peek(bundle)
     checks = check_requires(seen.manifest.requires)
+    output.detail(f"{bundle} declares {len(checks)} requirement(s)")
     if seen.legacy:
-        _err(f"{bundle}: a format-1 bundle; only its declared requirements are checked, not its flow's variables")
+        output.note(f"{bundle}: a format-1 bundle; only its declared requirements are checked, "
+                    "not its flow's variables")
     else:
-        checks += check_flow_env(sealed_flow_reads(bundle), declared=seen.manifest.requires.env)
-    if not checks:
+        reads = check_flow_env(sealed_flow_reads(bundle), declared=seen.manifest.requires.env)
+        output.detail(f"its sealed flow reads {len(reads)} more environment variable(s)")
+        checks += reads
+    missing = [c for c in checks if not c.ok and c.required]
+    if json_out:
+        output.print_json({
+            "bundle": str(bundle), "ok": not missing,
+            "checks": [{"kind": c.kind, "name": c.name, "required": c.required, "ok": c.ok, "detail": c.detail}
+                       for c in checks],
+        })
+    elif not checks:
         typer.echo(f"{bundle} requires nothing of this machine")
-        return
-    for check in checks:
+    for check in [] if json_out else checks:
         status = "ok     " if check.ok else "MISSING" if check.required else "unset  "
         typer.echo(f"{status} {check.kind:<4} {check.name}: {check.detail}")
-    missing = [c for c in checks if not c.ok and c.required]
     if missing:
         names = ", ".join(f"{c.kind} {c.name}" for c in missing)
         needed = sum(c.required for c in checks)
@@ -296,33 +346,69 @@ trust_app = typer.Typer(
 
 
 @trust_app.command("add")
-def trust_add(key: Path = typer.Argument(..., metavar="KEY.pub", help="A public key from `heddle keygen`.")) -> None:
+def trust_add(
+    key: Path = typer.Argument(..., metavar="KEY.pub", help="A public key from `heddle keygen`."),
+    json_out: bool = json_option("Print the key id, whether it was new, and where it is kept as JSON."),
+    quiet: bool = QUIET,
+    verbose: bool = VERBOSE,
+) -> None:
     """Trust a public key for verifying bundles."""
     from heddle.format.trust import TrustStore
 
-    added, new = TrustStore().add(key)
+    output.use(quiet=quiet, verbose=verbose)
+    store = TrustStore()
+    added, new = store.add(key)
+    output.detail(f"trust store: {store.directory}")
+    if json_out:
+        output.print_json({"keyid": added.keyid, "added": new, "key": str(key), "path": str(store.directory /
+                                                                                           f"{added.keyid}.pub")})
+        return
     typer.echo(f"{'trusted' if new else 'already trusted'} {added.keyid} ({key})")
 
 
-@trust_app.command("list")
-def trust_list() -> None:
+def trust_ls(
+    json_out: bool = json_option("Print the keys as a JSON array."),
+    quiet: bool = QUIET,
+    verbose: bool = VERBOSE,
+) -> None:
     """List the trusted keys: key id and file."""
     from heddle.format.trust import TrustStore
 
+    output.use(quiet=quiet, verbose=verbose)
     store = TrustStore()
+    output.detail(f"trust store: {store.directory}")
     keys = store.list()
+    if json_out:
+        output.print_json([{"keyid": key.keyid, "path": key.source} for key in keys])
+        return
     if not keys:
-        _err(f"no trusted keys in {store.directory}; add one with `heddle trust add KEY.pub`")
+        output.note(f"no trusted keys in {store.directory}; add one with `heddle trust add KEY.pub`")
     for key in keys:
         typer.echo(f"{key.keyid}  {key.source}")
 
 
+trust_app.command("ls")(trust_ls)
+# The name this command had first; kept working, not listed.
+trust_app.command("list", hidden=True)(trust_ls)
+
+
 @trust_app.command("remove")
-def trust_remove(keyid: str = typer.Argument(..., metavar="KEYID", help="The key id (or a unique prefix of 8+ digits).")) -> None:
+def trust_remove(
+    keyid: str = typer.Argument(..., metavar="KEYID", help="The key id (or a unique prefix of 8+ digits)."),
+    json_out: bool = json_option("Print the key id removed as JSON."),
+    quiet: bool = QUIET,
+    verbose: bool = VERBOSE,
+) -> None:
     """Stop trusting a key."""
     from heddle.format.trust import TrustStore
 
-    removed = TrustStore().remove(keyid)
+    output.use(quiet=quiet, verbose=verbose)
+    store = TrustStore()
+    output.detail(f"trust store: {store.directory}")
+    removed = store.remove(keyid)
+    if json_out:
+        output.print_json({"removed": removed.keyid, "path": removed.source})
+        return
     typer.echo(f"removed {removed.keyid}")
 
 
@@ -355,8 +441,9 @@ def parse_duration(text: str, *, flag: str = "--older-than") -> float:
     if not text.strip() or match is None:
         from heddle.errors import UsageError
 
-        raise UsageError(f"{flag} {text!r} is not a duration; write a whole number and a unit, such as 30d, 12h, 90m or 45s")
-    return float(sum(int(n) * _DURATION_UNITS[u] for n, u in zip(match.groups(), "dhms") if n))
+        raise UsageError(f"{flag} {text!r} is not a duration; write a whole number and a unit, "
+                         "such as 30d, 12h, 90m or 45s")
+    return float(sum(int(n) * _DURATION_UNITS[u] for n, u in zip(match.groups(), "dhms", strict=True) if n))
 
 
 def _ago(seconds: float) -> str:
@@ -370,6 +457,8 @@ def _ago(seconds: float) -> str:
 def cache_ls(
     json_out: bool = typer.Option(False, "--json", help="Print the entries as a JSON array."),
     cache_dir: Path | None = _CACHE_DIR,
+    quiet: bool = QUIET,
+    verbose: bool = VERBOSE,
 ) -> None:
     """List the cached payloads: digest, name, size and when each was last used.
 
@@ -381,7 +470,9 @@ def cache_ls(
 
     from heddle.format.cache import Cache
 
+    output.use(quiet=quiet, verbose=verbose)
     cache = Cache(cache_dir)
+    output.detail(f"cache: {cache.root}")
     entries = cache.entries()
     if json_out:
         typer.echo(json.dumps([{
@@ -392,7 +483,7 @@ def cache_ls(
         } for e in entries], ensure_ascii=False, indent=2))
         return
     if not entries:
-        _err(f"the cache at {cache.root} is empty")
+        output.note(f"the cache at {cache.root} is empty")
         return
     now = time.time()
     typer.echo(f"{'DIGEST':<71}  {'NAME':<20}  {'SIZE':>10}  LAST USED")
@@ -411,6 +502,9 @@ def cache_prune(
     ),
     all_: bool = typer.Option(False, "--all", help="Remove every entry."),
     cache_dir: Path | None = _CACHE_DIR,
+    json_out: bool = json_option("Print what was removed and kept as JSON."),
+    quiet: bool = QUIET,
+    verbose: bool = VERBOSE,
 ) -> None:
     """Remove cached payloads not used lately, entries that would not be trusted, and staging
     folders left by a killed verifier (never one a running verifier holds).
@@ -418,25 +512,27 @@ def cache_prune(
     An entry removed while a run uses it breaks that run: prune when nothing runs, or keep
     --older-than above the longest run.
     """
-    from heddle.format.cache import Cache
     from heddle.errors import UsageError
+    from heddle.format.cache import Cache
 
+    output.use(quiet=quiet, verbose=verbose)
     if all_ and older_than is not None:
         raise UsageError("give --all or --older-than, not both")
     age = None if all_ else parse_duration(older_than if older_than is not None else "30d")
     cache = Cache(cache_dir)
+    output.detail(f"cache: {cache.root}; removing entries "
+                  f"{'of any age' if age is None else f'unused for {age:.0f} s or more'}")
     result = cache.prune(older_than=age)
     freed = sum(e.size for e in result.entries)
     for e in result.entries:
-        _err(f"removed {e.key if e.legacy else 'sha256:' + e.key} {e.name}".rstrip())
+        output.note(f"removed {e.key if e.legacy else 'sha256:' + e.key} {e.name}".rstrip())
+    if json_out:
+        output.print_json({
+            "removed": [{"digest": e.key if e.legacy else f"sha256:{e.key}", "name": e.name or None, "size": e.size,
+                         "problem": e.problem} for e in result.entries],
+            "freed_bytes": freed, "staging_removed": result.staging, "kept": result.kept,
+        })
+        return
     typer.echo(f"removed {len(result.entries)} entries ({_size(freed)}) and {result.staging} staging folders; "
                f"kept {result.kept} entries")
 
-
-def register(app: typer.Typer) -> None:
-    """Add these commands to the main app."""
-    for name, fn in (("keygen", keygen), ("sign", sign), ("verify", verify), ("inspect", inspect),
-                     ("diff", diff), ("doctor", doctor)):
-        app.command(name)(fn)
-    app.add_typer(trust_app, name="trust")
-    app.add_typer(cache_app, name="cache")

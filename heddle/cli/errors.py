@@ -42,8 +42,10 @@ def _exit_types() -> tuple[type[BaseException], ...]:
 
 def run_app(app: typer.Typer, args: list[str] | None = None) -> int:
     """Run `app` and return the process exit code, printing library errors as one line."""
+    from heddle.cli import output
     from heddle.errors import HeddleError
 
+    output.reset()
     try:
         rc = app(args=args, standalone_mode=False)
     except HeddleError as exc:

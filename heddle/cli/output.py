@@ -1,11 +1,114 @@
-"""What `heddle run` shows while a run goes: nothing by default, progress with --verbose, or
-every event as a JSON line with --protocol heddle."""
+"""What every `heddle` command prints, and where.
+
+stdout carries a command's result (a report, a key id, a run's final state, or JSON with
+`--json`) and nothing else; `-q/--quiet` and `-v/--verbose` never change it. stderr carries the
+rest: notes and the progress bar (silenced by `--quiet`), details of what heddle does (added by
+`--verbose`), and warnings and errors (always). Colour and the progress bar appear only on a
+terminal, and never when NO_COLOR is set to any value (or TERM is dumb).
+
+Also: what `heddle run` shows while a run goes (nothing by default, each node and tool call
+with --verbose, every event as a JSON line with --protocol heddle).
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
-from typing import Any
+from enum import IntEnum
+from typing import IO, Any
+
+import typer
+
+QUIET_HELP = "Print only the result, warnings and errors: no notes and no progress bar on stderr."
+VERBOSE_HELP = "Also say on stderr what heddle does as it goes (for a run: every node and tool call)."
+
+# The one definition of -q and -v: every command takes these two objects as parameter defaults
+# (`quiet: bool = QUIET, verbose: bool = VERBOSE`) and hands the values to `use()`.
+QUIET: Any = typer.Option(False, "--quiet", "-q", help=QUIET_HELP)
+VERBOSE: Any = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP)
+
+
+def json_option(help: str = "Print the report as JSON on stdout instead of text.") -> Any:
+    """A command's `--json` flag."""
+    return typer.Option(False, "--json", help=help)
+
+
+class Verbosity(IntEnum):
+    QUIET = 0
+    NORMAL = 1
+    VERBOSE = 2
+
+
+_level = Verbosity.NORMAL
+
+
+def use(*, quiet: bool = False, verbose: bool = False) -> Verbosity:
+    """Set how much this command says on stderr, from its -q and -v flags."""
+    global _level
+    if quiet and verbose:
+        from heddle.errors import UsageError
+
+        raise UsageError("give --quiet or --verbose, not both")
+    _level = Verbosity.QUIET if quiet else Verbosity.VERBOSE if verbose else Verbosity.NORMAL
+    return _level
+
+
+def reset() -> None:
+    """Back to the default, before a command runs (a process may run several, as tests do)."""
+    global _level
+    _level = Verbosity.NORMAL
+
+
+def verbosity() -> Verbosity:
+    return _level
+
+
+def note(text: str) -> None:
+    """What a person may want to know (a file written, a hint): stderr, unless --quiet."""
+    if _level >= Verbosity.NORMAL:
+        _line(text)
+
+
+def detail(text: str) -> None:
+    """What heddle did, step by step: stderr, with --verbose only."""
+    if _level >= Verbosity.VERBOSE:
+        _line(text)
+
+
+def warn(text: str) -> None:
+    """Something a person must know even with --quiet."""
+    _line(f"warning: {text}")
+
+
+def print_json(value: Any, *, indent: int | None = 2) -> None:
+    sys.stdout.write(json.dumps(value, ensure_ascii=False, indent=indent) + "\n")
+    sys.stdout.flush()
+
+
+def binary_size(n: float) -> str:
+    """`n` bytes as heddle writes sizes everywhere: B, or KiB, MiB, GiB with one decimal."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{int(n)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def decorated(stream: IO[str]) -> bool:
+    """Whether `stream` may get colour or a progress bar: a terminal, no NO_COLOR, TERM not dumb."""
+    if "NO_COLOR" in os.environ or os.environ.get("TERM") == "dumb":
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or unusual stream is no terminal
+        return False
+
+
+def _line(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
 def _short(value: Any, limit: int = 200) -> str:
@@ -19,7 +122,7 @@ class EventPrinter:
         self.protocol = protocol
         self._in_tokens = False
 
-    def __call__(self, event) -> None:
+    def __call__(self, event: Any) -> None:
         from heddle.engine import events as ev
 
         if self.protocol == "heddle":

@@ -1,40 +1,8 @@
-"""The report `heddle validate` prints: what it parsed, the graph verdict, tools and fingerprints."""
+"""How `heddle validate` prints the validation report (made by heddle.validation)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
-
-
-def validation_report(flow, *, tools: Mapping[str, Path] | None, source: str,
-                      tools_dir: Path | None = None) -> dict[str, Any]:
-    from heddle.graph import check_flow, referenced_tools
-    from heddle.tools.schema import input_fingerprint
-
-    problems = check_flow(flow, tools=tools, tools_dir=tools_dir)
-    named = referenced_tools(flow)
-    tool_rows = []
-    for name in sorted(named):
-        tool_rows.append({
-            "name": name,
-            "fingerprint": input_fingerprint(named[name]),
-            "executable": str(tools[name]) if tools and name in tools else None,
-        })
-    kinds: dict[str, int] = {}
-    for node in flow.nodes:
-        kinds[node.component_type] = kinds.get(node.component_type, 0) + 1
-    return {
-        "source": source,
-        "flow": flow.name,
-        "agentspec_version": flow.agentspec_version,
-        "nodes": kinds,
-        "edges": {"control": len(flow.control_flow_connections), "data": len(flow.data_flow_connections or [])},
-        "tools": tool_rows,
-        "tools_checked": tools is not None,
-        "valid": not problems,
-        "problems": problems,
-    }
 
 
 def print_validation(report: dict[str, Any]) -> None:

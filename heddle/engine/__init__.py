@@ -1,6 +1,10 @@
-"""The engine: run a typed flow to its end, emitting events."""
+"""The engine: run a typed flow to its end, emitting events.
+
+Its entry points are `heddle.engine.run.prepare_run` and `run_prepared`. They are not imported
+here: `import heddle` exports the event types (`heddle.engine.events`), and reading those must
+not load the flow model (pydantic) that the runner needs.
+"""
 
 from heddle.engine.options import RunOptions
-from heddle.engine.run import PreparedRun, prepare_run, run_flow, run_prepared
 
-__all__ = ["PreparedRun", "RunOptions", "prepare_run", "run_flow", "run_prepared"]
+__all__ = ["RunOptions"]

@@ -7,12 +7,18 @@ fails) goes back to it as an error it can recover from; only the limits end the 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from heddle.engine import events as ev
 from heddle.engine.context import RunContext
+from heddle.engine.seams import AgentRound, ModelRequest, RoundResult, ToolRequest
 from heddle.engine.templates import render
 from heddle.errors import LimitError, ToolError
+from heddle.spec import components as c
+
+if TYPE_CHECKING:
+    from heddle.model.turn import ToolCall
+    from heddle.workspace.workspace import Workspace
 
 
 def _tool_message(call_id: str, content: Any) -> dict[str, Any]:
@@ -24,7 +30,7 @@ def _error(text: str) -> dict[str, str]:
     return {"error": f"Error: {text}"}
 
 
-def answer_outputs(answer: str, node) -> dict[str, Any]:
+def answer_outputs(answer: str, node: c.AgentNode) -> dict[str, Any]:
     """`{"result": answer}`, plus the answer's keys when it is a JSON object."""
     outputs: dict[str, Any] = {"result": answer}
     titles = node.output_titles()
@@ -39,13 +45,12 @@ def answer_outputs(answer: str, node) -> dict[str, Any]:
     return outputs
 
 
-async def run_agent(ctx: RunContext, node, inputs: dict[str, Any]) -> dict[str, Any]:
-    from heddle.tools.schema import check_arguments, function_definition, input_schema
+async def run_agent(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) -> dict[str, Any]:
+    from heddle.tools.schema import function_definition, input_schema
 
     agent = node.agent
     endpoint = ctx.endpoint(agent.llm_config)
-    tools = {tool.name: tool for tool in agent.tools}
-    schemas = {name: input_schema(tool) for name, tool in tools.items()}
+    schemas = {tool.name: input_schema(tool) for tool in agent.tools}
     definitions = [function_definition(tool) for tool in agent.tools] or None
     messages: list[dict[str, Any]] = []
     if agent.system_prompt:
@@ -56,23 +61,18 @@ async def run_agent(ctx: RunContext, node, inputs: dict[str, Any]) -> dict[str, 
     def on_delta(text: str) -> None:
         ctx.emit(ev.TokenDelta(node=node.name, text=text))
 
-    with ctx.workspaces.open(node.name) as workspace:
-        rounds = 0
-        while True:
-            rounds += 1
-            if ctx.plugins is not None:
-                await ctx.plugins.round_before(node.name, rounds, messages)
-            turn = await ctx.chat(node.name, endpoint, messages, definitions, on_delta)
+    async with ctx.workspaces.enter(node.name) as workspace:
+
+        async def one_round(agent_round: AgentRound) -> RoundResult:
+            turn = await ctx.chat(ModelRequest(node.name, endpoint, agent_round.messages, definitions, on_delta))
             if not turn.tool_calls:
-                if ctx.plugins is not None:
-                    await ctx.plugins.round_after(node.name, rounds, turn, [])
-                return answer_outputs(turn.content or "", node)
-            if limit is not None and rounds >= limit:
+                return RoundResult(turn, [])
+            if limit is not None and agent_round.number >= limit:
                 raise LimitError(
                     f"agent {node.name!r} exceeded --max-tool-rounds {limit}: the model was still "
-                    f"calling tools after {rounds} round(s)"
+                    f"calling tools after {agent_round.number} round(s)"
                 )
-            messages.append({
+            agent_round.messages.append({
                 "role": "assistant",
                 "content": turn.content,
                 "tool_calls": [
@@ -83,25 +83,34 @@ async def run_agent(ctx: RunContext, node, inputs: dict[str, Any]) -> dict[str, 
             })
             results = []
             for call in turn.tool_calls:
-                result = await _one_call(ctx, node.name, call, tools, schemas, workspace, check_arguments)
-                messages.append(_tool_message(call.id, result))
+                result = await _one_call(ctx, node.name, call, schemas, workspace)
+                agent_round.messages.append(_tool_message(call.id, result))
                 results.append({"id": call.id, "name": call.name, "result": result})
-            if ctx.plugins is not None:
-                await ctx.plugins.round_after(node.name, rounds, turn, results)
+            return RoundResult(turn, results)
+
+        number = 0
+        while True:
+            number += 1
+            done = await ctx.seams.agent_round(AgentRound(node.name, number, messages), one_round)
+            if not done.turn.tool_calls:
+                return answer_outputs(done.turn.content or "", node)
 
 
-async def _one_call(ctx, node_name, call, tools, schemas, workspace, check_arguments) -> Any:
-    if call.name not in tools:
-        known = ", ".join(sorted(tools)) or "none"
+async def _one_call(ctx: RunContext, node_name: str, call: ToolCall, schemas: dict[str, dict[str, Any]],
+                    workspace: Workspace) -> Any:
+    from heddle.tools.schema import check_arguments
+
+    if call.name not in schemas:
+        known = ", ".join(sorted(schemas)) or "none"
         return _error(f"there is no tool named {call.name!r}; the tools are: {known}")
     try:
         arguments = json.loads(call.arguments or "{}")
     except ValueError as exc:
         return _error(f"the arguments for {call.name!r} are not valid JSON ({exc}); send a JSON object")
     filled, problem = check_arguments(schemas[call.name], arguments)
-    if problem is not None:
+    if problem is not None or filled is None:
         return _error(f"the arguments for {call.name!r} do not match its input schema: {problem}")
     try:
-        return await ctx.call_tool(node_name, call.name, filled, workspace, call_id=call.id)
+        return await ctx.call_tool(ToolRequest(node_name, call.name, filled, workspace, call.id))
     except ToolError as exc:
         return _error(str(exc))

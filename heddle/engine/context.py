@@ -1,21 +1,27 @@
-"""What every node executor of one run shares: options, tools, model client, workspaces, events."""
+"""What every node executor of one run shares: options, tools, model client, workspaces, events
+and the run's seams, through which every node, tool call and model call goes."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from heddle.engine import events as ev
 from heddle.engine.options import RunOptions
-from heddle.errors import LimitError
+from heddle.engine.seams import ModelRequest, PassThrough, Seams, ToolRequest, ToolStep
+from heddle.errors import LimitError, ModelError
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from heddle.model.client import ModelClient, ModelEndpoint
-    from heddle.workspace.workspace import Workspace, Workspaces
+    from heddle.model.turn import AssistantTurn
+    from heddle.spec import components as c
+    from heddle.workspace.workspace import Workspaces
 
 
 @dataclass
@@ -23,13 +29,15 @@ class RunContext:
     options: RunOptions
     tools: Mapping[str, Path]
     tools_dir: Path | None
-    client: "ModelClient"
-    endpoints: dict[int, "ModelEndpoint"]
-    workspaces: "Workspaces"
-    emit: ev.EventSink
+    endpoints: Mapping[int, ModelEndpoint]
+    workspaces: Workspaces
+    sink: ev.EventSink  # the caller's; events reach it through the seams (see `emit`)
+    client: ModelClient | None = None  # None when the flow calls no model
+    seams: Seams = field(default_factory=PassThrough)
     iterations: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-    plugins: Any = None  # a heddle.plugin_host PluginRun when plugins are loaded: the seams go through it
+
+    def emit(self, event: ev.Event) -> None:
+        self.seams.event(event, self.sink)
 
     def count_iteration(self, node_name: str) -> None:
         self.iterations += 1
@@ -39,43 +47,62 @@ class RunContext:
                 f"(at node {node_name!r}); a loop in the flow may never reach its EndNode"
             )
 
-    def endpoint(self, llm_config) -> "ModelEndpoint":
+    def endpoint(self, llm_config: c.LlmConfig) -> ModelEndpoint:
         return self.endpoints[id(llm_config)]
 
-    async def call_tool(self, node_name: str, tool_name: str, arguments: dict[str, Any],
-                        workspace: "Workspace", call_id: str | None = None) -> dict[str, Any]:
-        """Run one tool in `workspace`, emitting tool_call/tool_result. Raises ToolError."""
-        if self.plugins is not None:
-            return await self.plugins.call_tool(node_name, tool_name, arguments, workspace, call_id)
-        return await self.run_tool(node_name, tool_name, arguments, workspace, call_id=call_id)
+    # ---------------------------------------------------------------- tools
 
-    async def chat(self, node_name: str, endpoint: "ModelEndpoint", messages: list[dict[str, Any]],
-                   tools: list[dict[str, Any]] | None, on_delta=None):
-        """Ask the node's model for one assistant turn."""
-        if self.plugins is not None:
-            return await self.plugins.chat(node_name, endpoint, messages, tools, on_delta)
-        return await self.client.chat(endpoint, messages, tools, on_delta=on_delta)
+    async def call_tool(self, request: ToolRequest) -> dict[str, Any]:
+        """One tool call, through the toolCall seam. Raises ToolError."""
+        return await self.seams.call_tool(request, self.run_tool)
 
-    async def run_tool(self, node_name: str, tool_name: str, arguments: dict[str, Any],
-                       workspace: "Workspace", call_id: str | None = None) -> dict[str, Any]:
-        """Run one executable of the tools folder, with no plugin in between."""
+    async def run_tool(self, request: ToolRequest) -> dict[str, Any]:
+        """The engine's own step of a tool call: the seams' tool of that name, else the tools folder's."""
+        provided = self.seams.tool(request.tool)
+        if provided is None:
+            return await self.record_tool(request, self._run_executable)
+        return await self.record_tool(replace(request, arguments=provided.check(request.arguments)), provided.run)
+
+    async def record_tool(self, request: ToolRequest, work: ToolStep) -> dict[str, Any]:
+        """`work(request)` between its tool_call and tool_result events: the one place they are emitted,
+        whether the tool ran or a seam answered for it."""
+        node, tool, call_id = request.node, request.tool, request.call_id
+        self.emit(ev.ToolCall(node=node, tool=tool, call_id=call_id, arguments=request.arguments))
+        started = time.perf_counter()
+        try:
+            output = await work(request)
+        except Exception as exc:
+            self.emit(ev.ToolResult(node=node, tool=tool, call_id=call_id, ok=False, output={"error": str(exc)},
+                                    duration_ms=(time.perf_counter() - started) * 1000))
+            raise
+        self.emit(ev.ToolResult(node=node, tool=tool, call_id=call_id, ok=True, output=output,
+                                duration_ms=(time.perf_counter() - started) * 1000))
+        return output
+
+    async def _run_executable(self, request: ToolRequest) -> dict[str, Any]:
+        return await self.run_executable(request, self.tools[request.tool], self.tools_dir)
+
+    async def run_executable(self, request: ToolRequest, executable: Path, tools_dir: Path | None) -> dict[str, Any]:
+        """Run a tool's program in the request's workspace, confined by the run's sandbox policy
+        (`tools_dir`, the folder it comes from, is bound read-only)."""
         from heddle.tools.process import run_tool_process
         from heddle.workspace.sandbox import confine
 
-        executable = self.tools[tool_name]
-        self.emit(ev.ToolCall(node=node_name, tool=tool_name, call_id=call_id, arguments=arguments))
-        argv, env = confine(self.options.sandbox, [str(executable)], workspace=workspace,
-                            tools_dir=self.tools_dir, env=workspace.env(os.environ))
-        started = time.perf_counter()
-        try:
-            output = await run_tool_process(tool_name, argv, arguments, cwd=workspace.root, env=env,
-                                            timeout=self.options.tool_timeout, surface=self.options.surface,
-                                            sandboxed=self.options.sandbox.safe)
-        except Exception as exc:
-            self.emit(ev.ToolResult(node=node_name, tool=tool_name, call_id=call_id, ok=False,
-                                    output={"error": str(exc)},
-                                    duration_ms=(time.perf_counter() - started) * 1000))
-            raise
-        self.emit(ev.ToolResult(node=node_name, tool=tool_name, call_id=call_id, ok=True, output=output,
-                                duration_ms=(time.perf_counter() - started) * 1000))
-        return output
+        workspace = request.workspace
+        argv, env = confine(self.options.sandbox, [str(executable)], workspace=workspace, tools_dir=tools_dir,
+                            env=workspace.env(os.environ))
+        return await run_tool_process(request.tool, argv, request.arguments, cwd=workspace.root, env=env,
+                                      timeout=self.options.tool_timeout, surface=self.options.surface,
+                                      sandboxed=self.options.sandbox.safe)
+
+    # ---------------------------------------------------------------- models
+
+    async def chat(self, request: ModelRequest) -> AssistantTurn:
+        """One assistant turn of the node's model, through the modelCall seam."""
+        return await self.seams.call_model(request, self.ask_model)
+
+    async def ask_model(self, request: ModelRequest) -> AssistantTurn:
+        """The engine's own step of a model call."""
+        if self.client is None:
+            raise ModelError(f"node {request.node!r} has no model client")
+        return await self.client.chat(request.endpoint, request.messages, request.tools, on_delta=request.on_delta)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from heddle.engine import events as ev
 from heddle.engine.context import RunContext
+from heddle.engine.seams import ModelRequest, Outcome, ToolRequest
 from heddle.engine.templates import as_text, render
 from heddle.errors import RunError, ToolInputError
 from heddle.spec import components as c
-
-Outcome = tuple[dict[str, Any], "str | None"]
 
 
 def declared_values(declared: list[dict[str, Any]], values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -44,23 +44,24 @@ async def tool_node(ctx: RunContext, node: c.ToolNode, inputs: dict[str, Any]) -
         arguments = {p["title"]: inputs[p["title"]] for p in tool.inputs if p["title"] in inputs}
         filled, problem = check_arguments(input_schema(tool), arguments)
         if problem is not None:
-            raise ToolInputError(tool.name, f"input for ToolNode {node.name!r} does not match the tool's inputs: {problem}")
+            raise ToolInputError(tool.name,
+                                 f"input for ToolNode {node.name!r} does not match the tool's inputs: {problem}")
         arguments = filled or {}
     else:
         arguments = dict(inputs)
-    with ctx.workspaces.open(node.name) as workspace:
-        output = await ctx.call_tool(node.name, tool.name, arguments, workspace)
+    async with ctx.workspaces.enter(node.name) as workspace:
+        output = await ctx.call_tool(ToolRequest(node.name, tool.name, arguments, workspace))
     return output, None
 
 
 async def llm_node(ctx: RunContext, node: c.LlmNode, inputs: dict[str, Any]) -> Outcome:
-    from heddle.engine import events as ev
-
     prompt = render(node.prompt_template, inputs)
-    turn = await ctx.chat(
-        node.name, ctx.endpoint(node.llm_config), [{"role": "user", "content": prompt}], None,
-        on_delta=lambda text: ctx.emit(ev.TokenDelta(node=node.name, text=text)),
-    )
+
+    def on_delta(text: str) -> None:
+        ctx.emit(ev.TokenDelta(node=node.name, text=text))
+
+    turn = await ctx.chat(ModelRequest(node.name, ctx.endpoint(node.llm_config),
+                                       [{"role": "user", "content": prompt}], None, on_delta))
     titles = node.output_titles()
     return {titles[0] if len(titles) == 1 else "generated_text": turn.content or ""}, None
 
@@ -89,11 +90,22 @@ async def flow_node(ctx: RunContext, node: c.FlowNode, inputs: dict[str, Any]) -
     return await execute_flow(ctx, node.subflow, sub_inputs), None
 
 
-EXECUTORS = {
-    "StartNode": start_node,
-    "ToolNode": tool_node,
-    "LlmNode": llm_node,
-    "AgentNode": agent_node,
-    "BranchingNode": branching_node,
-    "FlowNode": flow_node,
-}
+async def run_node(ctx: RunContext, node: c.Node, inputs: dict[str, Any]) -> Outcome:
+    """The engine's own step of a node: its executor, or the one the run's seams add for its type."""
+    if isinstance(node, c.StartNode):
+        return await start_node(ctx, node, inputs)
+    if isinstance(node, c.ToolNode):
+        return await tool_node(ctx, node, inputs)
+    if isinstance(node, c.LlmNode):
+        return await llm_node(ctx, node, inputs)
+    if isinstance(node, c.AgentNode):
+        return await agent_node(ctx, node, inputs)
+    if isinstance(node, c.BranchingNode):
+        return await branching_node(ctx, node, inputs)
+    if isinstance(node, c.FlowNode):
+        return await flow_node(ctx, node, inputs)
+    step = ctx.seams.node_type(node.component_type)
+    if step is None:
+        raise RunError(f"{node.component_type} {node.name!r}: nothing executes this node type; "
+                       "load the plugin that declares it")
+    return await step(node, inputs)

@@ -9,23 +9,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from heddle.engine import events as ev
 from heddle.engine.context import RunContext
 from heddle.engine.options import RunOptions
+from heddle.engine.seams import NO_PLUGINS, Plugins, Rendering
 from heddle.errors import GraphError, HeddleError, LimitError, RunError
 from heddle.graph import FlowGraph, check_flow, llm_configs, node_key
 from heddle.spec import components as c
 
+if TYPE_CHECKING:
+    from heddle.model.client import ModelClient, ModelEndpoint
 
-def resolve_endpoints(flow: c.Flow) -> dict[int, Any]:
+T = TypeVar("T")
+
+
+def resolve_endpoints(flow: c.Flow) -> dict[int, ModelEndpoint]:
     """Every model endpoint of the flow, with its API key read now: a missing key fails before any node runs."""
-    endpoints: dict[int, Any] = {}
+    endpoints: dict[int, ModelEndpoint] = {}
     configs = list(llm_configs(flow))
     if not configs:
         return endpoints  # a flow of tools alone never loads the HTTP client
@@ -51,35 +58,32 @@ class PreparedRun:
     tools: Mapping[str, Path]
     tools_dir: Path | None
     options: RunOptions
-    endpoints: dict[int, Any]
-    plugins: Any = None  # a heddle.plugin_host.PluginHost, when plugins are loaded
+    endpoints: dict[int, ModelEndpoint]  # by id() of the flow's llm_config objects
+    plugins: Plugins = NO_PLUGINS
 
 
-def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | None,
-                options: RunOptions, sandbox_flags: tuple[str, ...] = (), plugins: Any = None) -> PreparedRun:
+def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | None, options: RunOptions,
+                sandbox_flags: tuple[str, ...] = (), plugins: Plugins | None = None) -> PreparedRun:
     """Graph, tools, keys, mounts and sandbox: everything refused before any node runs.
 
-    `plugins` (a heddle.plugin_host.PluginHost) adds its node types, tools, files and middleware.
+    `plugins` (a heddle.plugin_host.PluginHost) adds its node types, tools, files and seams.
     """
+    from heddle.workspace.mounts import check_mounts
     from heddle.workspace.sandbox import check_policy
 
-    if plugins is None:
-        problems = check_flow(flow, tools=tools, tools_dir=tools_dir)
-    else:
-        problems = check_flow(flow, tools=plugins.known_tools(tools), tools_dir=tools_dir)
-        problems += plugins.check_flow(flow)
-        options = plugins.with_files(options)
+    plugins = plugins or NO_PLUGINS
+    problems = check_flow(flow, tools=plugins.known_tools(tools), tools_dir=tools_dir)
+    problems += plugins.check_flow(flow)
     if problems:
         raise GraphError(problems)
+    options = plugins.with_files(options)
     check_policy(options.sandbox, explicitly_set=sandbox_flags)
-    from heddle.workspace.mounts import check_mounts
-
     ws = options.workspace
     check_mounts(ws.mounts, max_entries=ws.max_entries, max_bytes=ws.max_bytes)
     return PreparedRun(flow, tools, tools_dir, options, resolve_endpoints(flow), plugins)
 
 
-def _node_input(graph: FlowGraph, node, state: dict[str, Any],
+def _node_input(graph: FlowGraph, node: c.Node, state: dict[str, Any],
                 outputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     values = dict(state)
     key = node_key(node)
@@ -96,11 +100,12 @@ def _node_input(graph: FlowGraph, node, state: dict[str, Any],
 
 async def execute_flow(ctx: RunContext, flow: c.Flow, inputs: dict[str, Any]) -> dict[str, Any]:
     """Walk `flow` from its StartNode; return the input of the EndNode it reaches."""
-    from heddle.engine.nodes import EXECUTORS
+    from heddle.engine.nodes import run_node
 
     graph = FlowGraph.build(flow)
     state: dict[str, Any] = dict(inputs)
     outputs: dict[str, dict[str, Any]] = {}
+    step = functools.partial(run_node, ctx)
     node = graph.nodes.get(node_key(flow.start_node), flow.start_node)
     while True:
         ctx.count_iteration(node.name)
@@ -113,10 +118,7 @@ async def execute_flow(ctx: RunContext, flow: c.Flow, inputs: dict[str, Any]) ->
         ctx.emit(ev.NodeStart(node=node.name, node_type=node.component_type, inputs=node_input))
         started = time.perf_counter()
         try:
-            if ctx.plugins is None:
-                produced, branch = await EXECUTORS[node.component_type](ctx, node, node_input)
-            else:
-                produced, branch = await ctx.plugins.run_node(node, node_input)
+            produced, branch = await ctx.seams.node(node, node_input, step)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -136,7 +138,7 @@ async def execute_flow(ctx: RunContext, flow: c.Flow, inputs: dict[str, Any]) ->
 
 
 @contextlib.asynccontextmanager
-async def _model_client(prepared: PreparedRun):
+async def _model_client(prepared: PreparedRun) -> AsyncIterator[ModelClient | None]:
     if not prepared.endpoints:
         yield None
         return
@@ -148,32 +150,49 @@ async def _model_client(prepared: PreparedRun):
         yield client
 
 
-async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *,
-                       on_event: ev.EventSink = ev.ignore) -> dict[str, Any]:
-    """Run a prepared flow to its end and return the final state."""
+async def _within(options: RunOptions, work: Coroutine[Any, Any, T]) -> T:
+    """`work`, stopped when the run's timeout passes (a timeout of its own stays its own)."""
+    limit = options.timeout
+    if limit is None:
+        return await work
+    deadline = asyncio.timeout(limit)
+    try:
+        async with deadline:
+            return await work
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        raise LimitError(f"the run exceeded {options.surface.setting('timeout', limit)} and was stopped") from None
+
+
+async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *, on_event: ev.EventSink = ev.ignore,
+                       rendering: Rendering | None = None) -> dict[str, Any]:
+    """Run a prepared flow to its end and return the final state: the one way a flow runs.
+
+    `on_event` sees every event. With `rendering`, the run's plugins (an encoder) also render the
+    events in its protocol and hand the output to its `write`.
+    """
     from heddle.workspace.workspace import Workspaces
 
     options = prepared.options
 
-    def warn(message: str, node: str | None = None) -> None:
-        on_event(ev.Warning(message=message, node=node))
+    def warn(message: str) -> None:
+        ctx.emit(ev.Warning(message=message))
 
     workspaces = Workspaces(options.workspace, prepared.tools, tools_dir=prepared.tools_dir, warn=warn)
-    workspaces.check()
-    started = time.perf_counter()
-    on_event(ev.FlowStart(flow=prepared.flow.name, inputs=inputs))
-    async with _model_client(prepared) as client:
-        ctx = RunContext(options=options, tools=prepared.tools, tools_dir=prepared.tools_dir,
-                         client=client, endpoints=prepared.endpoints, workspaces=workspaces, emit=on_event)
-        if prepared.plugins is not None:
-            ctx.plugins = prepared.plugins.start_run(ctx)
-        try:
-            state = await asyncio.wait_for(execute_flow(ctx, prepared.flow, dict(inputs)), options.timeout)
-        except asyncio.TimeoutError:
-            raise LimitError(f"the run exceeded {options.surface.setting('timeout', options.timeout)} "
-                             "and was stopped") from None
-    on_event(ev.FlowComplete(flow=prepared.flow.name, state=state,
-                             duration_ms=(time.perf_counter() - started) * 1000))
+    ctx = RunContext(options=options, tools=prepared.tools, tools_dir=prepared.tools_dir,
+                     endpoints=prepared.endpoints, workspaces=workspaces, sink=on_event)
+    async with prepared.plugins.start_run(ctx, rendering) as seams:
+        ctx.seams = seams
+        workspaces.check()
+        started = time.perf_counter()
+        ctx.emit(ev.FlowStart(flow=prepared.flow.name, inputs=inputs))
+        async with _model_client(prepared) as client:
+            ctx.client = client
+            state = await _within(options, execute_flow(ctx, prepared.flow, dict(inputs)))
+        ctx.emit(ev.FlowComplete(flow=prepared.flow.name, state=state,
+                                 duration_ms=(time.perf_counter() - started) * 1000))
+        await seams.finish(state)
     return state
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 from heddle.format.errors import BundleLimitError, MalformedBundleError
 from heddle.format.frame import FrameInfo, walk_frame
@@ -22,11 +22,14 @@ SIGNATURES_ENTRY = ".heddle/signatures.json"
 META_MODE = 0o644
 ZSTD_LEVEL = 9
 
+if TYPE_CHECKING:
+    from zstandard import ZstdDecompressionReader
+
 
 class _ZstdSource:
     """The decompressed stream, with decoder failures reported as a malformed bundle."""
 
-    def __init__(self, stream: Any, what: str) -> None:
+    def __init__(self, stream: ZstdDecompressionReader, what: str) -> None:
         self._stream = stream
         self._what = what
 
@@ -68,7 +71,8 @@ def _read_meta(reader: TarReader, name: str, cap: int, position: str, what: str)
         raise MalformedBundleError(f"{what}: the archive ends before {name}")
     if entry.name != name:
         raise MalformedBundleError(
-            f"{what}: the {position} entry is {entry.name!r}; a bundle starts with {MANIFEST_ENTRY} then {SIGNATURES_ENTRY}"
+            f"{what}: the {position} entry is {entry.name!r}; "
+            f"a bundle starts with {MANIFEST_ENTRY} then {SIGNATURES_ENTRY}"
         )
     check_entry(entry, what)
     if entry.size > cap:
@@ -146,7 +150,8 @@ class ArchiveWriter:
 
     def close(self) -> None:
         self._out.write(END_OF_ARCHIVE)
-        self._out.close()  # ends the frame; closefd=False leaves the file to the caller
+        # ends the frame; closefd=False leaves the file to the caller. zstandard's stubs leave close() unannotated
+        self._out.close()  # type: ignore[no-untyped-call]
 
 
 def payload_name(path: str) -> str:

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from heddle.errors import UsageError
 from heddle.format.private import check_private_dir, make_private_dir
 from heddle.format.snapshot import MAX_SNAPSHOT_BYTES, Snapshot, SnapshotError
-from heddle.errors import UsageError
 
 CACHE_DIR_ENV = "HEDDLE_CACHE_DIR"
 STAGING_PREFIX = ".staging-"

@@ -10,9 +10,10 @@ import getpass
 import hashlib
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from heddle import secret_env
 from heddle.format.errors import KeyFileError
@@ -24,7 +25,7 @@ PASSPHRASE_ENV = secret_env.KEY_PASSPHRASE
 KEY_ID_HEX = 16
 
 
-def key_id(public_key: "Ed25519PublicKey") -> str:
+def key_id(public_key: Ed25519PublicKey) -> str:
     from cryptography.hazmat.primitives import serialization
 
     raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
@@ -36,7 +37,7 @@ class PublicKey:
     """A key a verifier may trust, and where it came from (for messages)."""
 
     keyid: str
-    key: "Ed25519PublicKey"
+    key: Ed25519PublicKey
     source: str
 
     def verify(self, signature: bytes, message: bytes) -> bool:
@@ -59,7 +60,7 @@ class PublicKey:
 @dataclass(frozen=True)
 class SigningKey:
     keyid: str
-    key: "Ed25519PrivateKey"
+    key: Ed25519PrivateKey
 
     def sign(self, message: bytes) -> bytes:
         return self.key.sign(message)
@@ -174,7 +175,9 @@ def load_signing_key(path: Path, passphrase: Callable[[], bytes] | bytes | None 
     except (ValueError, TypeError):
         if encrypted:
             raise KeyFileError(f"signing key {path}: wrong passphrase (or a damaged key file)") from None
-        raise KeyFileError(f"signing key {path}: not a PEM private key (expected a .key from `heddle keygen`)") from None
+        raise KeyFileError(
+            f"signing key {path}: not a PEM private key (expected a .key from `heddle keygen`)"
+        ) from None
     if not isinstance(key, Ed25519PrivateKey):
         raise KeyFileError(f"signing key {path}: not an Ed25519 key; heddle signs with Ed25519 only")
     return SigningKey(key_id(key.public_key()), key)

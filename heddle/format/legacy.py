@@ -83,7 +83,7 @@ class _GzipSource:
 
 
 class _Hashing:
-    def __init__(self, sink: Any) -> None:
+    def __init__(self, sink: StagedFile | None) -> None:
         self.sink = sink
         self.sha = hashlib.sha256()
         self.size = 0
@@ -139,7 +139,9 @@ def _walk(
             if manifest is not None:
                 raise MalformedBundleError(f"{what}: {LEGACY_MANIFEST} appears twice")
             if entry.size > limits.max_manifest_bytes:
-                raise BundleLimitError(f"{what}: {LEGACY_MANIFEST} is over the cap of {limits.max_manifest_bytes} bytes")
+                raise BundleLimitError(
+                    f"{what}: {LEGACY_MANIFEST} is over the cap of {limits.max_manifest_bytes} bytes"
+                )
             manifest = reader.read_data(entry)
             continue
         problem = path_problem(name, max_depth=limits.max_depth) or seen.add_file(name)
@@ -173,8 +175,8 @@ def _walk(
 
 def _archive_path(value: Any, field: str, what: str, limits: Limits) -> str:
     problem = path_problem(value, max_depth=limits.max_depth)
-    if problem is not None:
-        raise MalformedBundleError(f"{what} {LEGACY_MANIFEST} {field} ({value!r}) {problem}")
+    if problem is not None or not isinstance(value, str):
+        raise MalformedBundleError(f"{what} {LEGACY_MANIFEST} {field} ({value!r}) {problem or 'is not a string'}")
     return value
 
 
@@ -233,7 +235,9 @@ def translate(raw_bytes: bytes, files: list[FileEntry], *, what: str, limits: Li
     for i, item in enumerate(raw.get("plugins") or []):
         manifest_path = _archive_path(item, f"plugins[{i}]", what, limits)
         if manifest_path not in paths:
-            raise MalformedBundleError(f"{what}: {LEGACY_MANIFEST} plugins[{i}] {manifest_path!r} is not in the archive")
+            raise MalformedBundleError(
+                f"{what}: {LEGACY_MANIFEST} plugins[{i}] {manifest_path!r} is not in the archive"
+            )
         folder = manifest_path.rsplit("/", 1)[0] if "/" in manifest_path else ""
         plugins.append(PluginEntry(name=folder.rsplit("/", 1)[-1] or name, dir=folder, manifest=manifest_path))
     mounts = []

@@ -8,9 +8,12 @@ rather than ignored, because a field this heddle skips is a promise it silently 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal, Mapping, NoReturn
+from itertools import pairwise
+from typing import Any, ClassVar, Literal, NoReturn
 
 from heddle import canonical
 from heddle.format.errors import (
@@ -151,17 +154,21 @@ class Manifest:
         return {f.path: f for f in self.files}
 
     @classmethod
-    def from_bytes(cls, data: bytes, *, limits: Limits = DEFAULT_LIMITS, what: str = "manifest") -> "Manifest":
+    def from_bytes(cls, data: bytes, *, limits: Limits = DEFAULT_LIMITS, what: str = "manifest") -> Manifest:
         """Parse and check manifest bytes as a verifier must; raise the matching outcome."""
         if len(data) > limits.max_manifest_bytes:
             raise BundleLimitError(f"{what} is {len(data)} bytes, over the cap of {limits.max_manifest_bytes}")
         floats: list[str] = []
 
-        def no_constants(name: str) -> Any:
+        def no_constants(name: str) -> NoReturn:
             raise ValueError(f"{name} is not allowed")
 
+        def a_float(text: str) -> int:
+            floats.append(text)  # refused below, once the version has had its say
+            return 0
+
         try:
-            obj = loads_json(data, parse_float=lambda t: floats.append(t) or 0, parse_constant=no_constants)
+            obj = loads_json(data, parse_float=a_float, parse_constant=no_constants)
         except ParseLimitError as exc:
             raise BundleLimitError(f"{what} {exc}") from None
         except (ValueError, UnicodeDecodeError) as exc:
@@ -176,7 +183,9 @@ class Manifest:
                 f"{what} is format version {version}; this heddle reads version {VERSION}: upgrade heddle to open it"
             )
         if floats:
-            raise MalformedBundleError(f"{what} is not canonical JSON: it holds the float {floats[0]}; manifests hold integers only")
+            raise MalformedBundleError(
+                f"{what} is not canonical JSON: it holds the float {floats[0]}; manifests hold integers only"
+            )
         # Re-encoding must give back the very bytes. That also refuses duplicate keys: the
         # parse kept one of them, so the re-encoding is shorter than the input.
         if canonical.dumps(obj, strict=False) != data:
@@ -196,18 +205,18 @@ class Manifest:
         *,
         limits: Limits = DEFAULT_LIMITS,
         what: str = "manifest",
-        error: type[BundleError] | type[Exception] = MalformedBundleError,
-    ) -> "Manifest":
+        error: type[BundleError | Exception] = MalformedBundleError,
+    ) -> Manifest:
         return _Reader(what, limits, error).manifest(obj)
 
 
 class _Reader:
     """Field-by-field checks, each failure naming the field at fault."""
 
-    TOP = {
+    TOP: ClassVar[frozenset[str]] = frozenset({
         "files", "flow", "format", "heddle_version", "input", "mounts", "name",
         "plugins", "proposals", "requires", "tools", "version",
-    }
+    })
 
     def __init__(self, what: str, limits: Limits, error: type[Exception]) -> None:
         self.what = what
@@ -220,14 +229,15 @@ class _Reader:
             raise BundleLimitError(message)
         raise self.error(message)
 
-    def keys(self, obj: Any, where: str, expected: set[str]) -> dict[str, Any]:
+    def keys(self, obj: Any, where: str, expected: AbstractSet[str]) -> dict[str, Any]:
         if type(obj) is dict and obj.keys() == expected:
             return obj
         if not isinstance(obj, dict):
             self.fail(where, "must be a JSON object")
         unknown = sorted(set(obj) - expected)
         if unknown:
-            self.fail(where, f"unknown field {unknown[0]!r}; this heddle reads format version {VERSION} and refuses fields it does not know")
+            self.fail(where, f"unknown field {unknown[0]!r}; "
+                      f"this heddle reads format version {VERSION} and refuses fields it does not know")
         missing = sorted(expected - set(obj))
         if missing:
             self.fail(where, f"missing field {missing[0]!r}")
@@ -248,7 +258,9 @@ class _Reader:
         return value
 
     def path(self, value: Any, where: str) -> str:
-        if isinstance(value, str) and value.count("/") >= self.limits.max_depth:
+        if not isinstance(value, str):
+            self.fail(f"{where} ({value!r})", "is not a string")
+        if value.count("/") >= self.limits.max_depth:
             self.fail(f"{where} ({value!r})", f"is more than {self.limits.max_depth} levels deep", cap=True)
         problem = path_problem(value, max_depth=self.limits.max_depth)
         if problem is not None:
@@ -300,7 +312,8 @@ class _Reader:
             if len(raw) + len(PAYLOAD) > 100 and split_name(PAYLOAD + path) is None:
                 self.fail(f"{where}.path ({path!r})", "is too long to store in a tar header")
             if i and raw <= previous:
-                self.fail(f"{where}.path ({path!r})", "is out of order; files are sorted by the UTF-8 bytes of their paths, each once")
+                self.fail(f"{where}.path ({path!r})",
+                          "is out of order; files are sorted by the UTF-8 bytes of their paths, each once")
             previous = raw
             problem = seen.add_file(path)
             if problem is not None:
@@ -309,7 +322,8 @@ class _Reader:
             if size < 0:
                 self.fail(f"{where}.size", "must not be negative")
             if size > self.limits.max_file_bytes:
-                self.fail(f"{where}.size ({path!r})", f"{size} bytes is over the cap of {self.limits.max_file_bytes}", cap=True)
+                self.fail(f"{where}.size ({path!r})", f"{size} bytes is over the cap of {self.limits.max_file_bytes}",
+                          cap=True)
             total += size
             if total > self.limits.max_total_bytes:
                 self.fail("files", f"add up to more than the cap of {self.limits.max_total_bytes} bytes", cap=True)
@@ -335,7 +349,9 @@ class _Reader:
         sizes = [item["size"] for item in value]
         shas = [item["sha256"] for item in value]
         modes = [item["mode"] for item in value]
-        if not all(type(n) is int and 0 <= n <= limits.max_file_bytes for n in sizes) or sum(sizes) > limits.max_total_bytes:
+        if not all(type(n) is int and 0 <= n <= limits.max_file_bytes for n in sizes):
+            return None
+        if sum(sizes) > limits.max_total_bytes:
             return None
         if not all(type(m) is int and m in MODES for m in modes):
             return None
@@ -344,9 +360,10 @@ class _Reader:
         if not all_clean(paths, max_depth=limits.max_depth):
             return None
         raws = [p.encode("utf-8") for p in paths]
-        if any(a >= b for a, b in zip(raws, raws[1:])):
+        if any(a >= b for a, b in pairwise(raws)):
             return None
-        if any(len(r) + len(PAYLOAD) > 100 and split_name(PAYLOAD + p) is None for p, r in zip(paths, raws)):
+        long_paths = (p for p, r in zip(paths, raws, strict=True) if len(r) + len(PAYLOAD) > 100)
+        if any(split_name(PAYLOAD + p) is None for p in long_paths):
             return None
         if not collision_free(paths):
             return None

@@ -13,11 +13,14 @@ import hashlib
 import os
 import stat
 import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
-from typing import IO, Any, Iterator, Mapping, Sequence
+from typing import IO, Any
 
 from heddle import __version__, canonical
+from heddle.errors import UsageError
 from heddle.format.archive import (
     MANIFEST_ENTRY,
     META_MODE,
@@ -41,7 +44,7 @@ from heddle.format.manifest import (
 )
 from heddle.format.progress import Progress
 from heddle.format.signing import Signatures, sign
-from heddle.errors import UsageError
+from heddle.format.tar import MAX_SIZE
 
 _CHUNK = 1 << 20
 
@@ -66,8 +69,8 @@ class PackPlan:
     plugins: Sequence[PluginEntry] = ()
     mounts: Sequence[MountEntry] = ()
     input: Mapping[str, Any] = field(default_factory=dict)
-    requires: Requires = Requires()
-    proposals: Proposals = Proposals()
+    requires: Requires = field(default_factory=Requires)
+    proposals: Proposals = field(default_factory=Proposals)
     skipped: list[Path] = field(default_factory=list)
 
 
@@ -91,6 +94,8 @@ def resolve_source_date_epoch(explicit: int | None = None) -> int:
         return 0
     if not raw.isdigit():
         raise UsageError(f"SOURCE_DATE_EPOCH={raw!r} is not a whole number of seconds; fix or unset it")
+    if int(raw) > MAX_SIZE:
+        raise UsageError(f"SOURCE_DATE_EPOCH={raw!r} is past what a tar header holds ({MAX_SIZE}); fix or unset it")
     return int(raw)
 
 
@@ -214,14 +219,18 @@ def pack(
     what = f"bundle {out.name}"
     mtime = resolve_source_date_epoch(source_date_epoch)
     files = sorted(plan.files, key=lambda f: f.path.encode("utf-8"))
-    for a, b in zip(files, files[1:]):
+    for a, b in pairwise(files):
         if a.path == b.path:
             raise PackError(f"{what}: {a.source} and {b.source} would both be stored at {a.path!r}")
     total = sum(_size(f) for f in files)
+    # Two passes over the same bytes (hash, then write), each its own bar counting `total`.
     if progress is not None:
-        progress.start(2 * total, f"packing {out.name}")
+        progress.start(total, f"hashing {out.name}")
     try:
         hashed = _hash_files(files, progress)
+        if progress is not None:
+            progress.finish()
+            progress.start(total, f"packing {out.name}")
         manifest = build_manifest(plan, [entry for entry, _ in hashed], limits=limits, what=what)
         manifest_bytes = manifest.to_bytes()
         signatures = Signatures(tuple(sign(manifest_bytes, k) for k in _as_signing_keys(signing_key)))
@@ -230,7 +239,7 @@ def pack(
             writer = ArchiveWriter(fh, total=tar_size(manifest, len(manifest_bytes), len(signatures_bytes)))
             writer.add(MANIFEST_ENTRY, manifest_bytes, META_MODE, mtime)
             writer.add(SIGNATURES_ENTRY, signatures_bytes, META_MODE, mtime)
-            for item, (entry, identity) in zip(files, hashed):
+            for item, (entry, identity) in zip(files, hashed, strict=True):
                 fd = _open_source(item)
                 try:
                     if _identity(os.fstat(fd)) != identity:

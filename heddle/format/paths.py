@@ -63,7 +63,8 @@ def path_problem(path: object, *, max_depth: int) -> str | None:
         or _FORBIDDEN.search(path)
         or _TRAILING.search(path)
         or _DEVICE.search(path)
-        or (len(path) > MAX_COMPONENT_BYTES // 4 and max(len(p.encode("utf-8")) for p in path.split("/")) > MAX_COMPONENT_BYTES)
+        or (len(path) > MAX_COMPONENT_BYTES // 4
+            and max(len(p.encode("utf-8")) for p in path.split("/")) > MAX_COMPONENT_BYTES)
     ):
         return _component_problem(path)
     return None

@@ -99,7 +99,9 @@ def make_private_dir(path: Path, *, what: str, setting: str) -> Path:
         except FileExistsError:
             pass
         except NotADirectoryError:
-            raise UsageError(f"{what} {path}: {folder.parent} is a file, not a folder; point {setting} at a folder") from None
+            raise UsageError(
+                f"{what} {path}: {folder.parent} is a file, not a folder; point {setting} at a folder"
+            ) from None
         except OSError as exc:
             raise UsageError(f"{what} {path} cannot be created: {exc.strerror}") from None
     return check_private_dir(path, what=what, setting=setting)

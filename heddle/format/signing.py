@@ -10,8 +10,8 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from heddle import canonical
 from heddle.format.errors import (
@@ -60,13 +60,13 @@ class Signatures:
             {"payloadType": self.payload_type, "signatures": [s.to_json() for s in ordered]}
         )
 
-    def with_signature(self, signature: Signature) -> "Signatures":
+    def with_signature(self, signature: Signature) -> Signatures:
         """Add `signature`, replacing an earlier one by the same key."""
         kept = tuple(s for s in self.signatures if s.keyid != signature.keyid)
-        return Signatures(kept + (signature,), self.payload_type)
+        return Signatures((*kept, signature), self.payload_type)
 
     @classmethod
-    def from_bytes(cls, data: bytes, *, limits: Limits = DEFAULT_LIMITS, what: str = "signatures") -> "Signatures":
+    def from_bytes(cls, data: bytes, *, limits: Limits = DEFAULT_LIMITS, what: str = "signatures") -> Signatures:
         if len(data) > limits.max_signatures_bytes:
             raise BundleLimitError(f"{what} is {len(data)} bytes, over the cap of {limits.max_signatures_bytes}")
         try:

@@ -7,8 +7,9 @@ climbs is refused before anything is created for it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from heddle.format.errors import MalformedBundleError
 
@@ -16,7 +17,7 @@ BLOCK = 512
 END_OF_ARCHIVE = bytes(2 * BLOCK)
 NAME_BYTES = 100
 PREFIX_BYTES = 155
-MAX_SIZE = 8**11 - 1  # what 11 octal digits hold
+MAX_SIZE = 8**11 - 1  # what 11 octal digits hold: the largest size, and the latest mtime
 
 REGULAR = "0"
 DIRECTORY = "5"
@@ -78,6 +79,9 @@ def header(name: str, size: int, mode: int, mtime: int) -> bytes:
     if split is None:
         raise ValueError(f"{name!r} does not fit a ustar header")
     prefix, short = split
+    # A wider number would not be cut: it would shift every later field of the header.
+    if not (0 <= size <= MAX_SIZE and 0 <= mtime <= MAX_SIZE):
+        raise ValueError(f"{name!r}: size {size} or mtime {mtime} does not fit a ustar header")
     block = bytearray(BLOCK)
     block[0 : len(short.encode())] = short.encode("utf-8")
     block[100:108] = _octal(mode, 8)

@@ -8,9 +8,11 @@ user could write to is refused, never read: its keys would be whoever's wrote la
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from heddle.errors import UsageError
 from heddle.format.errors import KeyFileError
 from heddle.format.keys import PublicKey, load_public_key
 from heddle.format.private import (
@@ -18,7 +20,6 @@ from heddle.format.private import (
     check_private_file,
     make_private_dir,
 )
-from heddle.errors import UsageError
 
 TRUST_DIR_ENV = "HEDDLE_TRUST_DIR"
 
@@ -119,3 +120,54 @@ def resolve_trust(names: Sequence[str], store: TrustStore | None = None) -> list
             key = found
         keys[key.keyid] = key
     return list(keys.values())
+
+
+@dataclass(frozen=True)
+class TrustPolicy:
+    """Whose signatures admit a bundle, decided once by the caller and handed down whole.
+
+    Build one with `TrustPolicy.keys(...)` (exactly these public keys), `TrustPolicy.store()`
+    (every key in the user's trust store) or `TrustPolicy.allow_unsigned()`; the keys are read
+    when the policy is made, so a missing or damaged key file is refused before any bundle is.
+    Admitting unsigned bundles never admits a signed one nobody trusted: a signature is always
+    checked, and one from no trusted key is refused (exit 4).
+    """
+
+    trusted: tuple[PublicKey, ...] = ()
+    admits_unsigned: bool = False
+
+    @classmethod
+    def keys(cls, *pub_keys: str | os.PathLike[str] | PublicKey, allow_unsigned: bool = False) -> TrustPolicy:
+        """Trust exactly these public keys: `.pub` files from `heddle keygen`, or loaded keys."""
+        if not pub_keys:
+            raise UsageError("TrustPolicy.keys() names no key; give .pub files, or use TrustPolicy.store() "
+                             "for the trust store")
+        loaded = [k if isinstance(k, PublicKey) else load_public_key(Path(k)) for k in pub_keys]
+        return cls(_unique(loaded), allow_unsigned)
+
+    @classmethod
+    def store(cls, directory: str | os.PathLike[str] | None = None, *, allow_unsigned: bool = False) -> TrustPolicy:
+        """Trust every key in the trust store ($HEDDLE_TRUST_DIR or ~/.config/heddle/trust, or `directory`)."""
+        return cls(_unique(TrustStore(Path(directory) if directory is not None else None).list()), allow_unsigned)
+
+    @classmethod
+    def allow_unsigned(cls) -> TrustPolicy:
+        """Admit bundles that carry no signature at all, and trust no key: a signed bundle is
+        refused as untrusted. Combine with keys through `keys(..., allow_unsigned=True)` or
+        `store(allow_unsigned=True)`."""
+        return cls((), True)
+
+    @classmethod
+    def from_names(cls, names: Sequence[str | os.PathLike[str]], *, allow_unsigned: bool = False,
+                   store: TrustStore | None = None) -> TrustPolicy:
+        """The `--trust` rule both shells follow: the named keys (`.pub` files, or key ids in the
+        trust store) and only those; naming none trusts the whole store."""
+        return cls(_unique(resolve_trust([os.fspath(n) for n in names], store)), allow_unsigned)
+
+    @property
+    def keyids(self) -> list[str]:
+        return [k.keyid for k in self.trusted]
+
+
+def _unique(keys: Iterable[PublicKey]) -> tuple[PublicKey, ...]:
+    return tuple({k.keyid: k for k in keys}.values())

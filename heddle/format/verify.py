@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from heddle.errors import UsageError
 from heddle.format.archive import (
     Head,
     check_entry,
@@ -40,7 +41,6 @@ from heddle.format.signing import Signatures, decide_trust
 from heddle.format.snapshot import Snapshot, SnapshotError, prove, record
 from heddle.format.staging import StagedFile, StagingTree
 from heddle.format.tar import TarHeader, TarReader
-from heddle.errors import UsageError
 
 # (sealed flow path, manifest) -> {tool name: input-schema fingerprint}
 ToolFingerprints = Callable[[Path, Manifest], Mapping[str, str]]
@@ -111,12 +111,6 @@ def peek(path: Path, *, limits: Limits = DEFAULT_LIMITS) -> Peek:
         return Peek(sealed_manifest(head, what=what, limits=limits), signatures, head.manifest_bytes, False)
 
 
-def read_unverified(path: Path, *, limits: Limits = DEFAULT_LIMITS) -> tuple[Manifest, Signatures]:
-    """The manifest and signatures, checked for shape only: no trust, no payload."""
-    seen = peek(path, limits=limits)
-    return seen.manifest, seen.signatures
-
-
 def open_file(path: Path) -> BinaryIO:
     """The one descriptor a bundle is read through. A path that is not there is a usage error;
     a folder, FIFO or device is not a bundle, and is refused from its stat, so a FIFO never
@@ -180,7 +174,8 @@ def open_bundle(
             if prove_file:
                 walk_payload(head.reader, manifest, lambda _item: _DISCARD, what=what, progress=progress)
         else:
-            _fill(cache, digest, manifest, head.reader, what=what, progress=progress, tool_fingerprints=tool_fingerprints)
+            _fill(cache, digest, manifest, head.reader, what=what, progress=progress,
+                  tool_fingerprints=tool_fingerprints)
     opened = OpenedBundle(path, cache.payload(digest), manifest, digest, signers, cached=cached, repaired=repaired)
     if cached and tool_fingerprints is not None:
         check_tools(opened.root, manifest, tool_fingerprints, what=what)
@@ -220,21 +215,6 @@ def reprove(
     return proof.problem
 
 
-def rehash(cache: Cache, key: str, manifest: Manifest, *, what: str, deep: bool = True) -> Path:
-    """Re-prove a cached tree when the bundle file is not at hand to verify it again from:
-    its payload folder, or ContentMismatchError naming what differs (the entry is evicted)."""
-    if not cache.open(create=False) or not cache.has(key):
-        raise ContentMismatchError(f"{what}: there is no cached copy of sha256:{key}; open the bundle again")
-    problem = reprove(cache, key, manifest, deep=deep)
-    if problem is not None:
-        root = cache.entry(key)
-        cache.evict(key)
-        raise ContentMismatchError(
-            f"{what}: the cached copy at {root} is not what was sealed ({problem}); it was removed, open the bundle again"
-        )
-    return cache.payload(key)
-
-
 class _Discard:
     """Where a payload already in the cache goes when only the file is being proved."""
 
@@ -265,7 +245,8 @@ def _fill(
     try:
         tree = StagingTree(staging.payload, what=what)
         try:
-            walk_payload(reader, manifest, lambda item: StagedFile(tree, item.path, item.executable), what=what, progress=progress)
+            walk_payload(reader, manifest, lambda item: StagedFile(tree, item.path, item.executable),
+                         what=what, progress=progress)
         finally:
             tree.close()
         if tool_fingerprints is not None:
@@ -313,7 +294,8 @@ def walk_payload(
                 if found < index:
                     raise MalformedBundleError(f"{what}: entry {entry.name!r} appears twice or out of manifest order")
                 raise MalformedBundleError(
-                    f"{what}: expected entry {want!r} but found {entry.name!r}: an entry is missing or out of manifest order"
+                    f"{what}: expected entry {want!r} but found {entry.name!r}: "
+                    "an entry is missing or out of manifest order"
                 )
             if entry.size != item.size:
                 raise ContentMismatchError(

@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -138,7 +138,7 @@ class ModelClient:
         self.timeout = timeout
         self._http = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(timeout, connect=min(timeout, 15.0)))
 
-    async def __aenter__(self) -> ModelClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -248,11 +248,12 @@ class ModelClient:
 
 
 def _describe(exc: httpx.HTTPError) -> tuple[str, str]:
-    kind = {
+    kinds: dict[type[httpx.HTTPError], str] = {
         httpx.ConnectError: "cannot connect",
         httpx.ConnectTimeout: "connection timed out",
         httpx.RemoteProtocolError: "the server closed the connection",
         httpx.ReadError: "the connection broke while reading the answer",
         httpx.WriteError: "the connection broke while sending the request",
-    }.get(type(exc), type(exc).__name__)
+    }
+    kind = kinds.get(type(exc), type(exc).__name__)
     return kind, " ".join(str(exc).split())

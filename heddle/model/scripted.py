@@ -220,8 +220,8 @@ def serve(script: list[dict[str, Any]], host: str = "127.0.0.1", port: int = 0, 
     try:
         sock = bind(host, port)
         url = base_url(sock)
-        config = uvicorn.Config(ScriptedModel(script, record, loop=loop), lifespan="off", log_config=None, log_level="warning",
-                                access_log=False, timeout_graceful_shutdown=2)
+        config = uvicorn.Config(ScriptedModel(script, record, loop=loop), lifespan="off", log_config=None,
+                                log_level="warning", access_log=False, timeout_graceful_shutdown=2)
         server = _Server(config, lambda: on_ready(url))
         with sock:
             server.run(sockets=[sock])

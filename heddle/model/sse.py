@@ -22,6 +22,6 @@ async def event_data(lines: AsyncIterable[str]) -> AsyncIterator[str]:
         name, _, value = line.partition(":")
         if name != "data":
             continue
-        data.append(value[1:] if value.startswith(" ") else value)
+        data.append(value.removeprefix(" "))
     if data:  # a stream may end without the final blank line
         yield "\n".join(data)

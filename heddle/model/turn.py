@@ -64,7 +64,7 @@ def _arguments(value: Any) -> str:
 def _first_choice(obj: Any, what: str) -> dict[str, Any] | None:
     if not isinstance(obj, dict):
         raise ModelError(f"model {what} is not a JSON object: {_excerpt(json.dumps(obj))}")
-    if "error" in obj and obj["error"]:
+    if obj.get("error"):
         raise ModelError(f"model answered with an error: {_excerpt(json.dumps(obj['error'], ensure_ascii=False))}")
     choices = obj.get("choices")
     if not isinstance(choices, list):
@@ -167,6 +167,7 @@ class TurnAssembler:
             partial = self._calls[index]
             if not partial.name:
                 raise ModelError(f"model stream sent tool call #{index} without a function name")
-            calls.append(ToolCall(id=partial.id or f"call_{n}", name=partial.name, arguments="".join(partial.arguments)))
+            calls.append(ToolCall(id=partial.id or f"call_{n}", name=partial.name,
+                                  arguments="".join(partial.arguments)))
         text = "".join(self._content)
         return AssistantTurn(content=text or None, tool_calls=calls, finish_reason=self.finish_reason, usage=self.usage)

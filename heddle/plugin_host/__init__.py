@@ -20,7 +20,6 @@ _EXPORTS = {
     "manifest_schema": "heddle.plugin_host.manifest",
     "PluginRun": "heddle.plugin_host.middleware",
     "PluginProcess": "heddle.plugin_host.process",
-    "run_with_plugins": "heddle.plugin_host.runner",
     "EncoderSink": "heddle.plugin_host.encoder",
     "PluginEvent": "heddle.plugin_host.events",
     "PluginLog": "heddle.plugin_host.events",
@@ -30,7 +29,23 @@ _EXPORTS = {
     "PROTOCOL_VERSION": "heddle.plugin_host.protocol",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Component",
+    "EncoderSink",
+    "PluginError",
+    "PluginEvent",
+    "PluginHost",
+    "PluginLoadError",
+    "PluginLog",
+    "PluginManifest",
+    "PluginProcess",
+    "PluginRejected",
+    "PluginRun",
+    "PluginTool",
+    "load_manifest",
+    "manifest_schema",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -51,4 +66,3 @@ if TYPE_CHECKING:
     from heddle.plugin_host.middleware import PluginRun
     from heddle.plugin_host.process import PluginProcess
     from heddle.plugin_host.protocol import PROTOCOL_VERSION
-    from heddle.plugin_host.runner import run_with_plugins

@@ -8,11 +8,16 @@ import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from heddle.engine.seams import ModelRequest, ToolRequest
 from heddle.plugin_host.events import LOG_LEVELS, PluginEvent, PluginLog
 from heddle.plugin_host.process import CallbackError, Handler
 
 if TYPE_CHECKING:
+    from heddle.engine.context import RunContext
+    from heddle.model.client import ModelEndpoint
     from heddle.plugin_host.middleware import PluginRun
+    from heddle.spec import components as c
+    from heddle.workspace.workspace import Workspace
 
 
 @dataclass(frozen=True)
@@ -20,15 +25,18 @@ class Scope:
     """Where a heddle call happens: the node it is for, its workspace and model, when there are."""
 
     node: str | None = None
-    workspace: Any = None  # heddle.workspace.Workspace
-    endpoint: Any = None  # heddle.model.client.ModelEndpoint
+    workspace: Workspace | None = None
+    endpoint: ModelEndpoint | None = None
 
 
-def endpoint_of(ctx: Any, node: Any) -> Any:
+def endpoint_of(ctx: RunContext, node: c.Node) -> ModelEndpoint | None:
     """The model endpoint a node talks to, if it has one."""
-    config = getattr(node, "llm_config", None)
-    if config is None and getattr(node, "agent", None) is not None:
-        config = node.agent.llm_config
+    from heddle.spec import components as c
+
+    if isinstance(node, c.AgentNode):
+        config: Any = node.agent.llm_config
+    else:
+        config = getattr(node, "llm_config", None)
     if config is None:
         return None
     return ctx.endpoints.get(id(config))
@@ -41,7 +49,7 @@ def _string(params: dict[str, Any], key: str, method: str) -> str:
     return value
 
 
-def handler_for(run: "PluginRun", plugin: str, scope: Scope) -> Handler:
+def handler_for(run: PluginRun, plugin: str, scope: Scope) -> Handler:
     """The handler answering `plugin`'s requests made for one call in `scope`."""
 
     async def handle(method: str, params: dict[str, Any]) -> Any:
@@ -68,29 +76,30 @@ def handler_for(run: "PluginRun", plugin: str, scope: Scope) -> Handler:
     return handle
 
 
-async def _run_tool(run: "PluginRun", plugin: str, scope: Scope, params: dict[str, Any]) -> Any:
+async def _run_tool(run: PluginRun, plugin: str, scope: Scope, params: dict[str, Any]) -> Any:
     from heddle.errors import ToolError
 
     name = _string(params, "name", "runTool")
     arguments = params.get("arguments", {})
     if not isinstance(arguments, dict):
         raise CallbackError("runTool: params.arguments must be a JSON object")
-    if name not in run.ctx.tools and name not in run.host.tools:
-        known = ", ".join(sorted({*run.ctx.tools, *run.host.tools})) or "none"
+    ctx = run.ctx
+    if name not in ctx.tools and name not in run.host.tools:
+        known = ", ".join(sorted({*ctx.tools, *run.host.tools})) or "none"
         raise CallbackError(f"runTool: there is no tool named {name!r}; the tools are: {known}")
     node = scope.node or f"plugin:{plugin}"
-    with contextlib.ExitStack() as stack:
+    async with contextlib.AsyncExitStack() as stack:
         workspace = scope.workspace
         if workspace is None:
-            workspace = stack.enter_context(run.ctx.workspaces.open(node))
+            workspace = await stack.enter_async_context(ctx.workspaces.enter(node))
         try:
-            output = await run.call_tool(node, name, arguments, workspace, call_id=None, caller=plugin)
+            output = await run.call_tool(ToolRequest(node, name, arguments, workspace), ctx.run_tool, caller=plugin)
         except ToolError as exc:
             raise CallbackError(str(exc)) from None
     return {"output": output}
 
 
-async def _call_model(run: "PluginRun", plugin: str, scope: Scope, params: dict[str, Any]) -> Any:
+async def _call_model(run: PluginRun, plugin: str, scope: Scope, params: dict[str, Any]) -> Any:
     from heddle.errors import ModelError
     from heddle.plugin_host.turns import turn_to_json
 
@@ -103,8 +112,9 @@ async def _call_model(run: "PluginRun", plugin: str, scope: Scope, params: dict[
     tools = params.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise CallbackError("callModel: params.tools must be a list of tool definitions")
+    request = ModelRequest(scope.node or "", scope.endpoint, messages, tools)
     try:
-        turn = await run.chat(scope.node or "", scope.endpoint, messages, tools, None, caller=plugin)
+        turn = await run.call_model(request, run.ctx.ask_model, caller=plugin)
     except ModelError as exc:
         raise CallbackError(f"callModel: {exc}") from None
     return turn_to_json(turn)

@@ -83,7 +83,7 @@ def resolve_configs(components: Mapping[str, Component], given: Mapping[str, Any
             where = "/".join(str(p) for p in err.path)
             at = f" at {where}" if where else ""
             hint = "" if ctype in given else f"; pass --plugin-config {ctype}='{{...}}'"
-            raise PluginLoadError(f"--plugin-config {ctype}: the settings do not match the schema of {component.label()}"
-                                  f"{at}: {err.message}{hint}")
+            raise PluginLoadError(f"--plugin-config {ctype}: the settings do not match the schema of "
+                                  f"{component.label()}{at}: {err.message}{hint}")
         out[ctype] = value
     return out

@@ -8,7 +8,6 @@ ends, `finishEncode` gets the final state or the error, and its data closes the 
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -17,14 +16,15 @@ from heddle.plugin_host.errors import PluginError
 from heddle.plugin_host.process import PluginCallError
 
 if TYPE_CHECKING:
+    from heddle.engine.events import Event
     from heddle.engine.options import RunOptions
     from heddle.plugin_host.host import PluginHost
+    from heddle.plugin_host.manifest import Component
 
 Write = Callable[[str], None]
-_END = object()
 
 
-def encoder_for(host: "PluginHost | None", protocol: str):
+def encoder_for(host: PluginHost | None, protocol: str) -> Component:
     """The encoder component for `protocol`, or the usage error listing the protocols there are."""
     comp = host.encoders.get(protocol) if host is not None else None
     if comp is None:
@@ -35,26 +35,21 @@ def encoder_for(host: "PluginHost | None", protocol: str):
 
 
 class EncoderSink:
-    """An event sink (call it with each event) that renders one run through an encoder plugin."""
+    """An event sink (call it with each event, on the loop) that renders one run through an encoder plugin."""
 
-    def __init__(self, host: "PluginHost", protocol: str, write: Write, *, run_id: str, options: "RunOptions") -> None:
+    def __init__(self, host: PluginHost, protocol: str, write: Write, *, run_id: str, options: RunOptions) -> None:
         self.component = encoder_for(host, protocol)
         self.content_type = self.component.content_type
         self._process = host.process(self.component.plugin, options)
         self._config = host.configs.get(self.component.component_type)
         self._write = write
         self.run_id = run_id
-        self._queue: asyncio.Queue = asyncio.Queue()
-        self._loop = asyncio.get_running_loop()
-        self._thread = threading.get_ident()
+        self._queue: asyncio.Queue[Event | None] = asyncio.Queue()  # None: the run ended
         self._task = asyncio.create_task(self._drain())
         self._error: BaseException | None = None
 
-    def __call__(self, event: Any) -> None:
-        if threading.get_ident() == self._thread:
-            self._queue.put_nowait(event)
-        else:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+    def __call__(self, event: Event) -> None:
+        self._queue.put_nowait(event)
 
     def _emit(self, value: Any, where: str) -> None:
         if value is None or value == {}:
@@ -71,13 +66,14 @@ class EncoderSink:
         try:
             result = await self._process.call(method, body, on_partial=lambda p: self._emit(p, method))
         except PluginCallError as exc:
-            raise PluginError(self.component.plugin, f"{self.component.component_type} failed {method}: {exc}") from None
+            raise PluginError(self.component.plugin,
+                              f"{self.component.component_type} failed {method}: {exc}") from None
         self._emit(result, method)
 
     async def _drain(self) -> None:
         while True:
             event = await self._queue.get()
-            if event is _END:
+            if event is None:
                 return
             if self._error is not None:
                 continue  # the output is already broken; the error is reported at the end
@@ -88,7 +84,7 @@ class EncoderSink:
 
     async def finish(self, *, state: dict[str, Any] | None = None, error: BaseException | None = None) -> None:
         """Send the rest of the events, then finishEncode; raise the first failure of the encoder."""
-        self._queue.put_nowait(_END)
+        self._queue.put_nowait(None)
         await self._task
         if self._error is not None:
             raise self._error

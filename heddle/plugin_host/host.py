@@ -1,14 +1,16 @@
 """The plugins one heddle process has loaded: manifests, settings, and a process per plugin.
 
 A host is made once (by `heddle run`, or once for the whole of `heddle-server`) and serves
-every run: each run gets a `PluginRun` (heddle.plugin_host.middleware) whose calls name it.
+every run: it is the `plugins` a run is prepared with (heddle.engine.seams.Plugins), and
+each run gets a `PluginRun` (heddle.plugin_host.middleware), its seams, whose calls name it.
 Loading reads manifests and checks settings; no process starts until its first call.
 """
 
 from __future__ import annotations
 
-import contextvars
+import contextlib
 import dataclasses
+import functools
 import os
 import tempfile
 import uuid
@@ -19,19 +21,19 @@ from typing import TYPE_CHECKING, Any
 from heddle.plugin_host.config import parse_config_options, resolve_configs
 from heddle.plugin_host.errors import PluginLoadError
 from heddle.plugin_host.manifest import CAPABILITIES, Component, Phase, PluginManifest, PluginTool, load_manifest
+from heddle.settings import RunSettings
 
 if TYPE_CHECKING:
     from heddle.engine.context import RunContext
     from heddle.engine.options import RunOptions
+    from heddle.engine.seams import Rendering
     from heddle.plugin_host.middleware import PluginRun
     from heddle.plugin_host.process import PluginProcess
+    from heddle.spec import components as c
 
-DEFAULT_TIMEOUT_S = 30.0
-DEFAULT_MAX_NODE_ATTEMPTS = 3
-
-# The id of the run being started in this task: set by whoever starts it (so its encoder
-# and its middleware calls name the same run), made up otherwise.
-RUN_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("heddle_plugin_run_id", default=None)
+# Written once, with the run settings.
+DEFAULT_TIMEOUT_S: float = RunSettings.plugin_timeout
+DEFAULT_MAX_NODE_ATTEMPTS: int = RunSettings.max_node_attempts
 
 
 def new_run_id() -> str:
@@ -39,17 +41,22 @@ def new_run_id() -> str:
 
 
 class PluginHost:
-    """Loaded plugins. Use `PluginHost.load(paths, ...)`; `await aclose()` stops their processes."""
+    """Loaded plugins. Use `PluginHost.load(paths, ...)`; `await aclose()` stops their processes.
+
+    With `keep_running` (a server) the processes serve run after run until `aclose()`; without
+    it they stop when each run ends."""
 
     def __init__(self, manifests: Sequence[PluginManifest], *, configs: Mapping[str, Any] | None = None,
                  timeout: float = DEFAULT_TIMEOUT_S, max_node_attempts: int = DEFAULT_MAX_NODE_ATTEMPTS,
-                 grant: Iterable[str] | None = None, require_settings: bool = True) -> None:
+                 grant: Iterable[str] | None = None, require_settings: bool = True,
+                 keep_running: bool = False) -> None:
         if not timeout > 0:
             raise PluginLoadError(f"--plugin-timeout {timeout:g}: must be more than 0 seconds")
         if max_node_attempts < 1:
             raise PluginLoadError(f"--max-node-attempts {max_node_attempts}: must be at least 1")
         self.timeout = float(timeout)
         self.max_node_attempts = max_node_attempts
+        self.keep_running = keep_running
         granted = set(CAPABILITIES if grant is None else grant)
         self.manifests: dict[str, PluginManifest] = {}
         self.components: dict[str, Component] = {}
@@ -60,11 +67,11 @@ class PluginHost:
         for manifest in manifests:
             self._add(manifest, granted)
         self.configs = resolve_configs(self.components, configs or {}, require=require_settings)
-        self._processes: dict[str, "PluginProcess"] = {}
+        self._processes: dict[str, PluginProcess] = {}
         self._homes: dict[str, tuple[Path, bool]] = {}
 
     @classmethod
-    def load(cls, paths: Iterable[str | Path], *, config_specs: Iterable[str] = (), **kwargs: Any) -> "PluginHost":
+    def load(cls, paths: Iterable[str | Path], *, config_specs: Iterable[str] = (), **kwargs: Any) -> PluginHost:
         """Read every manifest in `paths` and the `--plugin-config` settings; start nothing."""
         return cls([load_manifest(p) for p in paths], configs=parse_config_options(config_specs), **kwargs)
 
@@ -77,8 +84,9 @@ class PluginHost:
         for i, comp in enumerate(manifest.components):
             taken = self.components.get(comp.component_type)
             if taken is not None:
-                raise PluginLoadError(f"{source}: components[{i}].componentType {comp.component_type!r} is also declared "
-                                      f"by plugin {taken.plugin!r} ({self.manifests[taken.plugin].path}); rename one")
+                raise PluginLoadError(f"{source}: components[{i}].componentType {comp.component_type!r} is also "
+                                      f"declared by plugin {taken.plugin!r} ({self.manifests[taken.plugin].path}); "
+                                      "rename one")
             if comp.kind == "encoder" and comp.protocol in self.encoders:
                 taken = self.encoders[comp.protocol]
                 raise PluginLoadError(f"{source}: components[{i}].protocol {comp.protocol!r} is also the protocol of "
@@ -124,7 +132,7 @@ class PluginHost:
             out[name] = tool.path or manifest_path(self, tool)
         return out
 
-    def check_flow(self, flow: Any) -> list[str]:
+    def check_flow(self, flow: c.Flow) -> list[str]:
         """Problems with the plugin nodes of `flow` (and its subflows): branches without an edge,
         edges leaving by a branch the node type does not have."""
         from heddle.graph import FlowGraph, node_key
@@ -132,7 +140,7 @@ class PluginHost:
 
         problems: list[str] = []
 
-        def walk(f: Any, prefix: str) -> None:
+        def walk(f: c.Flow, prefix: str) -> None:
             graph = FlowGraph.build(f)
             for node in f.nodes:
                 if isinstance(node, c.FlowNode):
@@ -148,9 +156,9 @@ class PluginHost:
                 covered = {e.from_branch for e in edges}
                 for edge in edges:
                     if edge.from_branch is not None and edge.from_branch not in comp.branches:
-                        problems.append(f"{prefix}control edge {edge.name!r} leaves {node.component_type} {node.name!r} "
-                                        f"by branch {edge.from_branch!r}, which {comp.label()} does not declare "
-                                        f"(it declares: {', '.join(comp.branches)})")
+                        problems.append(f"{prefix}control edge {edge.name!r} leaves {node.component_type} "
+                                        f"{node.name!r} by branch {edge.from_branch!r}, which {comp.label()} does not "
+                                        f"declare (it declares: {', '.join(comp.branches)})")
                 if edges and None not in covered:
                     for branch in comp.branches:
                         if branch not in covered:
@@ -160,7 +168,7 @@ class PluginHost:
         walk(flow, "")
         return problems
 
-    def with_files(self, options: "RunOptions") -> "RunOptions":
+    def with_files(self, options: RunOptions) -> RunOptions:
         """`options` with every plugin's `files` added as read-only mounts of every workspace."""
         from heddle.workspace.mounts import Mount
 
@@ -173,7 +181,7 @@ class PluginHost:
 
     # ---------------------------------------------------------------- processes
 
-    def home(self, plugin: str, options: "RunOptions") -> Path:
+    def home(self, plugin: str, options: RunOptions) -> Path:
         """The plugin process's own folder, where it runs and the one place it may write."""
         if plugin not in self._homes:
             keep_root = options.workspace.keep_root
@@ -186,17 +194,17 @@ class PluginHost:
                 self._homes[plugin] = (Path(os.path.realpath(made)), False)
         return self._homes[plugin][0]
 
-    def process(self, plugin: str, options: "RunOptions") -> "PluginProcess":
+    def process(self, plugin: str, options: RunOptions) -> PluginProcess:
         """The plugin's process, made (not started) on first use with the first run's sandbox policy."""
         proc = self._processes.get(plugin)
         if proc is None:
-            from heddle.plugin_host.launch import plan_launch
+            from heddle.plugin_host.launch import Launch, plan_launch
             from heddle.plugin_host.process import PluginProcess
 
             manifest = self.manifests[plugin]
             policy = options.sandbox
 
-            def launch():
+            def launch() -> Launch:
                 return plan_launch(manifest, home=self.home(plugin, options), policy=policy)
 
             proc = PluginProcess(plugin, launch, timeout=self.timeout, capabilities=self.granted[plugin],
@@ -204,14 +212,16 @@ class PluginHost:
             self._processes[plugin] = proc
         return proc
 
-    def start_run(self, ctx: "RunContext") -> "PluginRun":
+    def start_run(self, ctx: RunContext, rendering: Rendering | None) -> PluginRun:
+        """The seams of one run, under an id its encoder and its middleware calls share."""
         from heddle.plugin_host.middleware import PluginRun
 
-        return PluginRun(self, ctx, RUN_ID.get() or new_run_id())
+        return PluginRun(self, ctx, new_run_id(), rendering)
 
     async def aclose(self) -> None:
         """Stop every plugin process and remove the homes heddle made for them."""
         from heddle.workspace.treecopy import remove_tree
+        from heddle.workspace.workspace import in_worker
 
         processes, self._processes = self._processes, {}
         for proc in processes.values():
@@ -219,10 +229,8 @@ class PluginHost:
         homes, self._homes = self._homes, {}
         for home, kept in homes.values():
             if not kept:
-                try:
-                    remove_tree(home)
-                except OSError:
-                    pass
+                with contextlib.suppress(OSError):
+                    await in_worker(functools.partial(remove_tree, home))
 
     def describe(self) -> list[dict[str, Any]]:
         """What `heddle validate` reports about the loaded plugins."""

@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from heddle.plugin_host.errors import PluginError
 from heddle.plugin_host.manifest import PluginManifest
@@ -79,7 +80,7 @@ def _argv(manifest: PluginManifest, confined: bool) -> tuple[list[str], tuple[Pa
     return [found, *command[1:]], (), False
 
 
-def plan_launch(manifest: PluginManifest, *, home: Path, policy: "SandboxPolicy",
+def plan_launch(manifest: PluginManifest, *, home: Path, policy: SandboxPolicy,
                 base_env: Mapping[str, str] | None = None) -> Launch:
     """The process to start for `manifest`, running in `home`, confined when `policy.safe`."""
     argv, readable, python = _argv(manifest, policy.safe)

@@ -118,7 +118,8 @@ class PluginManifest:
 @lru_cache(maxsize=1)
 def manifest_schema() -> dict[str, Any]:
     """The manifest's JSON Schema (draft 2020-12), as shipped beside this module."""
-    return json.loads((Path(__file__).parent / "manifest.schema.json").read_text(encoding="utf-8"))
+    schema: dict[str, Any] = json.loads((Path(__file__).parent / "manifest.schema.json").read_text(encoding="utf-8"))
+    return schema
 
 
 def _field(path: Any) -> str:
@@ -155,10 +156,11 @@ def _schema_problem(error: Any, data: Any) -> str:
         prefix = "" if where == "(top level)" else f"{where}."
         return f"{prefix}{missing} is missing; add it"
     if error.validator == "oneOf" and isinstance(error.instance, dict) and "inputSchema" in error.instance:
-        return f"{where}: give exactly one of 'path' (an executable in the plugin folder) or 'componentType' (answered by the plugin process)"
+        return (f"{where}: give exactly one of 'path' (an executable in the plugin folder) or 'componentType' "
+                "(answered by the plugin process)")
     if error.validator == "enum":
-        allowed = ", ".join(str(v) for v in error.validator_value)
-        return f"{where}: {error.instance!r} is not one of {allowed}"
+        choices = ", ".join(str(v) for v in error.validator_value)
+        return f"{where}: {error.instance!r} is not one of {choices}"
     if error.validator == "pattern":
         return f"{where}: {error.instance!r} does not match {error.validator_value}"
     return f"{where}: {error.message}"
@@ -334,8 +336,8 @@ def _component(plugin: str, i: int, raw: dict[str, Any], source: str) -> Compone
     schema = raw.get("configSchema")
     if schema is not None:
         _check_json_schema(schema, source, f"{where}.configSchema")
-    common = dict(plugin=plugin, component_type=ctype, kind=raw["kind"], description=raw.get("description", ""),
-                  config_schema=schema)
+    common = {"plugin": plugin, "component_type": ctype, "kind": raw["kind"],
+              "description": raw.get("description", ""), "config_schema": schema}
     if raw["kind"] == "node":
         inputs, outputs = list(raw.get("inputs", [])), list(raw.get("outputs", []))
         _unique([p["title"] for p in inputs], source, f"{where}.inputs", "title")
@@ -351,7 +353,7 @@ def _component(plugin: str, i: int, raw: dict[str, Any], source: str) -> Compone
                 if (name, p) in pairs:
                     raise PluginLoadError(f"{source}: {where}.seams[{j}] {seam!r} repeats {name}.{p}, already given by "
                                           f"{where}.seams[{pairs[(name, p)]}]; list each seam once")
-                pairs[(name, p)] = j  # type: ignore[index]
+                pairs[(name, p)] = j
         return Component(**common, seams=frozenset(pairs))
     if raw["protocol"] == "heddle":
         raise PluginLoadError(f"{source}: {where}.protocol 'heddle' is heddle's own event protocol; "

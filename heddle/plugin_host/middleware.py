@@ -1,4 +1,5 @@
-"""One run's view of the loaded plugins: the engine calls it at each seam.
+"""One run's seams with plugins loaded (heddle.engine.seams): the engine calls them, they ask
+middleware around the engine's own step (`next`).
 
 Before-middleware is asked in load order (`--plugin` order, then component order) and a
 modify feeds the next one; a replace or reject ends the chain. After-middleware is asked in
@@ -9,38 +10,122 @@ emits a `warning` event naming the plugin.
 from __future__ import annotations
 
 import asyncio
-import time
-from typing import TYPE_CHECKING, Any
+import contextlib
+import dataclasses
+import functools
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
 
 from heddle.engine import events as ev
-from heddle.errors import ModelError, ToolError
+from heddle.engine.seams import (
+    AgentRound,
+    ModelRequest,
+    ModelStep,
+    NodeStep,
+    Outcome,
+    ProvidedTool,
+    Rendering,
+    RoundResult,
+    RoundStep,
+    ToolRequest,
+    ToolStep,
+)
+from heddle.errors import ToolError
 from heddle.plugin_host.callbacks import Scope, endpoint_of, handler_for
 from heddle.plugin_host.errors import PluginError, PluginRejected
 from heddle.plugin_host.manifest import Component, Phase
-from heddle.plugin_host.process import PluginCallError
+from heddle.plugin_host.process import OnPartial, PluginCallError
 from heddle.plugin_host.seams import Verdict, parse_verdict
+from heddle.plugin_host.turns import turn_from_json, turn_to_json
 
 if TYPE_CHECKING:
     from heddle.engine.context import RunContext
+    from heddle.model.client import ModelEndpoint
+    from heddle.model.turn import AssistantTurn
+    from heddle.plugin_host.encoder import EncoderSink
     from heddle.plugin_host.host import PluginHost
+    from heddle.plugin_host.process import PluginProcess
+    from heddle.spec import components as c
+    from heddle.workspace.workspace import Workspace
 
-Outcome = tuple[dict[str, Any], "str | None"]
+
+def _answer(output: dict[str, Any]) -> ToolStep:
+    async def step(request: ToolRequest) -> dict[str, Any]:
+        return output
+
+    return step
+
+
+def _refuse(error: ToolError) -> ToolStep:
+    async def step(request: ToolRequest) -> dict[str, Any]:
+        raise error
+
+    return step
 
 
 class PluginRun:
-    def __init__(self, host: "PluginHost", ctx: "RunContext", run_id: str) -> None:
+    """The seams of one run (heddle.engine.seams.RunSeams): its middleware, its plugins' node
+    types and tools, the encoder rendering it; leaving it stops the host's processes unless
+    the host serves further runs."""
+
+    def __init__(self, host: PluginHost, ctx: RunContext, run_id: str, rendering: Rendering | None = None) -> None:
         self.host = host
         self.ctx = ctx
         self.run_id = run_id
-        self._nodes: list[Any] = []  # the nodes running now, innermost last (FlowNodes nest)
+        self._rendering = rendering
+        self._encoder: EncoderSink | None = None
+        self._finished = False
+        self._nodes: list[c.Node] = []  # the nodes running now, innermost last (FlowNodes nest)
+
+    # ---------------------------------------------------------------- the run's lifetime
+
+    async def __aenter__(self) -> Self:
+        if self._rendering is not None:
+            from heddle.plugin_host.encoder import EncoderSink
+
+            rendering = self._rendering
+            try:
+                self._encoder = EncoderSink(self.host, rendering.protocol, rendering.write, run_id=self.run_id,
+                                            options=self.ctx.options)
+            except BaseException:
+                await self._stop_processes()
+                raise
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        try:
+            encoder = self._encoder
+            if encoder is not None:
+                if isinstance(exc, Exception) and not self._finished:
+                    # The error is the run's answer; an encoder failing to render it must not hide it.
+                    with contextlib.suppress(Exception):
+                        await encoder.finish(error=exc)
+                encoder.cancel()
+        finally:
+            await self._stop_processes()
+
+    async def finish(self, state: dict[str, Any]) -> None:
+        self._finished = True
+        if self._encoder is not None:
+            await self._encoder.finish(state=state)
+
+    async def _stop_processes(self) -> None:
+        if not self.host.keep_running:
+            await self.host.aclose()
+
+    def event(self, event: ev.Event, next: ev.EventSink) -> None:
+        next(event)
+        if self._encoder is not None:
+            self._encoder(event)
 
     # ---------------------------------------------------------------- asking plugins
 
-    def process(self, plugin: str):
+    def process(self, plugin: str) -> PluginProcess:
         return self.host.process(plugin, self.ctx.options)
 
     async def ask(self, plugin: str, component_type: str, method: str, params: dict[str, Any], scope: Scope,
-                  on_partial=None) -> Any:
+                  on_partial: OnPartial | None = None) -> Any:
         """Call `method` for one component of `plugin`, in this run. PluginCallError when the plugin
         answers with an error, PluginError when its process fails."""
         body = {"run": self.run_id, "component": component_type, "config": self.host.configs.get(component_type),
@@ -48,19 +133,20 @@ class PluginRun:
         return await self.process(plugin).call(method, body, handler=handler_for(self, plugin, scope),
                                                on_partial=on_partial)
 
-    def _node_ref(self, name: str | None) -> dict[str, Any] | None:
+    def node_ref(self, name: str | None) -> dict[str, Any] | None:
         node = self._current(name)
         if node is not None:
             return {"name": node.name, "id": node.id, "type": node.component_type}
         return {"name": name, "id": None, "type": None} if name else None
 
-    def _current(self, name: str | None) -> Any:
+    def _current(self, name: str | None) -> c.Node | None:
         for node in reversed(self._nodes):
             if name is None or node.name == name:
                 return node
         return None
 
-    def _scope(self, name: str | None, workspace: Any = None, endpoint: Any = None) -> Scope:
+    def scope(self, name: str | None, workspace: Workspace | None = None,
+              endpoint: ModelEndpoint | None = None) -> Scope:
         if endpoint is None:
             node = self._current(name)
             endpoint = endpoint_of(self.ctx, node) if node is not None else None
@@ -68,7 +154,7 @@ class PluginRun:
 
     async def _verdict(self, component: Component, seam: str, phase: Phase, node: str | None,
                        payload: dict[str, Any], scope: Scope) -> Verdict:
-        params = {"seam": seam, "node": self._node_ref(node), **payload}
+        params = {"seam": seam, "node": self.node_ref(node), **payload}
         try:
             result = await self.ask(component.plugin, component.component_type, phase, params, scope)
         except PluginCallError as exc:
@@ -85,21 +171,39 @@ class PluginRun:
             chain = [c for c in chain if c.plugin != caller]
         return chain if phase == "before" else list(reversed(chain))
 
+    # ---------------------------------------------------------------- what the plugins add
+
+    def node_type(self, component_type: str) -> NodeStep | None:
+        comp = self.host.node_component(component_type)
+        if comp is None:
+            return None
+        from heddle.plugin_host.nodes import execute_plugin_node
+
+        return functools.partial(execute_plugin_node, self, comp)
+
+    def tool(self, name: str) -> ProvidedTool | None:
+        tool = self.host.tools.get(name)
+        if tool is None:
+            return None
+        from heddle.plugin_host.tools import ProvidedPluginTool
+
+        return ProvidedPluginTool(self, tool)
+
     # ---------------------------------------------------------------- node and nodeError
 
-    async def run_node(self, node: Any, node_input: dict[str, Any]) -> Outcome:
-        """Run one node through the node and nodeError seams; plugin node types run in their plugin."""
+    async def node(self, node: c.Node, inputs: dict[str, Any], next: NodeStep) -> Outcome:
+        """One node through the node and nodeError seams."""
         self._nodes.append(node)
         try:
             attempt = 0
             while True:
                 attempt += 1
                 try:
-                    return await self._node_once(node, node_input)
+                    return await self._node_once(node, inputs, next)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    outcome = await self._node_error(node, node_input, exc, attempt)
+                    outcome = await self._node_error(node, inputs, exc, attempt)
                     if outcome is None:
                         raise
                     if isinstance(outcome, tuple):
@@ -108,13 +212,11 @@ class PluginRun:
         finally:
             self._nodes.pop()
 
-    async def _node_once(self, node: Any, node_input: dict[str, Any]) -> Outcome:
-        from heddle.engine.nodes import EXECUTORS
-
+    async def _node_once(self, node: c.Node, node_input: dict[str, Any], next: NodeStep) -> Outcome:
         name = node.name
         replaced: Outcome | None = None
         for comp in self._chain("node", "before"):
-            verdict = await self._verdict(comp, "node", "before", name, {"input": node_input}, self._scope(name))
+            verdict = await self._verdict(comp, "node", "before", name, {"input": node_input}, self.scope(name))
             if verdict.name == "modify":
                 node_input = verdict.value
             elif verdict.name == "replace":
@@ -123,17 +225,10 @@ class PluginRun:
                 break
             elif verdict.name == "reject":
                 raise PluginRejected(f"node {name!r} was rejected by {comp.label()}: {verdict.reason}")
-        if replaced is not None:
-            output, branch = replaced
-        elif node.component_type in EXECUTORS:
-            output, branch = await EXECUTORS[node.component_type](self.ctx, node, node_input)
-        else:
-            from heddle.plugin_host.nodes import execute_plugin_node
-
-            output, branch = await execute_plugin_node(self, node, node_input)
+        output, branch = replaced if replaced is not None else await next(node, node_input)
         for comp in self._chain("node", "after"):
             verdict = await self._verdict(comp, "node", "after", name,
-                                          {"input": node_input, "output": output, "branch": branch}, self._scope(name))
+                                          {"input": node_input, "output": output, "branch": branch}, self.scope(name))
             if verdict.name == "replace":
                 self._warn(comp, f"replaced the output of node {name!r}", name)
                 output = verdict.value
@@ -142,7 +237,7 @@ class PluginRun:
                 raise PluginRejected(f"node {name!r} was failed by {comp.label()}: {verdict.reason}")
         return output, branch
 
-    async def _node_error(self, node: Any, node_input: dict[str, Any], error: Exception,
+    async def _node_error(self, node: c.Node, node_input: dict[str, Any], error: Exception,
                           attempt: int) -> Outcome | float | None:
         """What the nodeError middleware makes of a failed node: an outcome that replaces it, a
         delay before the next attempt, or None for the error to stand."""
@@ -150,14 +245,15 @@ class PluginRun:
         for comp in self._chain("nodeError", "after"):
             payload = {"input": node_input, "error": str(error), "errorKind": getattr(error, "kind", "error"),
                        "attempt": attempt, "maxAttempts": limit}
-            verdict = await self._verdict(comp, "nodeError", "after", name, payload, self._scope(name))
+            verdict = await self._verdict(comp, "nodeError", "after", name, payload, self.scope(name))
             if verdict.name == "pass":
                 continue
             if verdict.name == "replace":
                 self._warn(comp, f"replaced the output of node {name!r}, which failed: {error}", name)
                 return verdict.value, verdict.branch
             if verdict.name == "fail":
-                raise PluginRejected(f"node {name!r} failed ({error}) and {comp.label()} says: {verdict.reason}") from error
+                raise PluginRejected(f"node {name!r} failed ({error}) and {comp.label()} says: "
+                                     f"{verdict.reason}") from error
             if attempt >= limit:
                 self._warn(comp, f"asked to retry node {name!r}, but it has run {attempt} time(s), the "
                                  f"--max-node-attempts {limit}; the error stands", name)
@@ -170,107 +266,88 @@ class PluginRun:
 
     # ---------------------------------------------------------------- toolCall
 
-    async def call_tool(self, node_name: str, tool_name: str, arguments: dict[str, Any], workspace: Any,
-                        call_id: str | None = None, caller: str | None = None) -> dict[str, Any]:
-        """One tool call through the toolCall seam: a plugin's tool, or the tools folder's."""
-        scope = self._scope(node_name, workspace)
-        payload: dict[str, Any] = {"tool": tool_name, "callId": call_id}
+    async def call_tool(self, request: ToolRequest, next: ToolStep, caller: str | None = None) -> dict[str, Any]:
+        """One tool call through the toolCall seam. `caller` is the plugin asking (runTool), whose
+        own middleware is left out."""
+        node, tool = request.node, request.tool
+        scope = self.scope(node, request.workspace)
+        payload: dict[str, Any] = {"tool": tool, "callId": request.call_id}
         output: dict[str, Any] | None = None
         for comp in self._chain("toolCall", "before", caller):
-            verdict = await self._verdict(comp, "toolCall", "before", node_name, {**payload, "arguments": arguments},
-                                          scope)
+            verdict = await self._verdict(comp, "toolCall", "before", node,
+                                          {**payload, "arguments": request.arguments}, scope)
             if verdict.name == "modify":
-                arguments = verdict.value
+                request = dataclasses.replace(request, arguments=verdict.value)
             elif verdict.name == "replace":
-                self._warn(comp, f"replaced the result of tool {tool_name!r} without running it", node_name)
-                output = verdict.value
-                self._emit_call(node_name, tool_name, call_id, arguments, output, ok=True, started=time.perf_counter())
+                self._warn(comp, f"replaced the result of tool {tool!r} without running it", node)
+                output = await self.ctx.record_tool(request, _answer(verdict.value))
                 break
             elif verdict.name == "reject":
-                message = f"the call was rejected by {comp.label()}: {verdict.reason}"
-                self._emit_call(node_name, tool_name, call_id, arguments, {"error": message}, ok=False,
-                                started=time.perf_counter())
-                raise ToolError(tool_name, message)
+                refusal = ToolError(tool, f"the call was rejected by {comp.label()}: {verdict.reason}")
+                # Recorded as a failed call, which raises the refusal: the caller sees it as the tool's error.
+                await self.ctx.record_tool(request, _refuse(refusal))
         error: ToolError | None = None
         if output is None:
             try:
-                output = await self._invoke_tool(node_name, tool_name, arguments, workspace, call_id, scope)
+                output = await next(request)
             except ToolError as exc:
                 error = exc
         for comp in self._chain("toolCall", "after", caller):
             result = {"ok": True, "output": output} if error is None else {"ok": False, "error": error.message}
-            verdict = await self._verdict(comp, "toolCall", "after", node_name,
-                                          {**payload, "arguments": arguments, **result}, scope)
+            verdict = await self._verdict(comp, "toolCall", "after", node,
+                                          {**payload, "arguments": request.arguments, **result}, scope)
             if verdict.name == "replace":
-                self._warn(comp, f"replaced the result of tool {tool_name!r}", node_name)
+                self._warn(comp, f"replaced the result of tool {tool!r}", node)
                 output, error = verdict.value, None
             elif verdict.name == "fail":
-                raise ToolError(tool_name, f"the call was failed by {comp.label()}: {verdict.reason}")
+                raise ToolError(tool, f"the call was failed by {comp.label()}: {verdict.reason}")
         if error is not None:
             raise error
         assert output is not None
         return output
 
-    def _emit_call(self, node: str, tool: str, call_id: str | None, arguments: Any, output: Any, *, ok: bool,
-                   started: float) -> None:
-        self.ctx.emit(ev.ToolCall(node=node, tool=tool, call_id=call_id, arguments=arguments))
-        self.ctx.emit(ev.ToolResult(node=node, tool=tool, call_id=call_id, ok=ok, output=output,
-                                    duration_ms=(time.perf_counter() - started) * 1000))
-
-    async def _invoke_tool(self, node_name: str, tool_name: str, arguments: dict[str, Any], workspace: Any,
-                           call_id: str | None, scope: Scope) -> dict[str, Any]:
-        tool = self.host.tools.get(tool_name)
-        if tool is None:
-            return await self.ctx.run_tool(node_name, tool_name, arguments, workspace, call_id=call_id)
-        from heddle.plugin_host.tools import invoke_plugin_tool
-
-        return await invoke_plugin_tool(self, tool, node_name, arguments, workspace, call_id, scope)
-
     # ---------------------------------------------------------------- modelCall and agentRound
 
-    async def chat(self, node_name: str, endpoint: Any, messages: list[dict[str, Any]],
-                   tools: list[dict[str, Any]] | None, on_delta: Any, caller: str | None = None) -> Any:
-        """One model call through the modelCall seam."""
-        from heddle.plugin_host.turns import turn_from_json, turn_to_json
-
-        scope = self._scope(node_name, endpoint=endpoint)
+    async def call_model(self, request: ModelRequest, next: ModelStep, caller: str | None = None) -> AssistantTurn:
+        """One model call through the modelCall seam (`caller` as for call_tool)."""
+        node = request.node
+        scope = self.scope(node, endpoint=request.endpoint)
         for comp in self._chain("modelCall", "before", caller):
-            verdict = await self._verdict(comp, "modelCall", "before", node_name,
-                                          {"messages": messages, "tools": tools}, scope)
+            verdict = await self._verdict(comp, "modelCall", "before", node,
+                                          {"messages": request.messages, "tools": request.tools}, scope)
             if verdict.name == "modify":
-                messages = verdict.value if verdict.value is not None else messages
-                tools = verdict.tools if verdict.sets_tools else tools
+                request = dataclasses.replace(
+                    request, messages=verdict.value if verdict.value is not None else request.messages,
+                    tools=verdict.tools if verdict.sets_tools else request.tools)
             elif verdict.name == "replace":
-                self._warn(comp, f"replaced the model's answer to node {node_name!r} without asking the model",
-                           node_name)
-                return self._turn(comp, verdict.value, turn_from_json)
+                self._warn(comp, f"replaced the model's answer to node {node!r} without asking the model", node)
+                return self._turn(comp, verdict.value)
             elif verdict.name == "reject":
-                raise PluginRejected(f"the model call of node {node_name!r} was rejected by {comp.label()}: "
+                raise PluginRejected(f"the model call of node {node!r} was rejected by {comp.label()}: "
                                      f"{verdict.reason}")
         limit = self.host.max_node_attempts
         attempt = 0
         while True:
             attempt += 1
-            if self.ctx.client is None:
-                raise ModelError(f"node {node_name!r} has no model client")
-            turn = await self.ctx.client.chat(endpoint, messages, tools, on_delta=on_delta)
+            turn = await next(request)
             retry: float | None = None
             for comp in self._chain("modelCall", "after", caller):
-                verdict = await self._verdict(comp, "modelCall", "after", node_name,
-                                              {"messages": messages, "tools": tools, "response": turn_to_json(turn),
-                                               "attempt": attempt, "maxAttempts": limit}, scope)
+                verdict = await self._verdict(comp, "modelCall", "after", node,
+                                              {"messages": request.messages, "tools": request.tools,
+                                               "response": turn_to_json(turn), "attempt": attempt,
+                                               "maxAttempts": limit}, scope)
                 if verdict.name == "replace":
-                    self._warn(comp, f"replaced the model's answer to node {node_name!r}", node_name)
-                    turn = self._turn(comp, verdict.value, turn_from_json)
+                    self._warn(comp, f"replaced the model's answer to node {node!r}", node)
+                    turn = self._turn(comp, verdict.value)
                 elif verdict.name == "fail":
-                    raise PluginRejected(f"the model call of node {node_name!r} was failed by {comp.label()}: "
+                    raise PluginRejected(f"the model call of node {node!r} was failed by {comp.label()}: "
                                          f"{verdict.reason}")
                 elif verdict.name == "retry":
                     if attempt >= limit:
-                        raise PluginRejected(f"{comp.label()} asked to retry the model call of node {node_name!r}, "
+                        raise PluginRejected(f"{comp.label()} asked to retry the model call of node {node!r}, "
                                              f"but it was made {attempt} time(s), the --max-node-attempts {limit}")
-                    self._warn(comp, f"retried the model call of node {node_name!r} (attempt {attempt + 1} of "
-                                     f"{limit})" + (f": {verdict.reason}" if verdict.reason else ""), node_name)
+                    self._warn(comp, f"retried the model call of node {node!r} (attempt {attempt + 1} of "
+                                     f"{limit})" + (f": {verdict.reason}" if verdict.reason else ""), node)
                     retry = verdict.delay
                     break
             if retry is None:
@@ -278,32 +355,27 @@ class PluginRun:
             await asyncio.sleep(retry)
 
     @staticmethod
-    def _turn(comp: Component, value: Any, turn_from_json) -> Any:
+    def _turn(comp: Component, value: Any) -> AssistantTurn:
         try:
             return turn_from_json(value, where="response")
         except ValueError as exc:
             raise PluginError(comp.plugin, f"{comp.component_type} answered modelCall with a response heddle "
                                            f"cannot use: {exc}") from None
 
-    async def round_before(self, node_name: str, round_no: int, messages: list[dict[str, Any]]) -> None:
+    async def agent_round(self, agent_round: AgentRound, next: RoundStep) -> RoundResult:
+        node, number = agent_round.node, agent_round.number
         for comp in self._chain("agentRound", "before"):
-            verdict = await self._verdict(comp, "agentRound", "before", node_name,
-                                          {"round": round_no, "messages": messages}, self._scope(node_name))
+            verdict = await self._verdict(comp, "agentRound", "before", node,
+                                          {"round": number, "messages": agent_round.messages}, self.scope(node))
             if verdict.name == "reject":
-                raise PluginRejected(f"agent {node_name!r} was stopped before round {round_no} by {comp.label()}: "
+                raise PluginRejected(f"agent {node!r} was stopped before round {number} by {comp.label()}: "
                                      f"{verdict.reason}")
-
-    async def round_after(self, node_name: str, round_no: int, turn: Any, results: list[Any]) -> None:
-        from heddle.plugin_host.turns import turn_to_json
-
+        done = await next(agent_round)
         for comp in self._chain("agentRound", "after"):
-            verdict = await self._verdict(comp, "agentRound", "after", node_name,
-                                          {"round": round_no, "response": turn_to_json(turn), "toolResults": results},
-                                          self._scope(node_name))
+            verdict = await self._verdict(comp, "agentRound", "after", node,
+                                          {"round": number, "response": turn_to_json(done.turn),
+                                           "toolResults": done.tool_results}, self.scope(node))
             if verdict.name == "fail":
-                raise PluginRejected(f"agent {node_name!r} was failed after round {round_no} by {comp.label()}: "
+                raise PluginRejected(f"agent {node!r} was failed after round {number} by {comp.label()}: "
                                      f"{verdict.reason}")
-
-    def has(self, seam: str, phase: Phase) -> bool:
-        return bool(self.host.chain(seam, phase))
-
+        return done

@@ -10,20 +10,26 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+import functools
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from heddle.engine import events as ev
+from heddle.engine.seams import Outcome
 from heddle.errors import RunError
 from heddle.plugin_host.callbacks import Scope, endpoint_of
 from heddle.plugin_host.errors import PluginError
+from heddle.plugin_host.manifest import Component
 from heddle.plugin_host.process import PluginCallError
+from heddle.spec import components as c
 
 if TYPE_CHECKING:
     from heddle.plugin_host.middleware import PluginRun
+    from heddle.workspace.workspace import Workspace
 
 
-def _inputs(node: Any, declared: list[dict[str, Any]], values: dict[str, Any]) -> dict[str, Any]:
+def _inputs(node: c.PluginNode, declared: list[dict[str, Any]], values: dict[str, Any]) -> dict[str, Any]:
     from heddle.engine.nodes import declared_values
 
     if not declared:
@@ -36,31 +42,33 @@ def _inputs(node: Any, declared: list[dict[str, Any]], values: dict[str, Any]) -
     return out
 
 
-@contextlib.contextmanager
-def plugin_workspace(run: "PluginRun", plugin: str, node_name: str) -> Iterator[Any]:
+@contextlib.asynccontextmanager
+async def plugin_workspace(run: PluginRun, plugin: str, node_name: str) -> AsyncIterator[Workspace]:
     """A workspace built like every other, but inside the plugin's home."""
     from heddle.workspace.treecopy import remove_tree
-    from heddle.workspace.workspace import Workspaces
+    from heddle.workspace.workspace import Workspaces, in_worker
 
     ctx = run.ctx
     home = run.host.home(plugin, ctx.options)
     shared = ctx.workspaces
     options = dataclasses.replace(shared.options, keep_root=home / "workspaces")
     owner = Workspaces(options, shared.tools, tools_dir=shared.tools_dir, warn=shared.warn)
-    workspace = owner.open(node_name)
+    root: Path | None = None
     try:
-        yield workspace
+        async with owner.enter(node_name) as workspace:
+            root = workspace.root
+            yield workspace
     finally:
-        workspace.close()
-        if shared.options.keep_root is None:
+        if shared.options.keep_root is None and root is not None:
+            # `owner` keeps its workspaces (they are in the plugin's home): removed here once closed.
             with contextlib.suppress(OSError):
-                remove_tree(workspace.root)
+                await in_worker(functools.partial(remove_tree, root))
 
 
-async def execute_plugin_node(run: "PluginRun", node: Any, node_input: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    comp = run.host.node_component(node.component_type)
-    if comp is None:
-        raise RunError(f"{node.component_type} {node.name!r}: no loaded plugin declares this node type")
+async def execute_plugin_node(run: PluginRun, comp: Component, node: c.Node, node_input: dict[str, Any]) -> Outcome:
+    """The engine's step for a node of `comp`'s type: `execute` on its plugin's process."""
+    if not isinstance(node, c.PluginNode):
+        raise RunError(f"{node.component_type} {node.name!r}: a built-in node type cannot be executed by a plugin")
     declared_in = list(node.inputs) or list(comp.inputs)
     values = _inputs(node, declared_in, node_input)
     properties = dict(node.model_extra or {})
@@ -70,7 +78,7 @@ async def execute_plugin_node(run: "PluginRun", node: Any, node_input: dict[str,
         if isinstance(value, dict) and isinstance(value.get("text"), str):
             run.ctx.emit(ev.TokenDelta(node=node.name, text=value["text"]))
 
-    with plugin_workspace(run, comp.plugin, node.name) as workspace:
+    async with plugin_workspace(run, comp.plugin, node.name) as workspace:
         params = {"node": {"name": node.name, "id": node.id, "type": node.component_type, "properties": properties},
                   "input": values, "workspace": str(workspace.root)}
         try:

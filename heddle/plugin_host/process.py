@@ -43,7 +43,7 @@ class PluginCallError(Exception):
 @dataclass
 class _Pending:
     method: str
-    future: asyncio.Future
+    future: asyncio.Future[Any]
     handler: Handler | None
     on_partial: OnPartial | None
     last_heard: float
@@ -58,9 +58,9 @@ class _Running:
     """One started process and the calls in flight on it."""
 
     proc: asyncio.subprocess.Process
-    stderr: collections.deque = field(default_factory=lambda: collections.deque(maxlen=STDERR_LINES))
+    stderr: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=STDERR_LINES))
     pending: dict[int, _Pending] = field(default_factory=dict)
-    tasks: set[asyncio.Task] = field(default_factory=set)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
     dead: bool = False
     killed: bool = False  # set the moment heddle kills it, before its reader notices the exit
     reason: str | None = None  # why heddle killed it, when it did
@@ -147,7 +147,7 @@ class PluginProcess:
                         raise PluginError(self.name, message)
                 try:
                     return await asyncio.wait_for(asyncio.shield(pending.future), wait)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     continue
         finally:
             running.pending.pop(call_id, None)
@@ -209,7 +209,7 @@ class PluginProcess:
             async for raw in running.proc.stderr:
                 running.stderr.append(raw.decode("utf-8", "replace").rstrip()[:500])
 
-    async def _read_stdout(self, running: _Running, stderr_task: asyncio.Task) -> None:
+    async def _read_stdout(self, running: _Running, stderr_task: asyncio.Task[None]) -> None:
         assert running.proc.stdout is not None
         try:
             while True:
@@ -231,7 +231,7 @@ class PluginProcess:
         finally:
             await self._ended(running, stderr_task)
 
-    async def _ended(self, running: _Running, stderr_task: asyncio.Task) -> None:
+    async def _ended(self, running: _Running, stderr_task: asyncio.Task[None]) -> None:
         running.dead = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(running.proc.pid, signal.SIGKILL)  # children it left must not outlive it

@@ -104,4 +104,5 @@ def decode(line: bytes) -> Message:
         return Answer(mid, error=message or "(no message)")
     if "result" in obj:
         return Answer(mid, result=obj["result"])
-    raise ProtocolViolation(f"wrote a message with neither 'method', 'result', 'error' nor 'partial': {_preview(line)!r}")
+    raise ProtocolViolation("wrote a message with neither 'method', 'result', 'error' nor 'partial': "
+                            f"{_preview(line)!r}")

@@ -17,15 +17,16 @@ def turn_to_json(turn: AssistantTurn) -> dict[str, Any]:
 
 
 def turn_from_json(value: Any, *, where: str) -> AssistantTurn:
-    """A response a plugin wrote; ValueError naming what is wrong with it."""
+    """A response a plugin wrote; ValueError naming what is wrong with it (its type included: the
+    caller reports every malformed response the same way)."""
     if not isinstance(value, dict):
-        raise ValueError(f"{where} must be an object {{content, toolCalls}}")
+        raise ValueError(f"{where} must be an object {{content, toolCalls}}")  # noqa: TRY004
     content = value.get("content")
     if content is not None and not isinstance(content, str):
         raise ValueError(f"{where}.content must be a string or null")
     calls = value.get("toolCalls") or []
     if not isinstance(calls, list):
-        raise ValueError(f"{where}.toolCalls must be a list")
+        raise ValueError(f"{where}.toolCalls must be a list")  # noqa: TRY004
     out: list[ToolCall] = []
     for i, call in enumerate(calls):
         if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:

@@ -17,12 +17,12 @@ if TYPE_CHECKING:
 class Ticket:
     """One admitted run's slot. Released exactly once, however the run ends."""
 
-    def __init__(self, owner: "Admission") -> None:
+    def __init__(self, owner: Admission) -> None:
         self._owner = owner
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task[object] | None = None
         self.released = False
 
-    def attach(self, task: asyncio.Task) -> None:
+    def attach(self, task: asyncio.Task[object]) -> None:
         """The task to cancel when the server stops waiting for this run."""
         self.task = task
 
@@ -33,7 +33,7 @@ class Ticket:
 
 
 class Admission:
-    def __init__(self, limit: int, metrics: "Metrics") -> None:
+    def __init__(self, limit: int, metrics: Metrics) -> None:
         self.limit = limit
         self.metrics = metrics
         self.draining = False
@@ -81,7 +81,7 @@ class Admission:
         """True once no run holds a slot; False if `timeout` seconds pass first."""
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True
 

@@ -12,6 +12,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from heddle.errors import HeddleError
 from heddle.server.body import Gone, read_json_object
@@ -72,8 +73,8 @@ def build_app(service: Service) -> Starlette:
         body = await read_json_object(request, config.max_body_bytes)
         return _JSON(await service.validate(body))
 
-    async def runs(request: Request) -> Any:
-        from heddle.server.runner import RunResponse
+    async def runs(request: Request) -> ASGIApp:  # a Response, or the run's stream
+        from heddle.server.run_response import RunResponse
 
         protocol = request.query_params.get("protocol")
         encoder = service.encoder(protocol)

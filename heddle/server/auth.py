@@ -14,7 +14,7 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 class BearerAuth:
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
-        self._expected = f"Bearer {token}".encode("utf-8")
+        self._expected = f"Bearer {token}".encode()
 
     def _allowed(self, scope: Scope) -> bool:
         for name, value in scope.get("headers", []):

@@ -9,9 +9,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from heddle.server.config import ServerConfig
+    from heddle.settings import Setting
 
 EPILOG = """\
 environment:
@@ -40,128 +44,98 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}; see heddle-server --help\n")
 
 
-def _ms(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of milliseconds") from None
-    return value
+def _reader(spec: Setting) -> Callable[[str], str]:
+    """An argparse `type` that refuses what `spec` cannot read (argparse names the flag), and keeps
+    the text: config_from reads it again, to note a plain duration once and check its range."""
+
+    def read(text: str) -> str:
+        if spec.kind != "rounds":  # refused by config_from, naming the limit's own rule
+            try:
+                spec.read(text, plain="ms")
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+
+    return read
 
 
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+def _help(spec: Setting) -> str:
+    shown = spec.show_default()
+    return spec.help_for("ms") + (f" [default: {shown}]" if shown is not None else "")
+
+
+def _add(group: argparse._ArgumentGroup, spec: Setting) -> None:
+    assert spec.flag is not None
+    # Every default is None here, so config_from knows what was given; the defaults are the table's.
+    if spec.kind == "flag":
+        group.add_argument(spec.flag, dest=spec.name, action="store_const", const=not spec.default, default=None,
+                           help=_help(spec))
+    elif spec.kind in ("paths", "texts"):
+        group.add_argument(spec.flag, dest=spec.name, action="append", default=None, metavar=spec.metavar,
+                           type=Path if spec.kind == "paths" else str, help=_help(spec))
+    else:
+        group.add_argument(spec.flag, dest=spec.name, default=None, metavar=spec.metavar,
+                           type=Path if spec.kind == "path" else _reader(spec), help=_help(spec))
+
+
+def _flags() -> list[Setting]:
+    """Every setting heddle-server takes as a flag: its own, then the run settings."""
+    from heddle.server.config import server_settings
+    from heddle.settings import SETTINGS
+
+    return [s for s in (*server_settings(), *SETTINGS) if s.server and s.flag is not None]
 
 
 def parser() -> argparse.ArgumentParser:
     from heddle import __version__
+    from heddle.server.config import GROUPS
 
     p = _Parser(prog="heddle-server", description="Serve Agent Spec flows, or one sealed .heddle bundle, over HTTP.",
                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"heddle-server {__version__}")
-    g = p.add_argument_group("what to serve")
-    g.add_argument("--bundle", type=Path, metavar="X.heddle", help="Serve this sealed bundle, verified before the port opens.")
-    g.add_argument("--trust", type=Path, action="append", default=[], metavar="KEY.pub",
-                   help="With --bundle: a public key trusted to have signed it (repeatable).")
-    g.add_argument("--allow-unsigned", action="store_true", help="With --bundle: admit a bundle with no signature.")
-    g.add_argument("--data-dir", type=Path, metavar="D",
-                   help="With --bundle: where its rw mounts are seeded and kept [default: a temporary folder, "
-                        "removed when the server stops].")
-    g.add_argument("--tools-dir", type=Path, metavar="D", help="Folder of tool executables for request flows.")
-    g.add_argument("--flows-root", type=Path, metavar="D", help="Requests may name flows under D with flowPath.")
-    g = p.add_argument_group("network")
-    g.add_argument("--host", default="127.0.0.1", help="Address to listen on [default: 127.0.0.1].")
-    g.add_argument("--port", type=_int, default=4319, help="Port to listen on; 0 picks a free one [default: 4319].")
-    g.add_argument("--cors-origin", action="append", default=[], metavar="O",
-                   help="Let browser pages from origin O (such as https://app.example.com) call the server "
-                        "(repeatable; * for any). Requests from other pages get 403.")
-    g.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
-                   help="Also accept requests whose Host header is NAME, at any port (repeatable; * for any "
-                        "name, for a server behind a proxy). Others get 421; see below.")
-    g.add_argument("--auth-token", metavar="T", help="Require 'Authorization: Bearer T' (see HEDDLE_AUTH_TOKEN).")
-    g = p.add_argument_group("limits (durations in milliseconds)")
-    g.add_argument("--max-concurrent", type=_int, default=4, metavar="N",
-                   help="Runs at once; more are refused with 429, never queued [default: 4].")
-    g.add_argument("--timeout", type=_ms, default=300_000, metavar="MS", help="Time one run may take [default: 300000].")
-    g.add_argument("--tool-timeout", type=_ms, default=30_000, metavar="MS",
-                   help="Time one tool call may take [default: 30000].")
-    g.add_argument("--max-iterations", type=_int, default=50, metavar="N", help="Node executions per run [default: 50].")
-    g.add_argument("--max-tool-rounds", metavar="N|unlimited",
-                   help="Model calls an agent may make per execution [default: the bundle's, else 10].")
-    g.add_argument("--drain-timeout", type=_ms, default=30_000, metavar="MS",
-                   help="On SIGTERM, how long runs in flight may finish before they are cancelled [default: 30000].")
-    g.add_argument("--header-timeout", type=_ms, default=10_000, metavar="MS",
-                   help="Milliseconds a connection may take to send a request's line and headers, from when it "
-                        "opens or sends its first byte; then it gets 408 and is closed [default: 10000].")
-    g.add_argument("--body-timeout", type=_ms, default=30_000, metavar="MS",
-                   help="Milliseconds a request may take to send its body once its headers are in; then it "
-                        "gets 408 and is closed [default: 30000].")
-    g.add_argument("--max-connections", type=_int, metavar="N",
-                   help="Open connections at once; more are answered 503 and closed [default: 512, lowered "
-                        "to fit the open-file limit (ulimit -n) with a warning].")
-    g = p.add_argument_group("request code and models")
-    g.add_argument("--allow-request-code", action="store_true",
-                   help="Accept tools sent in requests (written to a per-run folder, removed afterwards).")
-    g.add_argument("--allow-net", action="append", default=[], metavar="HOST",
-                   help="Let request flows call models on HOST even if it is loopback or private (repeatable).")
-    g.add_argument("--llm-default-url", metavar="URL",
-                   help="The operator's model endpoint: always reachable, and sent HEDDLE_LLM_DEFAULT_KEY.")
-    g.add_argument("--work-dir", type=Path, metavar="D", help="Where per-run folders and workspaces are made.")
-    g = p.add_argument_group("plugins")
-    g.add_argument("--plugin", type=Path, action="append", default=[], metavar="MANIFEST",
-                   help="Load a plugin's plugin.json for every run (repeatable; with --bundle, after the bundle's own).")
-    g.add_argument("--plugin-config", action="append", default=[], metavar="TYPE=JSON|@FILE",
-                   help="Settings of a plugin component type, checked against its configSchema (repeatable).")
-    g.add_argument("--plugin-timeout", type=_ms, default=30_000, metavar="MS",
-                   help="Time a plugin call may stay silent before the plugin is killed [default: 30000].")
-    g.add_argument("--max-node-attempts", type=_int, default=3, metavar="N",
-                   help="Times a node may run when a nodeError plugin asks to retry it [default: 3].")
-    g = p.add_argument_group("workspaces")
-    g.add_argument("--mount", action="append", default=[], metavar="SRC[:DEST][:ro|:rw]",
-                   help="Put a file or folder into every workspace (repeatable).")
-    g.add_argument("--workspace", type=Path, metavar="D", help="Keep each node's workspace under D.")
-    g.add_argument("--mount-max-bytes", type=_int, default=64 * 2**20, metavar="N", help="Most bytes one mount may hold.")
-    g.add_argument("--mount-max-entries", type=_int, default=4096, metavar="N",
-                   help="Most files and folders one mount may hold.")
-    g.add_argument("--no-mount-tools", action="store_true", help="Leave .heddle/bin empty in workspaces.")
-    g = p.add_argument_group("sandbox")
-    g.add_argument("--safe", action="store_true", help="Run each tool call in a bubblewrap sandbox.")
-    g.add_argument("--sandbox", metavar="B", help="Sandbox backend under --safe: auto or bubblewrap.")
-    g.add_argument("--allow-read", type=Path, action="append", default=[], metavar="P",
-                   help="Under --safe, also let tools read P (repeatable).")
-    g.add_argument("--allow-write", type=Path, action="append", default=[], metavar="P",
-                   help="Under --safe, also let tools write P (repeatable).")
-    g.add_argument("--allow-env", action="append", default=[], metavar="N",
-                   help="Under --safe, pass environment variable N to tools (repeatable).")
-    g.add_argument("--deny-net", action="store_true", help="Under --safe, give tools no network.")
+    flags = _flags()
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for title in dict.fromkeys(GROUPS.values()):
+        groups[title] = p.add_argument_group(title)
+    for spec in flags:
+        _add(groups[GROUPS[spec.group]], spec)
     return p
 
 
-def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Any:
-    from heddle.server.config import ENV_LLM_DEFAULT_KEY, ServerConfig, auth_token_from, stream_from_env
+def _value(spec: Setting, raw: Any) -> Any:
+    from heddle.errors import UsageError
 
-    return ServerConfig(
-        bundle=args.bundle, trust=tuple(args.trust), allow_unsigned=args.allow_unsigned,
-        tools_dir=args.tools_dir, flows_root=args.flows_root, host=args.host, port=args.port,
-        max_concurrent=args.max_concurrent, timeout_ms=args.timeout, tool_timeout_ms=args.tool_timeout,
-        max_iterations=args.max_iterations, max_tool_rounds=args.max_tool_rounds,
-        drain_timeout_ms=args.drain_timeout, cors_origins=tuple(args.cors_origin),
-        allowed_hosts=tuple(args.allowed_host), header_timeout_ms=args.header_timeout,
-        body_timeout_ms=args.body_timeout, max_connections=args.max_connections,
-        allow_request_code=args.allow_request_code, allow_net=tuple(args.allow_net), work_dir=args.work_dir,
-        data_dir=args.data_dir,
-        mounts=tuple(args.mount), workspace=args.workspace, mount_max_bytes=args.mount_max_bytes,
-        mount_max_entries=args.mount_max_entries, no_mount_tools=args.no_mount_tools,
-        llm_default_url=args.llm_default_url,
-        llm_default_key=environ.get(ENV_LLM_DEFAULT_KEY) or None,
-        safe=args.safe, sandbox=args.sandbox, allow_read=tuple(args.allow_read),
-        allow_write=tuple(args.allow_write), allow_env=tuple(args.allow_env), deny_net=args.deny_net,
-        auth_token=auth_token_from(args.auth_token, environ), stream=stream_from_env(environ),
-        plugins=tuple(args.plugin), plugin_configs=tuple(args.plugin_config),
-        plugin_timeout_ms=args.plugin_timeout, max_node_attempts=args.max_node_attempts,
-    )
+    if spec.kind in ("paths", "texts"):
+        return tuple(raw)
+    if spec.kind in ("flag", "path"):
+        return raw
+    if spec.kind == "text":
+        return str(raw)
+    value, note = spec.read(str(raw), plain="ms")
+    if note is not None:
+        sys.stderr.write(f"note: {note}\n")
+    problem = spec.problem(value, str(raw))
+    if problem is not None:
+        raise UsageError(problem)
+    return value
+
+
+def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerConfig:
+    from heddle.server.config import ENV_LLM_DEFAULT_KEY, ENV_STREAM, ServerConfig, auth_token_from, stream_from_env
+    from heddle.settings import BY_NAME, RunSettings
+
+    own: dict[str, Any] = {}
+    run: dict[str, Any] = {}
+    for spec in _flags():
+        raw = getattr(args, spec.name)
+        if raw is not None:
+            (run if spec.name in BY_NAME else own)[spec.name] = _value(spec, raw)
+    # The server reads whether models stream from the environment, not a flag.
+    if ENV_STREAM in environ:
+        run["stream"] = stream_from_env(environ)
+    own["auth_token"] = auth_token_from(own.get("auth_token"), environ)
+    return ServerConfig(**own, settings=RunSettings(**run), given=frozenset(run),
+                        llm_default_key=environ.get(ENV_LLM_DEFAULT_KEY) or None)
 
 
 def _prepare_work_dir(work_dir: Path | None) -> Path | None:
@@ -174,7 +148,8 @@ def _prepare_work_dir(work_dir: Path | None) -> Path | None:
     try:
         work_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"--work-dir {work_dir}: cannot be created ({exc.strerror or exc}); give a writable folder") from None
+        raise UsageError(f"--work-dir {work_dir}: cannot be created ({exc.strerror or exc}); give a writable "
+                         "folder") from None
     if not os.access(work_dir, os.W_OK | os.X_OK):
         raise UsageError(f"--work-dir {work_dir}: not writable; give a writable folder")
     real = work_dir.resolve()
@@ -210,15 +185,20 @@ def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = N
         config = replace(config, work_dir=_prepare_work_dir(config.work_dir), max_connections=connections)
         # The engine and the HTTP stack load only once the command line has passed its checks.
         from heddle.server.serve import serve
+        from heddle.server.served_bundle import close_served, digest_of, open_served
         from heddle.server.service import Service
 
-        from heddle.server.sealed import close_sealed, digest_of, open_sealed
+        sealed = None
+        if config.bundle is not None:
+            from heddle.format.trust import TrustPolicy
 
-        sealed = open_sealed(config) if config.bundle is not None else None
+            # Trust is decided here, once, and handed down whole.
+            policy = TrustPolicy.from_names(config.trust, allow_unsigned=config.allow_unsigned)
+            sealed = open_served(config, policy).runnable
         try:
             service = Service(config, sealed=sealed)
         except BaseException:
-            close_sealed(sealed)
+            close_served(sealed)
             raise
         for warning in warnings:
             sys.stderr.write(f"warning: {warning}\n")

@@ -1,26 +1,35 @@
 """Everything `heddle-server` was started with, checked once, before anything opens.
 
 The command line and the environment both land here, so the rest of the server reads one
-typed value instead of flags. Durations are kept in milliseconds, as the flags give them.
+typed value instead of flags. The run settings are a `heddle.settings.RunSettings` (with the
+names given on the command line, so a bundle's proposals yield to them); the server's own
+settings are declared below in the same style, and the flag parser is generated from both.
+Durations are seconds, as everywhere in the library; the flags read them as the settings say.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from heddle import secret_env
 from heddle.errors import UsageError
+from heddle.settings import (
+    ALLOW_UNSIGNED,
+    BUNDLES,
+    DATA_DIR,
+    LIMITS,
+    SOURCE,
+    TOOLS_DIR,
+    TRUST,
+    RunSettings,
+    Setting,
+    about,
+)
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 4319
-DEFAULT_MAX_CONCURRENT = 4
-DEFAULT_TIMEOUT_MS = 300_000
-DEFAULT_DRAIN_TIMEOUT_MS = 30_000
-DEFAULT_HEADER_TIMEOUT_MS = 10_000
-DEFAULT_BODY_TIMEOUT_MS = 30_000
 DEFAULT_MAX_CONNECTIONS = 512
 MAX_BODY_BYTES = 1 << 20
 
@@ -28,58 +37,107 @@ ENV_AUTH_TOKEN = secret_env.AUTH_TOKEN
 ENV_STREAM = "HEDDLE_STREAM"
 ENV_LLM_DEFAULT_KEY = secret_env.LLM_DEFAULT_KEY
 
+NETWORK, REQUESTS = "network", "requests"
+
+
+def _own(**about_: Any) -> Mapping[str, Setting]:
+    # A setting only heddle-server takes.
+    return about(cli=False, **about_)
+
+
+def _shared(spec: Setting) -> Mapping[str, Setting]:
+    # A setting both shells take beside the run settings; heddle.settings declares it.
+    return {"setting": spec}
+
 
 @dataclass(frozen=True)
 class ServerConfig:
-    bundle: Path | None = None
-    trust: tuple[Path, ...] = ()
-    allow_unsigned: bool = False
-    tools_dir: Path | None = None
-    flows_root: Path | None = None
-    host: str = DEFAULT_HOST
-    port: int = DEFAULT_PORT
-    max_concurrent: int = DEFAULT_MAX_CONCURRENT
-    timeout_ms: int = DEFAULT_TIMEOUT_MS
-    max_iterations: int = 50
-    # None: not given on the command line, so a bundle's proposal (or the engine default) applies.
-    max_tool_rounds: str | None = None
-    drain_timeout_ms: int = DEFAULT_DRAIN_TIMEOUT_MS
-    cors_origins: tuple[str, ...] = ()
-    allowed_hosts: tuple[str, ...] = ()
-    header_timeout_ms: int = DEFAULT_HEADER_TIMEOUT_MS
-    body_timeout_ms: int = DEFAULT_BODY_TIMEOUT_MS
+    bundle: Path | None = field(default=None, metadata=_own(
+        kind="path", flag="--bundle", metavar="X.heddle", group=SOURCE,
+        help="Serve this sealed bundle, verified before the port opens."))
+    trust: tuple[Path, ...] = field(default=TRUST.default, metadata=_shared(TRUST))
+    allow_unsigned: bool = field(default=ALLOW_UNSIGNED.default, metadata=_shared(ALLOW_UNSIGNED))
+    data_dir: Path | None = field(default=DATA_DIR.default, metadata=_shared(DATA_DIR))
+    tools_dir: Path | None = field(default=TOOLS_DIR.default, metadata=_shared(TOOLS_DIR))
+    flows_root: Path | None = field(default=None, metadata=_own(
+        kind="path", flag="--flows-root", metavar="DIR", group=SOURCE,
+        help="Requests may name flows under DIR with flowPath."))
+    host: str = field(default="127.0.0.1", metadata=_own(
+        kind="text", flag="--host", metavar="ADDRESS", group=NETWORK, shown="127.0.0.1",
+        help="Address to listen on."))
+    port: int = field(default=4319, metadata=_own(
+        kind="int", flag="--port", metavar="PORT", group=NETWORK,
+        help="Port to listen on; 0 picks a free one."))
+    cors_origins: tuple[str, ...] = field(default=(), metadata=_own(
+        kind="texts", flag="--cors-origin", metavar="ORIGIN", group=NETWORK,
+        help="Let browser pages from ORIGIN (such as https://app.example.com) call the server (repeatable; * for "
+             "any). Requests from other pages get 403."))
+    allowed_hosts: tuple[str, ...] = field(default=(), metadata=_own(
+        kind="texts", flag="--allowed-host", metavar="NAME", group=NETWORK,
+        help="Also accept requests whose Host header is NAME, at any port (repeatable; * for any name, for a "
+             "server behind a proxy). Others get 421; see below."))
+    auth_token: str | None = field(default=None, metadata=_own(
+        kind="text", flag="--auth-token", metavar="TOKEN", group=NETWORK, env=ENV_AUTH_TOKEN,
+        help=f"Require 'Authorization: Bearer TOKEN' (see {ENV_AUTH_TOKEN})."))
+    max_concurrent: int = field(default=4, metadata=_own(
+        kind="int", flag="--max-concurrent", metavar="N", minimum=1, group=LIMITS,
+        help="Runs at once; more are refused with 429, never queued."))
+    drain_timeout: float = field(default=30.0, metadata=_own(
+        kind="duration", flag="--drain-timeout", metavar="DURATION", minimum=0, group=LIMITS,
+        help="On SIGTERM, how long runs in flight may finish before they are cancelled."))
+    header_timeout: float = field(default=10.0, metadata=_own(
+        kind="duration", flag="--header-timeout", metavar="DURATION", minimum=0.001, group=LIMITS,
+        help="Time a connection may take to send a request's line and headers, from when it opens or sends its "
+             "first byte; then it gets 408 and is closed."))
+    body_timeout: float = field(default=30.0, metadata=_own(
+        kind="duration", flag="--body-timeout", metavar="DURATION", minimum=0.001, group=LIMITS,
+        help="Time a request may take to send its body once its headers are in; then it gets 408 and is closed."))
     # None: not given, so the default applies, lowered to what the open-file limit allows.
-    max_connections: int | None = None
-    allow_request_code: bool = False
-    allow_net: tuple[str, ...] = ()
-    work_dir: Path | None = None
-    data_dir: Path | None = None
-    mounts: tuple[str, ...] = ()
-    workspace: Path | None = None
-    mount_max_bytes: int = 64 * 2**20
-    mount_max_entries: int = 4096
-    no_mount_tools: bool = False
-    llm_default_url: str | None = None
+    max_connections: int | None = field(default=None, metadata=_own(
+        kind="int", flag="--max-connections", metavar="N", minimum=1, group=LIMITS,
+        shown=f"{DEFAULT_MAX_CONNECTIONS}, lowered to fit the open-file limit (ulimit -n) with a warning",
+        help="Open connections at once; more are answered 503 and closed."))
+    allow_request_code: bool = field(default=False, metadata=_own(
+        kind="flag", flag="--allow-request-code", group=REQUESTS,
+        help="Accept tools sent in requests (written to a per-run folder, removed afterwards)."))
+    allow_net: tuple[str, ...] = field(default=(), metadata=_own(
+        kind="texts", flag="--allow-net", metavar="HOST", group=REQUESTS,
+        help="Let request flows call models on HOST even if it is loopback or private (repeatable)."))
+    llm_default_url: str | None = field(default=None, metadata=_own(
+        kind="text", flag="--llm-default-url", metavar="URL", group=REQUESTS,
+        help=f"The operator's model endpoint: always reachable, and sent {ENV_LLM_DEFAULT_KEY}."))
+    work_dir: Path | None = field(default=None, metadata=_own(
+        kind="path", flag="--work-dir", metavar="DIR", group=REQUESTS,
+        help="Where per-run folders and workspaces are made."))
+    # The run settings as the command line gave them (a bundle's proposals are settled later),
+    # and the names it gave explicitly.
+    settings: RunSettings = field(default_factory=RunSettings)
+    given: frozenset[str] = frozenset()
     llm_default_key: str | None = None
-    safe: bool = False
-    sandbox: str | None = None
-    allow_read: tuple[Path, ...] = ()
-    allow_write: tuple[Path, ...] = ()
-    allow_env: tuple[str, ...] = ()
-    deny_net: bool = False
-    auth_token: str | None = None
-    stream: bool = True
     max_body_bytes: int = MAX_BODY_BYTES
-    tool_timeout_ms: int = 30_000
-    plugins: tuple[Path, ...] = ()
-    plugin_configs: tuple[str, ...] = ()
-    plugin_timeout_ms: int = 30_000
-    max_node_attempts: int = 3
+
+    @property
+    def plugins(self) -> tuple[Path, ...]:
+        """The --plugin manifests (a bundle's own are added when it is settled)."""
+        return self.settings.plugins
 
     @property
     def sandbox_flags(self) -> tuple[str, ...]:
         """Safe-only flags the policy cannot show by itself: `--sandbox auto` given explicitly."""
-        return ("--sandbox",) if self.sandbox is not None else ()
+        return self.settings.sandbox_flags
+
+
+# Where each group of flags is shown in --help, in this order.
+GROUPS: Mapping[str, str] = {SOURCE: "what to serve", BUNDLES: "what to serve", NETWORK: "network",
+                             LIMITS: "limits", REQUESTS: "request code and models", "plugins": "plugins",
+                             "workspaces": "workspaces", "sandbox": "sandbox"}
+
+
+def server_settings() -> tuple[Setting, ...]:
+    """The server's own settings and the shared ones, in declaration order."""
+    from heddle.settings import settings_of
+
+    return settings_of(ServerConfig)
 
 
 def is_loopback_host(host: str) -> bool:
@@ -158,7 +216,7 @@ def check_config(config: ServerConfig) -> list[str]:
         if ignored:
             raise UsageError(f"{', '.join(ignored)} cannot be used with --bundle {config.bundle}: "
                              "a bundle server runs only the sealed flow and its own tools")
-    if config.plugin_configs and not config.plugins and config.bundle is None:
+    if config.settings.plugin_configs and not config.plugins and config.bundle is None:
         raise UsageError("--plugin-config sets a plugin component's settings; load the plugin with --plugin MANIFEST")
     bundle_only = [name for name, given in (("--trust", bool(config.trust)),
                                             ("--allow-unsigned", config.allow_unsigned),
@@ -173,19 +231,12 @@ def check_config(config: ServerConfig) -> list[str]:
             raise UsageError(f"{flag} {folder}: {what}; give an existing folder")
     if not 0 <= config.port <= 65535:
         raise UsageError(f"--port {config.port}: give a port number from 0 to 65535")
-    for flag, value, least in (("--max-concurrent", config.max_concurrent, 1), ("--timeout", config.timeout_ms, 1),
-                               ("--max-iterations", config.max_iterations, 1),
-                               ("--drain-timeout", config.drain_timeout_ms, 0),
-                               ("--mount-max-bytes", config.mount_max_bytes, 1),
-                               ("--mount-max-entries", config.mount_max_entries, 1),
-                               ("--tool-timeout", config.tool_timeout_ms, 1),
-                               ("--plugin-timeout", config.plugin_timeout_ms, 1),
-                               ("--max-node-attempts", config.max_node_attempts, 1),
-                               ("--header-timeout", config.header_timeout_ms, 1),
-                               ("--body-timeout", config.body_timeout_ms, 1),
-                               ("--max-connections", 1 if config.max_connections is None else config.max_connections, 1)):
-        if value < least:
-            raise UsageError(f"{flag} {value}: must be at least {least}")
+    # Every setting's own range was checked as it was read (heddle.settings), and again here for a
+    # config built in code.
+    for spec in server_settings():
+        problem = spec.problem(getattr(config, spec.name))
+        if problem is not None:
+            raise UsageError(problem)
     if config.llm_default_url is not None:
         from urllib.parse import urlsplit
 
@@ -207,7 +258,7 @@ def check_config(config: ServerConfig) -> list[str]:
                             "but traffic is plain HTTP; put TLS in front of this server")
     if config.llm_default_key and config.llm_default_url is None:
         warnings.append(f"{ENV_LLM_DEFAULT_KEY} is set but --llm-default-url is not: the key is sent nowhere")
-    if config.allow_request_code and not config.safe:
+    if config.allow_request_code and not config.settings.safe:
         warnings.append("--allow-request-code without --safe: code sent by callers runs with this "
                         "server's user and files; add --safe to confine it")
     return warnings

@@ -7,9 +7,13 @@ enormous tree), and any failure to read it is the caller's 400, never the server
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from heddle.errors import DocumentError, HeddleError
+
+if TYPE_CHECKING:
+    from heddle.spec.components import Flow
+    from heddle.spec.document import Format
 
 
 def _load_yaml(text: str, source: str) -> Any:
@@ -28,7 +32,7 @@ def _load_yaml(text: str, source: str) -> Any:
         raise DocumentError(f"{source}:{where} is not valid YAML: {problem}") from None
 
 
-def _typed(data: Any, source: str, node_types: frozenset[str]):
+def _typed(data: Any, source: str, node_types: frozenset[str]) -> Flow:
     from heddle.spec import parse_flow
 
     try:
@@ -41,7 +45,7 @@ def _typed(data: Any, source: str, node_types: frozenset[str]):
         raise DocumentError(f"{source}: cannot be read as a flow ({type(exc).__name__}: {exc})") from None
 
 
-def flow_from_value(value: Any, *, source: str = "flow", node_types: frozenset[str] = frozenset()):
+def flow_from_value(value: Any, *, source: str = "flow", node_types: frozenset[str] = frozenset()) -> Flow:
     """A request's `flow`: a document object, or its JSON or YAML text. `node_types` are the
     node types the server's plugins add."""
     if isinstance(value, str):
@@ -64,14 +68,14 @@ def flow_from_value(value: Any, *, source: str = "flow", node_types: frozenset[s
     return _typed(value, source, node_types)
 
 
-def flow_from_file(root: Path, name: str, *, node_types: frozenset[str] = frozenset()):
+def flow_from_file(root: Path, name: str, *, node_types: frozenset[str] = frozenset()) -> Flow:
     """A request's `flowPath`, read under `root` the way `heddle run` reads a file (the operator
     put it there); errors name the path as the caller wrote it, not where it lives."""
     from heddle.server.flows_root import read_flow_text
     from heddle.spec import load_flow_text
 
     text = read_flow_text(root, name)
-    fmt = "yaml" if Path(name).suffix.lower() in (".yaml", ".yml") else "json"
+    fmt: Format = "yaml" if Path(name).suffix.lower() in (".yaml", ".yml") else "json"
     source = f"flowPath {name}"
     try:
         return load_flow_text(text, fmt=fmt, source=source, node_types=node_types)

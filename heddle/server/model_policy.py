@@ -20,17 +20,21 @@ import re
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from heddle.errors import UsageError
 from heddle.server.errors import bad_request
 
+if TYPE_CHECKING:
+    from heddle.model.client import ModelEndpoint
+    from heddle.spec.components import Flow, LlmConfig
+
 RESOLVE_TIMEOUT_S = 5.0
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?\Z")
 
 
-def llm_configs(flow: Any) -> Iterator[tuple[str, Any]]:
+def llm_configs(flow: Flow) -> Iterator[tuple[str, LlmConfig]]:
     """(where, llm config) for every model the flow and its subflows call."""
     from heddle.graph import llm_configs as configs_of
 
@@ -74,7 +78,8 @@ async def _addresses(host: str, port: int) -> list[ipaddress.IPv4Address | ipadd
         pass
     loop = asyncio.get_running_loop()
     infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), RESOLVE_TIMEOUT_S)
-    return [ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos]
+    # an IPv6 address may carry its zone (%eth0); SOCK_STREAM inet answers hold the address as text
+    return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,7 @@ class ModelPolicy:
     def _is_default(self, url: str) -> bool:
         return self.default_url is not None and _normalised(url) == _normalised(self.default_url)
 
-    async def check_request_flow(self, flow: Any) -> None:
+    async def check_request_flow(self, flow: Flow) -> None:
         """Refuse (400) a request's flow that reads server secrets or reaches the server's network."""
         for where, config in llm_configs(flow):
             key = config.api_key
@@ -112,7 +117,7 @@ class ModelPolicy:
         port = port or (443 if parts.scheme == "https" else 80)
         try:
             addresses = await _addresses(host, port)
-        except (OSError, asyncio.TimeoutError, UnicodeError, ValueError):
+        except (TimeoutError, OSError, UnicodeError, ValueError):
             raise bad_request(f"{where}: model url {url!r}: host {host!r} does not resolve from this server",
                               "forbidden_url") from None
         inside = [a for a in addresses if _internal(a)]
@@ -120,7 +125,7 @@ class ModelPolicy:
             raise bad_request(f"{where}: model url {url!r} points at {inside[0]}, an address of this server's "
                               "own network; the operator can allow it with --allow-net " + host, "forbidden_url")
 
-    def assign_keys(self, flow: Any, endpoints: dict[int, Any], *, from_request: bool) -> None:
+    def assign_keys(self, flow: Flow, endpoints: dict[int, ModelEndpoint], *, from_request: bool) -> None:
         """Give the default endpoint its key; strip keys a request flow took from the environment."""
         for _, config in llm_configs(flow):
             endpoint = endpoints.get(id(config))

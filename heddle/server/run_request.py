@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from heddle.server.errors import bad_request
 from heddle.server.request_code import RequestTool, parse_tools
+
+if TYPE_CHECKING:
+    from heddle.spec.components import Flow
 
 FIELDS = ("flow", "flowPath", "inputs", "tools")
 # Folders on the server are chosen by its operator when it starts, never by a caller.
@@ -15,14 +18,10 @@ SERVER_ONLY = {"toolsDir": "--tools-dir", "flowsRoot": "--flows-root"}
 
 @dataclass(frozen=True)
 class RunRequest:
-    flow: Any = None
+    flow: Any = None  # as sent: a document object, or its JSON or YAML text
     flow_path: str | None = None
     inputs: dict[str, Any] = field(default_factory=dict)
     tools: tuple[RequestTool, ...] = ()
-
-    @property
-    def names_a_flow(self) -> bool:
-        return self.flow is not None or self.flow_path is not None
 
 
 def parse_run_request(body: dict[str, Any], *, allow_request_code: bool) -> RunRequest:
@@ -54,8 +53,8 @@ def parse_run_request(body: dict[str, Any], *, allow_request_code: bool) -> RunR
     return RunRequest(flow=flow, flow_path=flow_path, inputs=inputs, tools=tools)
 
 
-def missing_inputs(flow: Any, inputs: dict[str, Any]) -> list[str]:
+def missing_inputs(flow: Flow, inputs: dict[str, Any]) -> list[str]:
     """The StartNode inputs a run would stop on for lack of a value, checked before it starts."""
     start = flow.start_node
-    declared = getattr(start, "inputs", None) or getattr(start, "outputs", None) or []
+    declared = start.inputs or start.outputs
     return [p["title"] for p in declared if p["title"] not in inputs and "default" not in p]

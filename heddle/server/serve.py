@@ -19,6 +19,7 @@ import uvicorn
 
 from heddle.server.errors import ServeError
 from heddle.server.service import Service
+from heddle.surface import SERVER
 
 log = logging.getLogger("heddle.server")
 
@@ -56,7 +57,7 @@ class DrainingServer(uvicorn.Server):
         self.service = service
         self.exit_code = 0
         self._on_ready = on_ready
-        self._drain: asyncio.Task | None = None
+        self._drain: asyncio.Task[None] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -86,7 +87,7 @@ class DrainingServer(uvicorn.Server):
         admission = self.service.admission
         if self._drain is None:
             _say(f"{signal.Signals(sig).name}: draining ({admission.active} run(s) in flight, up to "
-                 f"{self.service.config.drain_timeout_ms} ms); a second signal stops at once")
+                 f"{SERVER.duration(self.service.config.drain_timeout)}); a second signal stops at once")
             self._drain = asyncio.get_running_loop().create_task(self._drain_then_exit())
             return
         cancelled = admission.cancel_all()
@@ -98,7 +99,7 @@ class DrainingServer(uvicorn.Server):
     async def _drain_then_exit(self) -> None:
         admission = self.service.admission
         admission.start_draining()
-        if not await admission.wait_idle(self.service.config.drain_timeout_ms / 1000):
+        if not await admission.wait_idle(self.service.config.drain_timeout):
             cancelled = admission.cancel_all()
             _say(f"--drain-timeout passed: {cancelled} run(s) cancelled")
             await admission.wait_idle(CANCEL_GRACE_S)
@@ -112,7 +113,7 @@ def serve(service: Service, *, on_ready: Callable[[str], None]) -> int:
     from heddle.server.connections import Limits, protocol_class
 
     config = service.config
-    limits = Limits(header_timeout=config.header_timeout_ms / 1000, body_timeout=config.body_timeout_ms / 1000,
+    limits = Limits(header_timeout=config.header_timeout, body_timeout=config.body_timeout,
                     max_connections=config.max_connections or DEFAULT_MAX_CONNECTIONS)
     sock = bind(config.host, config.port)
     url = url_of(sock)

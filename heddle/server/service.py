@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from heddle.errors import HeddleError
 from heddle.server.admission import Admission
@@ -20,18 +20,21 @@ from heddle.server.metrics import REQUEST_TOOL, Metrics
 from heddle.server.model_policy import ModelPolicy, check_allow_net
 from heddle.server.request_code import ToolFolder
 from heddle.server.run_request import RunRequest, missing_inputs, parse_run_request
-from heddle.server.sealed import digest_of
+from heddle.server.served_bundle import digest_of
+from heddle.settings import RunSettings
+
+if TYPE_CHECKING:
+    from heddle.engine.run import PreparedRun
 
 
 @dataclass
 class Job:
     """One admitted request, prepared and ready to run. `close()` removes what it wrote."""
 
-    prepared: Any  # heddle.engine.PreparedRun
+    prepared: PreparedRun
     inputs: dict[str, Any]
     known_tools: frozenset[str]
     folder: ToolFolder | None = None
-    host: Any = None  # the server's PluginHost, when plugins are loaded
 
     @property
     def flow_name(self) -> str:
@@ -57,48 +60,47 @@ class _Resolved:
     inputs: dict[str, Any] = field(default_factory=dict)
 
 
+def run_settings(config: ServerConfig, sealed: Any = None) -> RunSettings:
+    """The settings of every run of this server: with a bundle, settled as `heddle run` settles
+    them (its proposals yield to flags given; its own mounts and plugins come first)."""
+    from heddle.settings import settle
+
+    if sealed is None:
+        return config.settings
+    return settle(config.settings, {"max_tool_rounds": sealed.max_tool_rounds}, given=config.given,
+                  mounts=sealed.mounts, plugins=getattr(sealed, "plugins", ()))
+
+
 def load_plugins(config: ServerConfig, sealed: Any = None) -> Any:
     """One PluginHost for the whole server (a bundle's own plugins first, then --plugin), or None.
     Manifests are read and settings checked now; plugin processes start on first use."""
-    paths = [*(getattr(sealed, "plugins", ()) if sealed is not None else ()), *config.plugins]
-    if not paths:
+    settings = run_settings(config, sealed)
+    if not settings.plugins:
         return None
     from heddle.plugin_host import PluginHost
 
-    return PluginHost.load(paths, config_specs=config.plugin_configs, timeout=config.plugin_timeout_ms / 1000,
-                           max_node_attempts=config.max_node_attempts)
+    # keep_running: the processes serve every run of this server and stop with it (Service.aclose).
+    return PluginHost.load(list(settings.plugins), config_specs=settings.plugin_configs,
+                           timeout=settings.plugin_timeout, max_node_attempts=settings.max_node_attempts,
+                           keep_running=True)
 
 
 def run_options(config: ServerConfig, sealed: Any = None) -> Any:
-    """The engine's RunOptions for every run of this server; a bundle's mounts come first, and its
-    proposed tool-round limit applies unless --max-tool-rounds was given."""
-    from heddle.engine import RunOptions
-    from heddle.engine.options import resolve_max_tool_rounds
+    """The engine's RunOptions for every run of this server, its messages in the server's units."""
     from heddle.surface import SERVER
-    from heddle.workspace.mounts import parse_mount
-    from heddle.workspace.sandbox import SandboxPolicy
-    from heddle.workspace.workspace import WorkspaceOptions
 
-    mounts = [parse_mount(m) for m in config.mounts]
-    if sealed is not None:
-        mounts = [*sealed.mounts, *mounts]
-    rounds = resolve_max_tool_rounds(config.max_tool_rounds, sealed.max_tool_rounds if sealed is not None else None)
-    return RunOptions(
-        max_iterations=config.max_iterations, max_tool_rounds=rounds, timeout=config.timeout_ms / 1000,
-        tool_timeout=config.tool_timeout_ms / 1000, stream=config.stream, surface=SERVER,
-        workspace=WorkspaceOptions(mounts=tuple(mounts), keep_root=config.workspace,
-                                   mount_tools=not config.no_mount_tools, max_entries=config.mount_max_entries,
-                                   max_bytes=config.mount_max_bytes),
-        sandbox=SandboxPolicy(safe=config.safe, backend=config.sandbox or "auto", allow_read=config.allow_read,
-                              allow_write=config.allow_write, allow_env=config.allow_env, deny_net=config.deny_net),
-    )
+    return run_settings(config, sealed).run_options(surface=SERVER)
+
+
+def _ms(seconds: float | None) -> int | None:
+    return None if seconds is None else round(seconds * 1000)
 
 
 class Service:
     """The server's state: its configuration, what it runs, its run slots and its metrics."""
 
     def __init__(self, config: ServerConfig, *, sealed: Any = None) -> None:
-        from heddle.engine import prepare_run
+        from heddle.engine.run import prepare_run
         from heddle.tools.registry import discover_tools
         from heddle.workspace.sandbox import check_policy
         from heddle.workspace.workspace import Workspaces
@@ -188,11 +190,11 @@ class Service:
             if resolved.folder is not None:
                 resolved.folder.close()
             raise
-        return Job(prepared, resolved.inputs, frozenset(self.tools) | self._plugin_tools(), resolved.folder,
-                   self.host)
+        # The server's plugins, if any, are in `prepared`: its runs go through their seams.
+        return Job(prepared, resolved.inputs, frozenset(self.tools) | self._plugin_tools(), resolved.folder)
 
     async def _prepare(self, resolved: _Resolved) -> Any:
-        from heddle.engine import prepare_run
+        from heddle.engine.run import prepare_run
 
         if resolved.from_request:
             await self.policy.check_request_flow(resolved.flow)
@@ -204,7 +206,7 @@ class Service:
 
     async def validate(self, body: dict[str, Any]) -> dict[str, Any]:
         """The validation report for the request's flow (or the bundle's); nothing runs."""
-        from heddle.cli.report import validation_report
+        from heddle.validation import validation_report
 
         resolved = await self._resolve(body)
         try:
@@ -253,13 +255,13 @@ class Service:
 
     async def aclose(self) -> None:
         """Stop the plugin processes, remove their homes and the bundle's temporary data folder."""
-        from heddle.server.sealed import close_sealed
+        from heddle.server.served_bundle import close_served
 
         try:
             if self.host is not None:
                 await self.host.aclose()
         finally:
-            close_sealed(self.sealed)
+            close_served(self.sealed)
 
     # ------------------------------------------------------------------ description
 
@@ -280,17 +282,17 @@ class Service:
             "events": list(EVENT_TYPES),
             "limits": {
                 "maxConcurrent": config.max_concurrent,
-                "timeoutMs": config.timeout_ms,
-                "toolTimeoutMs": config.tool_timeout_ms,
+                "timeoutMs": _ms(options.timeout),
+                "toolTimeoutMs": _ms(options.tool_timeout),
                 "maxIterations": options.max_iterations,
                 "maxToolRounds": options.max_tool_rounds,
                 "maxBodyBytes": config.max_body_bytes,
-                "drainTimeoutMs": config.drain_timeout_ms,
-                "headerTimeoutMs": config.header_timeout_ms,
-                "bodyTimeoutMs": config.body_timeout_ms,
+                "drainTimeoutMs": _ms(config.drain_timeout),
+                "headerTimeoutMs": _ms(config.header_timeout),
+                "bodyTimeoutMs": _ms(config.body_timeout),
                 "maxConnections": config.max_connections,
-                "mountMaxBytes": config.mount_max_bytes,
-                "mountMaxEntries": config.mount_max_entries,
+                "mountMaxBytes": options.workspace.max_bytes,
+                "mountMaxEntries": options.workspace.max_entries,
             },
             "runsInFlight": self.admission.active,
             "runSaturation": self.admission.saturation,

@@ -19,4 +19,4 @@ KEEPALIVE = b": keep-alive\n\n"
 def frame(event: str, data: Any) -> bytes:
     # Compact JSON escapes every newline inside strings, so one data line always suffices.
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
-    return f"event: {event}\ndata: {text}\n\n".encode("utf-8")
+    return f"event: {event}\ndata: {text}\n\n".encode()

@@ -7,7 +7,7 @@ so a document re-serialises as it was written.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
@@ -29,7 +29,8 @@ def _check_properties(value: list[Property] | None) -> list[Property]:
     seen: set[str] = set()
     for i, prop in enumerate(props):
         if not isinstance(prop, dict):
-            raise ValueError(f"property {i} must be a JSON Schema object")
+            # pydantic reports a ValueError as the document's error; a TypeError would escape
+            raise ValueError(f"property {i} must be a JSON Schema object")  # noqa: TRY004
         title = prop.get("title")
         if not isinstance(title, str) or not title:
             raise ValueError(f"property {i} needs a non-empty string `title`")
@@ -84,7 +85,7 @@ class OpenAiConfig(LlmConfigBase):
 
 
 LlmConfig = Annotated[
-    Union[OpenAiCompatibleConfig, VllmConfig, OllamaConfig, OpenAiConfig],
+    OpenAiCompatibleConfig | VllmConfig | OllamaConfig | OpenAiConfig,
     Field(discriminator="component_type"),
 ]
 
@@ -95,7 +96,7 @@ class ServerTool(WithIO):
     component_type: Literal["ServerTool"] = "ServerTool"
 
 
-Tool = Annotated[Union[ServerTool], Field(discriminator="component_type")]
+Tool = Annotated[ServerTool, Field(discriminator="component_type")]
 
 
 class Agent(WithIO):
@@ -158,7 +159,7 @@ class BranchingNode(NodeBase):
 
 class FlowNode(NodeBase):
     component_type: Literal["FlowNode"] = "FlowNode"
-    subflow: "Flow"
+    subflow: Flow
 
 
 class PluginNode(NodeBase):
@@ -183,16 +184,14 @@ def _node_tag(value: Any) -> str | None:
 
 
 Node = Annotated[
-    Union[
-        Annotated[StartNode, Tag("StartNode")],
-        Annotated[EndNode, Tag("EndNode")],
-        Annotated[ToolNode, Tag("ToolNode")],
-        Annotated[LlmNode, Tag("LlmNode")],
-        Annotated[AgentNode, Tag("AgentNode")],
-        Annotated[BranchingNode, Tag("BranchingNode")],
-        Annotated[FlowNode, Tag("FlowNode")],
-        Annotated[PluginNode, Tag("PluginNode")],
-    ],
+    Annotated[StartNode, Tag("StartNode")]
+    | Annotated[EndNode, Tag("EndNode")]
+    | Annotated[ToolNode, Tag("ToolNode")]
+    | Annotated[LlmNode, Tag("LlmNode")]
+    | Annotated[AgentNode, Tag("AgentNode")]
+    | Annotated[BranchingNode, Tag("BranchingNode")]
+    | Annotated[FlowNode, Tag("FlowNode")]
+    | Annotated[PluginNode, Tag("PluginNode")],
     Discriminator(_node_tag),
 ]
 

@@ -6,21 +6,28 @@ import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from heddle.errors import DocumentError
 from heddle.spec.references import resolve_references
 
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from heddle.spec.components import Flow
+
 Format = Literal["json", "yaml"]
+_FORMATS: dict[str, Format] = {"json": "json", "yaml": "yaml"}
 
 SUPPORTED_VERSIONS = re.compile(r"^(25|26)\.\d+(\.\d+)?([.-].*)?$")
 
 
 def detect_format(path: Path, forced: str | None = None) -> Format:
     if forced:
-        if forced not in ("json", "yaml"):
+        fmt = _FORMATS.get(forced)
+        if fmt is None:
             raise DocumentError(f"--format must be json or yaml, not {forced!r}")
-        return forced  # type: ignore[return-value]
+        return fmt
     return "yaml" if path.suffix.lower() in (".yaml", ".yml") else "json"
 
 
@@ -71,8 +78,8 @@ def _check_component_types(node: Any, source: str, path: str = "$",
                 _check_component_types(value, source, f"{path}.{key}", node_types)
 
 
-def _describe_validation_error(exc: Exception, source: str) -> str:
-    errors = exc.errors()  # type: ignore[attr-defined]
+def _describe_validation_error(exc: ValidationError, source: str) -> str:
+    errors = exc.errors()
     parts = []
     for err in errors[:5]:
         loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
@@ -85,7 +92,7 @@ def _describe_validation_error(exc: Exception, source: str) -> str:
     return f"{source}: " + "; ".join(parts) + more
 
 
-def parse_flow(data: Any, *, source: str = "<flow>", node_types: Iterable[str] = ()):
+def parse_flow(data: Any, *, source: str = "<flow>", node_types: Iterable[str] = ()) -> Flow:
     """Turn a parsed document (dict) into a typed, reference-resolved `Flow`.
 
     `node_types` are the node component types loaded plugins declare; any other unknown
@@ -114,11 +121,11 @@ def parse_flow(data: Any, *, source: str = "<flow>", node_types: Iterable[str] =
         raise DocumentError(_describe_validation_error(exc, source)) from None
 
 
-def load_flow_text(text: str, *, fmt: Format = "json", source: str = "<flow>", node_types: Iterable[str] = ()):
+def load_flow_text(text: str, *, fmt: Format = "json", source: str = "<flow>", node_types: Iterable[str] = ()) -> Flow:
     return parse_flow(_parse_text(text, fmt, source), source=source, node_types=node_types)
 
 
-def load_flow(path: str | Path, *, fmt: str | None = None, node_types: Iterable[str] = ()):
+def load_flow(path: str | Path, *, fmt: str | None = None, node_types: Iterable[str] = ()) -> Flow:
     """Read, resolve and type the flow at `path`."""
     from heddle.safeparse import NotRegularFileError, ParseLimitError, read_regular
 

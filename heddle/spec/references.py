@@ -19,14 +19,14 @@ REFS = "$referenced_components"
 
 
 class _Scope:
-    __slots__ = ("parent", "table", "resolved")
+    __slots__ = ("parent", "resolved", "table")
 
-    def __init__(self, parent: "_Scope | None", table: dict[str, Any]) -> None:
+    def __init__(self, parent: _Scope | None, table: dict[str, Any]) -> None:
         self.parent = parent
         self.table = table
         self.resolved: dict[str, Any] = {}
 
-    def find(self, ref: str) -> "_Scope | None":
+    def find(self, ref: str) -> _Scope | None:
         scope: _Scope | None = self
         while scope is not None:
             if ref in scope.table:

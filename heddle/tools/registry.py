@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import stat
 from pathlib import Path
 
@@ -46,7 +45,3 @@ def discover_tools(tools_dir: str | Path | None) -> dict[str, Path]:
             )
         found[name] = entry.resolve()
     return found
-
-
-def is_executable(path: Path) -> bool:
-    return os.access(path, os.X_OK)

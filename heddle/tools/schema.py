@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from heddle.canonical import fingerprint
 
+if TYPE_CHECKING:
+    from heddle.spec.components import ServerTool
 
-def input_schema(tool) -> dict[str, Any]:
+
+def input_schema(tool: ServerTool) -> dict[str, Any]:
     """The JSON Schema (Draft 2020-12) of a ServerTool's arguments.
 
     Each input property becomes a property of an object; it is required unless it has a default.
@@ -25,11 +28,11 @@ def input_schema(tool) -> dict[str, Any]:
     return schema
 
 
-def input_fingerprint(tool) -> str:
+def input_fingerprint(tool: ServerTool) -> str:
     return fingerprint(input_schema(tool))
 
 
-def function_definition(tool) -> dict[str, Any]:
+def function_definition(tool: ServerTool) -> dict[str, Any]:
     """The tool as an OpenAI function-tool definition."""
     return {
         "type": "function",

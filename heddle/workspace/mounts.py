@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Literal, Sequence
+from typing import Literal
 
 from heddle.errors import UsageError
+from heddle.settings import RunSettings
 
 MountMode = Literal["ro", "rw"]
 
-DEFAULT_MAX_ENTRIES = 4096
-DEFAULT_MAX_BYTES = 64 * 2**20
+# The caps' defaults are written once, with the run settings.
+DEFAULT_MAX_ENTRIES: int = RunSettings.mount_max_entries
+DEFAULT_MAX_BYTES: int = RunSettings.mount_max_bytes
 
 # The workspace's own directory: the tool copies live there and the sandbox binds it
 # read-only, so no mount may land in it.

@@ -12,9 +12,10 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from heddle.errors import RunError, UsageError
 from heddle.secret_env import SECRET_ENV, without_secrets
@@ -111,7 +112,7 @@ def _probe(bwrap: str) -> None:
     true = shutil.which("true") or "/bin/true"
     argv = [bwrap, "--ro-bind", "/", "/", *_NAMESPACES, "--cap-drop", "ALL", "--", true]
     try:
-        done = subprocess.run(argv, capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+        done = subprocess.run(argv, capture_output=True, timeout=30, stdin=subprocess.DEVNULL, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UsageError(f"--safe: cannot run {bwrap}: {exc}; {INSTALL_HINT}") from None
     if done.returncode != 0:
@@ -179,7 +180,7 @@ def bwrap_args(
     policy: SandboxPolicy,
     argv: Sequence[str],
     *,
-    workspace: "Workspace",
+    workspace: Workspace,
     tools_dir: Path | None,
 ) -> list[str]:
     """The bubblewrap command line that runs `argv` inside the policy's sandbox."""
@@ -237,7 +238,7 @@ def confine(
     policy: SandboxPolicy,
     argv: list[str],
     *,
-    workspace: "Workspace",
+    workspace: Workspace,
     tools_dir: Path | None,
     env: dict[str, str],
 ) -> tuple[list[str], dict[str, str]]:

@@ -3,19 +3,26 @@
 One `Workspaces` per run builds every node's workspace the same way: the tools under
 `.heddle/bin`, a copy of every mount, and on close the `rw` mounts' changes copied back
 before the tree is removed (or kept under `--workspace DIR`).
+
+A run on the event loop enters a workspace with `async with workspaces.enter(node)`: the
+copies (up to the mount limits) and the removal happen in a worker thread, so other runs
+on the loop go on meanwhile.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import re
 import stat
 import tempfile
 import threading
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Callable, Mapping
+from typing import Self, TypeVar
 
 from heddle.errors import RunError, UsageError
 from heddle.secret_env import without_secrets
@@ -29,6 +36,7 @@ from heddle.workspace.mounts import (
 )
 
 Warn = Callable[[str], None]
+T = TypeVar("T")
 
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -94,12 +102,14 @@ class Workspace:
 
     def __init__(
         self,
-        owner: "Workspaces",
+        owner: Workspaces,
         node_name: str,
         root: Path,
         kept: bool,
+        warn: Warn | None = None,
     ) -> None:
         self._owner = owner
+        self._warn = warn or owner.warn
         self.node_name = node_name
         self.root = root
         self.kept = kept
@@ -112,7 +122,7 @@ class Workspace:
     @property
     def ro_paths(self) -> tuple[Path, ...]:
         """Paths inside the workspace that the sandbox binds read-only."""
-        return (self.heddle_dir,) + tuple(p for m, p, _ in self._copies if m.mode == "ro")
+        return (self.heddle_dir, *(p for m, p, _ in self._copies if m.mode == "ro"))
 
     @property
     def rw_paths(self) -> tuple[Path, ...]:
@@ -182,7 +192,7 @@ class Workspace:
                 mount.source,
                 target,
                 track=mount.mode == "rw",
-                warn=self._owner.warn,
+                warn=self._warn,
                 label=mount.describe(),
             )
             self._copies.append((mount, target, snap))
@@ -195,7 +205,7 @@ class Workspace:
         if self._closed:
             return
         self._closed = True
-        warn = self._owner.warn
+        warn = self._warn
         with self._owner.sync_lock:
             for mount, copy, snap in self._copies:
                 if mount.mode != "rw":
@@ -222,7 +232,7 @@ class Workspace:
         except OSError as exc:
             warn(f"could not remove the workspace {self.root}: {exc.strerror or exc}")
 
-    def __enter__(self) -> "Workspace":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -285,8 +295,11 @@ class Workspaces:
                 self._counts[base] = n
                 return candidate, True
 
-    def open(self, node_name: str) -> Workspace:
-        """Build a workspace for one node execution. Close it (or use `with`) when the node ends."""
+    def open(self, node_name: str, *, warn: Warn | None = None) -> Workspace:
+        """Build a workspace for one node execution. Close it (or use `with`) when the node ends.
+
+        This copies files: on the event loop, use `enter` instead. `warn` replaces the run's
+        warning sink for this workspace."""
         try:
             root, kept = self._make_root(node_name)
         except OSError as exc:
@@ -295,7 +308,7 @@ class Workspaces:
             ) from None
         # Absolute and free of symlinks: the sandbox binds the workspace at this very path,
         # and tools that change directory still find HEDDLE_WORKSPACE.
-        ws = Workspace(self, node_name, Path(os.path.realpath(root)), kept)
+        ws = Workspace(self, node_name, Path(os.path.realpath(root)), kept, warn)
         try:
             ws._populate(self.tools, self.options.mount_tools)
         except BaseException as exc:
@@ -312,3 +325,44 @@ class Workspaces:
                 ) from None
             raise
         return ws
+
+    @contextlib.asynccontextmanager
+    async def enter(self, node_name: str) -> AsyncIterator[Workspace]:
+        """`open` and `close` for a coroutine: built and copied back in a worker thread, its
+        warnings passed to the run's sink on the loop."""
+        loop = asyncio.get_running_loop()
+
+        def warn(message: str) -> None:
+            loop.call_soon_threadsafe(self.warn, message)
+
+        workspace = await in_worker(lambda: self.open(node_name, warn=warn), undo=Workspace.close)
+        try:
+            yield workspace
+        finally:
+            await in_worker(workspace.close)
+
+
+async def in_worker(work: Callable[[], T], *, undo: Callable[[T], object] | None = None) -> T:
+    """`work()` in a worker thread while the loop serves everything else.
+
+    A thread cannot be stopped: when the caller is cancelled meanwhile, the thread is waited
+    out and what it made is handed to `undo` (in a worker thread too) before the cancellation
+    goes on, so a cancelled run leaves no half-kept workspace behind.
+    """
+    future = asyncio.ensure_future(asyncio.to_thread(work))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        await _wait_out(future, undo)
+        raise
+
+
+async def _wait_out(future: asyncio.Future[T], undo: Callable[[T], object] | None) -> None:
+    while not future.done():
+        # Cancelled again: the thread still has to finish first.
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({future})
+    if undo is None or future.cancelled() or future.exception() is not None:
+        return
+    made = future.result()
+    await _wait_out(asyncio.ensure_future(asyncio.to_thread(undo, made)), None)

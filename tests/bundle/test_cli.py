@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
@@ -66,8 +67,9 @@ def test_keygen(sandbox: Path) -> None:
     ("newer-format-version", ["--trust", "trusted"], 8),
     ("legacy-gzip", ["--allow-unsigned"], 0),
 ])
-def test_verify_exit_codes(sandbox: Path, vector_pubs: dict[str, Path], vector: str, flags: list[str], code: int) -> None:
-    argv = [vector_pubs[f] if f in vector_pubs else f for f in flags]
+def test_verify_exit_codes(sandbox: Path, vector_pubs: dict[str, Path], vector: str, flags: list[str],
+                           code: int) -> None:
+    argv = [vector_pubs.get(f, f) for f in flags]
     proc = heddle("verify", VECTORS / f"{vector}.heddle", *argv)
     assert proc.returncode == code, proc.stderr
     if code:
@@ -178,3 +180,139 @@ def test_doctor_checks_requirements_without_printing_values(sandbox: Path) -> No
     met = Requires(bins=("sh",), env=("HEDDLE_TEST_TOKEN",), files=("~/missing.txt",))
     pack(agent_plan(paths, requires=met), bundle)
     assert heddle("doctor", bundle, env={"HEDDLE_TEST_TOKEN": "v"}).returncode == 0
+
+
+def test_quiet_and_verbose_mean_the_same_on_every_command(sandbox: Path) -> None:
+    # stdout is the result and never changes with -q or -v; -q silences notes, -v adds details.
+    proc = heddle("keygen", "--out", sandbox / "me", "--no-passphrase", "-q")
+    assert proc.returncode == 0 and len(proc.stdout.strip()) == 16 and proc.stderr == ""
+    proc = heddle("keygen", "--out", sandbox / "v", "--no-passphrase", "--verbose")
+    assert proc.returncode == 0 and "not encrypted (--no-passphrase)" in proc.stderr and "wrote " in proc.stderr
+    proc = heddle("trust", "ls", "-q", "-v")
+    assert proc.returncode == 2 and "--quiet or --verbose, not both" in error_line(proc)
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
+    """`heddle ARGS` in this process (for what it prints; the entry point itself is tested above)."""
+    from heddle.cli import app
+    from heddle.cli.errors import run_app
+
+    rc = run_app(app, [str(a) for a in args])
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def test_every_report_has_json(sandbox: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = _cli(capsys, "keygen", "--out", sandbox / "me", "--no-passphrase", "--json")
+    made = json.loads(out)
+    assert rc == 0 and made["public_key"] == str(sandbox / "me.pub") and made["encrypted"] is False
+    assert _cli(capsys, "trust", "ls", "--json")[1].strip() == "[]"
+    assert _cli(capsys, "trust", "ls", "-q")[2] == ""
+    added = json.loads(_cli(capsys, "trust", "add", sandbox / "me.pub", "--json")[1])
+    assert added["added"] is True and added["keyid"] == made["keyid"] and Path(added["path"]).is_file()
+    assert [k["keyid"] for k in json.loads(_cli(capsys, "trust", "ls", "--json")[1])] == [made["keyid"]]
+    assert _cli(capsys, "trust", "list")[1].split()[0] == made["keyid"]  # the first name still works
+
+    paths = write_agent(sandbox / "agent")
+    bundle = sandbox / "app.heddle"
+    pack(agent_plan(paths), bundle)
+    signed = json.loads(_cli(capsys, "sign", bundle, "--key", sandbox / "me.key", "--json")[1])
+    assert signed["signatures"] == [made["keyid"]] and signed["digest"].startswith("sha256:")
+    rc, _, err = _cli(capsys, "verify", bundle, "-v")
+    assert rc == 0 and f"trusting 1 key(s) in the trust store {sandbox / 'trust'}" in err
+    assert "checked and unpacked" in err
+    assert json.loads(_cli(capsys, "doctor", bundle, "--json")[1]) == {"bundle": str(bundle), "ok": True, "checks": []}
+    rc, out, err = _cli(capsys, "cache", "prune", "--all", "--json", "-q")
+    pruned = json.loads(out)
+    assert rc == 0 and err == "" and len(pruned["removed"]) == 1 and pruned["kept"] == 0
+    removed = json.loads(_cli(capsys, "trust", "remove", made["keyid"], "--json")[1])
+    assert removed["removed"] == made["keyid"]
+
+
+def test_doctor_json_keeps_the_exit_status(sandbox: Path) -> None:
+    paths = write_agent(sandbox / "agent")
+    bundle = sandbox / "needs.heddle"
+    pack(agent_plan(paths, requires=Requires(bins=("sh", "surely-not-a-binary-xyz"))), bundle)
+    proc = heddle("doctor", bundle, "--json")
+    assert proc.returncode == 9 and "1 of 2 requirements missing" in error_line(proc)
+    report = json.loads(proc.stdout)  # the report on stdout, the verdict on stderr and in the status
+    assert report["ok"] is False
+    assert [(c["name"], c["ok"]) for c in report["checks"]] == [("sh", True), ("surely-not-a-binary-xyz", False)]
+
+
+def test_shell_completion_is_shown_installed_and_completes(sandbox: Path) -> None:
+    import subprocess
+
+    from tests.support.cli import BIN, env_with
+
+    # The shell is detected from the process tree, as it is when a person types the command.
+    script = ('source <(heddle --show-completion)\n'
+              'COMP_WORDS=(heddle ver); COMP_CWORD=1; _heddle_completion heddle; echo "${COMPREPLY[@]}"\n'
+              'COMP_WORDS=(heddle cache ""); COMP_CWORD=2; _heddle_completion heddle; echo "${COMPREPLY[@]}"\n'
+              'heddle --install-completion\n')
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30, check=False,
+                          env=env_with({"HOME": str(sandbox / "home"), "PATH": f"{BIN}:/usr/bin:/bin"}))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ["verify", "ls prune"]
+    assert "bash completion installed in" in proc.stdout
+    installed = sandbox / "home" / ".bash_completions" / "heddle.sh"
+    assert "_heddle_completion" in installed.read_text()
+    assert str(installed) in (sandbox / "home" / ".bashrc").read_text()
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+class _Recorder:
+    """Each bar a packer starts, with the bytes it then advanced by."""
+
+    def __init__(self) -> None:
+        self.bars: list[tuple[str, int, int]] = []
+
+    def start(self, total: int, label: str) -> None:
+        self.bars.append((label, total, 0))
+
+    def advance(self, n: int) -> None:
+        label, total, done = self.bars[-1]
+        self.bars[-1] = (label, total, done + n)
+
+    def finish(self) -> None:
+        pass
+
+
+def test_the_pack_progress_counts_the_bytes_it_says(sandbox: Path) -> None:
+    paths = write_agent(sandbox / "agent")
+    recorder = _Recorder()
+    result = pack(agent_plan(paths), sandbox / "app.heddle", progress=recorder)
+    payload = result.manifest.total_size
+    assert recorder.bars == [("hashing app.heddle", payload, payload), ("packing app.heddle", payload, payload)]
+
+
+def test_the_bar_writes_binary_units_and_shows_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    from heddle.cli import output
+    from heddle.cli.progress import TerminalProgress, terminal_progress
+
+    stream = _Tty()
+    bar = TerminalProgress(stream, min_bytes=0)
+    total = int(19.1 * 2**20)
+    bar.start(total, "packing app.heddle")
+    bar.advance(total)
+    bar.finish()
+    assert "19.1/19.1 MiB" in stream.getvalue() and " MB" not in stream.getvalue()
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("TERM", raising=False)
+    output.reset()
+    assert isinstance(terminal_progress(_Tty()), TerminalProgress)
+    assert terminal_progress(io.StringIO()) is None  # not a terminal
+    monkeypatch.setenv("NO_COLOR", "")  # set, to any value
+    assert terminal_progress(_Tty()) is None
+    monkeypatch.delenv("NO_COLOR")
+    output.use(quiet=True)
+    try:
+        assert terminal_progress(_Tty()) is None
+    finally:
+        output.reset()

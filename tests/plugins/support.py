@@ -62,7 +62,7 @@ def tool_chain_flow(tmp_path: Path, tools=("first", "second")) -> tuple[Path, Pa
     s = f.start([{"title": "n", "type": "integer", "default": 0}])
     nodes = [f.tool_node(name, server_tool(name, [{"title": "n", "type": "integer", "default": 0}])) for name in tools]
     e = f.end(list(tools))
-    for a, b in zip([s, *nodes], [*nodes, e]):
+    for a, b in zip([s, *nodes], [*nodes, e], strict=True):
         f.control(a, b)
     return f.write(tmp_path / "flow.json"), tools_dir
 
@@ -73,9 +73,10 @@ def run_in_process(flow: Path, *, tools_dir: Path | None, plugins: list[Path], i
     """Run `flow` with the library (real plugin and tool processes), as `heddle run` does.
 
     Returns (final state or the exception raised, every event as a dict, what an encoder wrote)."""
-    from heddle.engine import RunOptions, prepare_run
+    from heddle.engine import RunOptions
+    from heddle.engine.run import prepare_run, run_prepared
+    from heddle.engine.seams import Rendering
     from heddle.plugin_host import PluginHost
-    from heddle.plugin_host.runner import run_with_plugins
     from heddle.spec import load_flow
     from heddle.tools.registry import discover_tools
 
@@ -86,8 +87,9 @@ def run_in_process(flow: Path, *, tools_dir: Path | None, plugins: list[Path], i
         parsed = load_flow(flow, node_types=host.node_types())
         prepared = prepare_run(parsed, tools=discover_tools(tools_dir), tools_dir=tools_dir,
                                options=options or RunOptions(), plugins=host)
-        state: Any = asyncio.run(run_with_plugins(prepared, inputs, host=host, on_event=lambda e: events.append(e.to_dict()),
-                                                  protocol=protocol, write=written.append))
+        rendering = Rendering(protocol, written.append) if protocol is not None else None
+        state: Any = asyncio.run(run_prepared(prepared, inputs, on_event=lambda e: events.append(e.to_dict()),
+                                              rendering=rendering))
     except Exception as exc:  # noqa: BLE001 - the test looks at it
         state = exc
     return state, events, "".join(written)

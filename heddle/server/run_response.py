@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import Receive, Scope, Send
 
@@ -22,6 +22,13 @@ from heddle.server import sse
 from heddle.server.admission import Ticket
 from heddle.server.errors import error_body, status_of
 from heddle.server.service import Job, Service
+
+if TYPE_CHECKING:
+    from heddle.engine.events import Event, EventSink
+
+# The run's task answers the final state; its queue carries events (or an encoder's text) and _DONE.
+RunTask = asyncio.Task[dict[str, Any]]
+Items = asyncio.Queue[Any]
 
 log = logging.getLogger("heddle.server")
 
@@ -37,13 +44,13 @@ async def _disconnected(receive: Receive) -> None:
             return
 
 
-async def _settle(task: asyncio.Task) -> None:
+async def _settle(task: asyncio.Task[Any]) -> None:
     """Wait for a task to finish without taking on its exception or cancellation."""
     if not task.done():
         await asyncio.wait({task})
 
 
-def _outcome(run: asyncio.Task) -> str:
+def _outcome(run: RunTask) -> str:
     if run.cancelled():
         return "cancelled"
     return "error" if run.exception() is not None else "ok"
@@ -71,20 +78,20 @@ class RunResponse:
         self.stream = stream
         self.encoder = encoder  # an encoder plugin's component: the run is rendered in its protocol
 
-    def _sink(self, queue: asyncio.Queue | None):
+    def _sink(self, queue: Items | None) -> EventSink:
         from heddle.engine import events as ev
 
         loop = asyncio.get_running_loop()
         loop_thread = threading.get_ident()
         metrics, job = self.service.metrics, self.job
 
-        def deliver(event: Any) -> None:
+        def deliver(event: Event) -> None:
             if isinstance(event, ev.ToolResult):
                 metrics.tool_called(job.tool_label(event.tool), event.ok)
             if queue is not None:
                 queue.put_nowait(event)
 
-        def on_event(event: Any) -> None:
+        def on_event(event: Event) -> None:
             if threading.get_ident() == loop_thread:
                 deliver(event)
             else:
@@ -92,20 +99,17 @@ class RunResponse:
 
         return on_event
 
-    def _start(self, queue: asyncio.Queue | None, *, write: Any = None) -> asyncio.Task:
+    def _start(self, queue: Items | None, *, write: Callable[[str], None] | None = None) -> RunTask:
         job = self.job
         sink = self._sink(queue)
-        if job.host is None:
-            from heddle.engine import run_prepared
+        from heddle.engine.run import run_prepared
+        from heddle.engine.seams import Rendering
 
-            run = run_prepared(job.prepared, job.inputs, on_event=sink)
-        else:
-            from heddle.plugin_host.runner import run_with_plugins
-
-            # The host serves every run of this server: it is closed when the server stops.
-            run = run_with_plugins(job.prepared, job.inputs, host=job.host, on_event=sink, close=False,
-                                   protocol=self.encoder.protocol if self.encoder is not None else None,
-                                   write=write)
+        rendering = None
+        if self.encoder is not None:
+            assert write is not None, "an encoder needs somewhere to write"
+            rendering = Rendering(self.encoder.protocol, write)
+        run = run_prepared(job.prepared, job.inputs, on_event=sink, rendering=rendering)
         task = asyncio.create_task(run)
         self.ticket.attach(task)
         return task
@@ -131,7 +135,7 @@ class RunResponse:
         self.job.close()
         self.ticket.release()
 
-    async def _watch(self, run: asyncio.Task, receive: Receive) -> bool:
+    async def _watch(self, run: RunTask, receive: Receive) -> bool:
         """Wait for the run to end; True if the client left first (the run is then cancelled)."""
         gone = asyncio.create_task(_disconnected(receive))
         try:
@@ -148,10 +152,11 @@ class RunResponse:
         run = self._start(None)
         if await self._watch(run, receive):
             return "disconnected"
+        failure = None if run.cancelled() else run.exception()
         if run.cancelled():
             status, body = _CANCELLED
-        elif run.exception() is not None:
-            status, body = _failure(run.exception())
+        elif failure is not None:
+            status, body = _failure(failure)
         else:
             status, body = 200, {"flow": self.job.flow_name, "state": run.result()}
         data = json.dumps(body, ensure_ascii=False, default=str).encode("utf-8")
@@ -163,14 +168,15 @@ class RunResponse:
         return _outcome(run)
 
     async def _streamed(self, receive: Receive, send: Send) -> str:
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: Items = asyncio.Queue()
         run = self._start(queue)
 
         def tail() -> bytes:
             if run.cancelled():
                 return sse.frame("error", _CANCELLED[1])
-            if run.exception() is not None:
-                return sse.frame("error", _failure(run.exception())[1])
+            failure = run.exception()
+            if failure is not None:
+                return sse.frame("error", _failure(failure)[1])
             return b""
 
         return await self._relay(run, queue, receive, send, headers=sse.HEADERS,
@@ -179,7 +185,7 @@ class RunResponse:
 
     async def _encoded(self, receive: Receive, send: Send) -> str:
         """The run rendered by an encoder plugin, its output passed on as it is written."""
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: Items = asyncio.Queue()
         run = self._start(None, write=queue.put_nowait)
         content_type = (self.encoder.content_type or "text/plain; charset=utf-8").encode("latin-1")
         headers = [(b"content-type", content_type), (b"cache-control", b"no-store"), (b"x-accel-buffering", b"no")]
@@ -187,13 +193,13 @@ class RunResponse:
         return await self._relay(run, queue, receive, send, headers=headers,
                                  render=lambda text: text.encode("utf-8"), keepalive=None, tail=lambda: b"")
 
-    async def _relay(self, run: asyncio.Task, queue: asyncio.Queue, receive: Receive, send: Send, *,
+    async def _relay(self, run: RunTask, queue: Items, receive: Receive, send: Send, *,
                      headers: list[tuple[bytes, bytes]], render: Callable[[Any], bytes],
                      keepalive: bytes | None, tail: Callable[[], bytes]) -> str:
         """Send what the run puts on `queue` as it comes, then `tail()`; stop the run if the client goes."""
         run.add_done_callback(lambda _: queue.put_nowait(_DONE))
         gone = asyncio.create_task(_disconnected(receive))
-        getter: asyncio.Task | None = None
+        getter: asyncio.Task[Any] | None = None
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             while True:

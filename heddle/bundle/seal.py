@@ -1,0 +1,164 @@
+"""Sealing a flow: from a flow document, its tools, mounts and plugins to one signed `.heddle` file.
+
+Everything that can be refused is refused before a byte is written: the flow loads and its
+graph checks out against the tools it will carry, the mounts pass the mount rules, the signing
+key is loaded (its passphrase asked for first, so a wrong one wastes nothing), and the plan
+refuses secrets and links. Then the archive is written atomically: on any failure nothing is
+left at the output path.
+
+`heddle bundle` is this call with its flags parsed; the library calls it as `heddle.seal(...)`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from heddle.errors import UsageError
+
+if TYPE_CHECKING:
+    from heddle.format.keys import SigningKey
+    from heddle.format.manifest import Manifest, Requires
+    from heddle.format.progress import Progress
+    from heddle.workspace.mounts import Mount
+
+StrPath = str | os.PathLike[str]
+
+# The mount rules' own caps (heddle.workspace.mounts), written here so that reading this
+# signature imports nothing.
+DEFAULT_MOUNT_MAX_ENTRIES = 4096
+DEFAULT_MOUNT_MAX_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class SealResult:
+    """A bundle just written: where, under which digest, signed by whom, and what it holds."""
+
+    path: Path
+    digest: str  # "sha256:<hex>" of the manifest: the bundle's identity
+    name: str
+    signers: tuple[str, ...]  # key ids; empty when unsigned
+    size: int  # bytes of the .heddle file
+    payload_size: int  # bytes of the files sealed, uncompressed
+    file_count: int
+    skipped: tuple[Path, ...]  # left out on purpose (version-control folders)
+    manifest: Manifest
+
+
+def _proposal(value: int | str | None) -> int | Literal["unlimited"] | None:
+    """A tool-round proposal as the manifest records it: a whole number >= 1 or "unlimited"."""
+    from heddle.engine.options import parse_max_tool_rounds
+
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise UsageError(f"max_tool_rounds {value!r}: give a positive whole number or 'unlimited'")
+    rounds = parse_max_tool_rounds(value)
+    return "unlimited" if rounds is None else rounds
+
+
+def _mounts(mounts: Sequence[str | Mount]) -> list[Mount]:
+    from heddle.workspace.mounts import Mount, parse_mount
+
+    parsed: list[Mount] = []
+    for mount in mounts:
+        if isinstance(mount, str):
+            parsed.append(parse_mount(mount))
+        elif isinstance(mount, Mount):
+            parsed.append(mount)
+        else:
+            raise UsageError(f"mounts: {mount!r} is neither 'SRC[:DEST][:ro|:rw]' nor a Mount")
+    return parsed
+
+
+def _signing_key(sign_key: StrPath | SigningKey | None) -> SigningKey | None:
+    from heddle.format.keys import SigningKey, load_signing_key
+
+    if sign_key is None or isinstance(sign_key, SigningKey):
+        return sign_key
+    return load_signing_key(Path(sign_key))
+
+
+def seal(
+    flow: StrPath,
+    *,
+    output: StrPath | None,
+    tools_dir: StrPath | None = None,
+    mounts: Sequence[str | Mount] = (),
+    plugins: Sequence[StrPath] = (),
+    sign_key: StrPath | SigningKey | None = None,
+    name: str | None = None,
+    input: Mapping[str, Any] | None = None,
+    requires: Requires | None = None,
+    max_tool_rounds: int | str | None = None,
+    include_secrets: Sequence[StrPath] = (),
+    flow_format: str | None = None,
+    mount_max_entries: int = DEFAULT_MOUNT_MAX_ENTRIES,
+    mount_max_bytes: int = DEFAULT_MOUNT_MAX_BYTES,
+    progress: Progress | None = None,
+) -> SealResult:
+    """Check everything, then write the bundle atomically to `output` and describe it.
+
+    `output` None writes `<name>.heddle` in the working folder. `mounts` are
+    `SRC[:DEST][:ro|:rw]` strings or `Mount`s; `plugins` are plugin manifests (read, never
+    started: their settings are given where the bundle runs). `sign_key` is a private key
+    file from `heddle keygen` (an encrypted one asks for its passphrase through
+    HEDDLE_KEY_PASSPHRASE or the terminal) or a loaded `SigningKey`; None seals unsigned.
+    `input`, `requires` and `max_tool_rounds` ("unlimited" or a number) are recorded as the
+    bundle's proposals. Raises a `heddle.HeddleError` naming what is wrong; nothing is written then.
+    """
+    from heddle.bundle.fingerprints import fingerprints_of
+    from heddle.bundle.plan import ToolSpec, make_plan
+    from heddle.errors import GraphError
+    from heddle.format.manifest import Proposals
+    from heddle.format.pack import pack
+    from heddle.graph import check_flow
+    from heddle.plugin_host.carried import read_carried
+    from heddle.spec import load_flow
+    from heddle.tools.registry import discover_tools
+    from heddle.workspace.mounts import check_mounts
+
+    flow_path = Path(flow)
+    tools_root = Path(tools_dir) if tools_dir is not None else None
+    plugin_paths = [Path(p) for p in plugins]
+    # Plugins are read, never started, to seal them: their settings come at run time.
+    carried = read_carried(plugin_paths)
+    loaded = load_flow(flow_path, fmt=flow_format, node_types=carried.node_types)
+    tools = discover_tools(tools_root)
+    problems = check_flow(loaded, tools={**tools, **dict.fromkeys(carried.tool_names, flow_path)},
+                          tools_dir=tools_root)
+    if problems:
+        raise GraphError(problems)
+    parsed_mounts = _mounts(mounts)
+    check_mounts(parsed_mounts, max_entries=mount_max_entries, max_bytes=mount_max_bytes)
+    # The same fingerprints the verifier recomputes from the sealed flow.
+    specs = {tool: ToolSpec(path=tools[tool], fingerprint=fingerprint)
+             for tool, fingerprint in fingerprints_of(loaded, leave_out=carried.tool_names).items()}
+    proposals = Proposals(max_tool_rounds=_proposal(max_tool_rounds))
+    key = _signing_key(sign_key)
+    # A tools folder that does not exist carries nothing; the graph check above already refused
+    # a flow that names a tool it would have had to hold.
+    carried_tools = tools_root if tools_root is not None and tools_root.exists() else None
+    plan = make_plan(
+        flow_path, name=name or loaded.name or None, tools_dir=carried_tools, tools=specs, mounts=parsed_mounts,
+        plugins=plugin_paths, input=dict(input) if input is not None else None, requires=requires,
+        proposals=proposals, include_secrets=[Path(p) for p in include_secrets], flow_format=flow_format,
+    )
+    out = Path(output) if output is not None else Path(f"{plan.name}.heddle")
+    if out.is_dir():
+        raise UsageError(f"{out}: is a folder; give the path of the .heddle file to write")
+    packed = pack(plan, out, signing_key=key, progress=progress)
+    return SealResult(
+        path=packed.path,
+        digest=f"sha256:{packed.digest}",
+        name=packed.manifest.name,
+        signers=(key.keyid,) if key is not None else (),
+        size=packed.size,
+        payload_size=packed.payload_size,
+        file_count=packed.file_count,
+        skipped=tuple(packed.skipped),
+        manifest=packed.manifest,
+    )

@@ -1,0 +1,363 @@
+"""Every setting of a run, defined once: its default, its unit, its help and the flag that sets it.
+
+`RunSettings` is what a library caller passes and what both shells build. Each of its fields
+carries a `Setting` (in the field's metadata), and `heddle run`'s options and `heddle-server`'s
+flags are generated from those, so a default, a unit or a help text is written here and only here.
+Durations are float seconds; each shell reads them as `30s`, `500ms`, `5m`, `1h` or `1m30s`, and
+a plain number in its own historic unit (the CLI seconds, the server milliseconds) with a note.
+
+Only the standard library is imported: both shells read this module before `--help`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from heddle.engine.options import RunOptions
+    from heddle.surface import Surface
+    from heddle.workspace.mounts import Mount
+
+Unit = Literal["s", "ms"]
+# How a setting is read from the command line: "flag" takes no value and, given, sets the opposite of
+# its default; "switch" has an on and an off spelling (--stream/--no-stream).
+Kind = Literal["int", "duration", "rounds", "flag", "path", "paths", "text", "texts", "switch"]
+
+# ---------------------------------------------------------------------------------------- durations
+
+_UNITS: Mapping[str, float] = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+_PART = r"(\d+(?:\.\d*)?|\.\d+)(ms|h|m|s)"
+_DURATION = re.compile(rf"(?:{_PART})+")
+_PARTS = re.compile(_PART)
+_PLAIN = re.compile(r"\d+(?:\.\d*)?|\.\d+")
+DURATION_FORMS = "30s, 500ms, 5m, 1h or 1m30s"
+
+
+def parse_duration(text: str, *, plain: Unit) -> tuple[float, bool]:
+    """`text` in seconds, and whether it was a plain number read in the `plain` unit.
+
+    Raises ValueError naming the text and the forms a duration takes."""
+    value = text.strip().lower()
+    if _DURATION.fullmatch(value):
+        return sum(float(n) * _UNITS[u] for n, u in _PARTS.findall(value)), False
+    if _PLAIN.fullmatch(value):
+        if plain == "ms":
+            if not value.isdigit():
+                raise ValueError(f"{text!r} is not a whole number of milliseconds; give a duration with its "
+                                 f"unit: {DURATION_FORMS}")
+            return int(value) / 1000, True
+        return float(value), True
+    raise ValueError(f"{text!r} is not a duration; give one such as {DURATION_FORMS}")
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest exact spelling `parse_duration` reads back: 300 -> "5m", 90 -> "1m30s", 0.5 -> "500ms"."""
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"not a duration: {seconds!r}")
+    millis = round(seconds * 1000, 6)
+    if millis != int(millis):
+        return f"{millis:g}ms"
+    if millis < 1000:
+        return f"{int(millis)}ms"
+    left, parts = int(millis), []
+    for unit, size in (("h", 3_600_000), ("m", 60_000)):
+        if left >= size:
+            count, left = divmod(left, size)
+            parts.append(f"{count}{unit}")
+    if left:
+        parts.append(f"{left // 1000}s" if left % 1000 == 0 else f"{left / 1000:g}s")
+    return "".join(parts)
+
+
+def plain_note(flag: str, text: str, plain: Unit) -> str:
+    """The deprecation note for a duration given as a plain number."""
+    unit = "milliseconds" if plain == "ms" else "seconds"
+    seconds = int(text) / 1000 if plain == "ms" else float(text)
+    return (f"{flag} {text}: a plain number is read as {unit}, which is deprecated; "
+            f"write it with its unit: {flag} {format_duration(seconds)}")
+
+
+# ---------------------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its field, how it is read, its default, help and flag.
+
+    `flag` is spelled the same by both shells; `cli`/`server` say which of them takes it as a flag,
+    and `env` is a variable the server reads it from instead. `minimum` is in the setting's own unit
+    (seconds for a duration)."""
+
+    name: str
+    kind: Kind
+    default: Any
+    help: str
+    flag: str | None
+    group: str
+    metavar: str | None = None
+    short: str | None = None
+    minimum: float | None = None
+    cli: bool = True
+    server: bool = True
+    env: str | None = None
+    # What the help shows as the default when the value alone does not say it.
+    shown: str | None = None
+
+    def show_default(self) -> str | None:
+        """The default as a person reads it in --help, or None when there is nothing to show."""
+        if self.shown is not None:
+            return self.shown
+        if self.kind == "duration" and isinstance(self.default, (int, float)):
+            return format_duration(float(self.default))
+        if self.kind in ("int", "rounds") and self.default is not None:
+            return str(self.default)
+        return None
+
+    def help_for(self, plain: Unit) -> str:
+        """The help text with the unit the shell reads a plain number in, for durations."""
+        if self.kind != "duration":
+            return self.help
+        unit = "milliseconds" if plain == "ms" else "seconds"
+        return f"{self.help} A duration such as 30s, 500ms or 5m (plain numbers are {unit})."
+
+    def read(self, text: str, *, plain: Unit) -> tuple[Any, str | None]:
+        """The value `text` gives this setting, and a deprecation note when there is one.
+
+        Raises ValueError with the reason (without the flag: each shell puts it in its own form)."""
+        if self.kind == "duration":
+            seconds, was_plain = parse_duration(text, plain=plain)
+            return seconds, plain_note(self.flag or self.name, text.strip(), plain) if was_plain else None
+        if self.kind == "int":
+            try:
+                return int(text.strip()), None
+            except ValueError:
+                raise ValueError(f"{text!r} is not a whole number") from None
+        if self.kind == "rounds":
+            return parse_rounds(text), None
+        if self.kind in ("path", "paths"):
+            return Path(text), None
+        return text, None
+
+    def problem(self, value: Any, text: str | None = None) -> str | None:
+        """Why `value` is out of range, as one line naming the flag, or None."""
+        if self.minimum is None or value is None or value >= self.minimum:
+            return None
+        least = format_duration(self.minimum) if self.kind == "duration" else f"{self.minimum:g}"
+        return f"{self.flag or self.name} {text if text is not None else value}: must be at least {least}"
+
+
+def about(*, kind: Kind, help: str, flag: str | None, group: str, metavar: str | None = None,
+          short: str | None = None, minimum: float | None = None, cli: bool = True, server: bool = True,
+          env: str | None = None, shown: str | None = None) -> Mapping[str, Setting]:
+    """The metadata of a dataclass field that is a setting; `settings_of` adds its name and default."""
+    return {"setting": Setting(name="", kind=kind, default=None, help=help, flag=flag, group=group, metavar=metavar,
+                               short=short, minimum=minimum, cli=cli, server=server, env=env, shown=shown)}
+
+
+def settings_of(cls: type[Any]) -> tuple[Setting, ...]:
+    """The Settings of a dataclass whose fields carry `about(...)` metadata, in declaration order."""
+    return tuple(dataclasses.replace(f.metadata["setting"], name=f.name, default=f.default)
+                 for f in dataclasses.fields(cls) if "setting" in f.metadata)
+
+
+def parse_rounds(value: str | int | None) -> int | None:
+    """`--max-tool-rounds N|unlimited` (or a bundle's proposal): a whole number >= 1, or None for unlimited."""
+    from heddle.errors import UsageError
+
+    if value is None:
+        return RunSettings.max_tool_rounds
+    if isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    elif str(value).strip().lower() in ("unlimited", "none", "inf"):
+        return None
+    else:
+        try:
+            n = int(str(value))
+        except ValueError:
+            raise UsageError(f"--max-tool-rounds {value!r}: give a positive whole number or 'unlimited'") from None
+    if n < 1:
+        raise UsageError(f"--max-tool-rounds {n}: must be at least 1 (or 'unlimited')")
+    return n
+
+
+# Group names both shells show their flags under.
+LIMITS, WORKSPACES, SANDBOX, PLUGINS, BUNDLES, SOURCE, MODELS = (
+    "limits", "workspaces", "sandbox", "plugins", "bundles", "source", "models")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How one run is configured. Every field has the default both shells use.
+
+    Durations are seconds (None: no limit). `mounts` are `SRC[:DEST][:ro|:rw]` specs (or parsed
+    Mounts); `plugins` are plugin.json paths and `plugin_configs` their `TYPE=JSON|@FILE` settings."""
+
+    max_iterations: int = field(default=50, metadata=about(
+        kind="int", flag="--max-iterations", metavar="N", minimum=1, group=LIMITS,
+        help="Node executions per run."))
+    max_tool_rounds: int | None = field(default=10, metadata=about(
+        kind="rounds", flag="--max-tool-rounds", metavar="N|unlimited", group=LIMITS,
+        shown="the bundle's proposal, else 10", help="Model calls an agent may make per execution."))
+    timeout: float | None = field(default=300.0, metadata=about(
+        kind="duration", flag="--timeout", metavar="DURATION", minimum=0.001, group=LIMITS,
+        help="Time the whole run may take."))
+    tool_timeout: float | None = field(default=30.0, metadata=about(
+        kind="duration", flag="--tool-timeout", metavar="DURATION", minimum=0.001, group=LIMITS,
+        help="Time one tool call may take."))
+    model_timeout: float = field(default=120.0, metadata=about(
+        kind="duration", flag=None, cli=False, server=False, minimum=0.001, group=MODELS,
+        help="Time one model request may take."))
+    model_retries: int = field(default=3, metadata=about(
+        kind="int", flag=None, cli=False, server=False, minimum=0, group=MODELS,
+        help="Times a failed model request is retried."))
+    stream: bool = field(default=True, metadata=about(
+        kind="switch", flag="--stream/--no-stream", server=False, env="HEDDLE_STREAM", group=MODELS, shown="--stream",
+        help="Ask the model to stream its answers, or not."))
+    mounts: tuple[str | Mount, ...] = field(default=(), metadata=about(
+        kind="texts", flag="--mount", short="-m", metavar="SRC[:DEST][:ro|:rw]", group=WORKSPACES,
+        help="Put a file or folder into every workspace (repeatable; ro is a private copy, rw copies changes "
+             "back)."))
+    workspace: Path | None = field(default=None, metadata=about(
+        kind="path", flag="--workspace", metavar="DIR", group=WORKSPACES,
+        help="Keep each node's workspace at DIR/<node-name> instead of removing it."))
+    mount_tools: bool = field(default=True, metadata=about(
+        kind="flag", flag="--no-mount-tools", group=WORKSPACES,
+        help="Leave .heddle/bin empty in workspaces."))
+    mount_max_entries: int = field(default=4096, metadata=about(
+        kind="int", flag="--mount-max-entries", metavar="N", minimum=1, group=WORKSPACES,
+        help="Most files and folders one mount may hold."))
+    mount_max_bytes: int = field(default=64 * 2**20, metadata=about(
+        kind="int", flag="--mount-max-bytes", metavar="BYTES", minimum=1, group=WORKSPACES, shown="67108864 (64 MiB)",
+        help="Most bytes one mount may hold."))
+    safe: bool = field(default=False, metadata=about(
+        kind="flag", flag="--safe", group=SANDBOX,
+        help="Run each tool call in a bubblewrap sandbox."))
+    sandbox: str | None = field(default=None, metadata=about(
+        kind="text", flag="--sandbox", metavar="BACKEND", group=SANDBOX, shown="auto",
+        help="Sandbox backend under --safe: auto or bubblewrap."))
+    allow_read: tuple[Path, ...] = field(default=(), metadata=about(
+        kind="paths", flag="--allow-read", metavar="PATH", group=SANDBOX,
+        help="Under --safe, also let tools read PATH (repeatable)."))
+    allow_write: tuple[Path, ...] = field(default=(), metadata=about(
+        kind="paths", flag="--allow-write", metavar="PATH", group=SANDBOX,
+        help="Under --safe, also let tools write PATH (repeatable)."))
+    allow_env: tuple[str, ...] = field(default=(), metadata=about(
+        kind="texts", flag="--allow-env", metavar="NAME", group=SANDBOX,
+        help="Under --safe, pass environment variable NAME to tools (repeatable)."))
+    deny_net: bool = field(default=False, metadata=about(
+        kind="flag", flag="--deny-net", group=SANDBOX,
+        help="Under --safe, give tools no network."))
+    plugins: tuple[Path, ...] = field(default=(), metadata=about(
+        kind="paths", flag="--plugin", metavar="MANIFEST", group=PLUGINS,
+        help="A plugin's plugin.json (repeatable; with a bundle, after its own)."))
+    plugin_configs: tuple[str, ...] = field(default=(), metadata=about(
+        kind="texts", flag="--plugin-config", metavar="TYPE=JSON|@FILE", group=PLUGINS,
+        help="Settings of a plugin component type, checked against its configSchema (repeatable)."))
+    plugin_timeout: float = field(default=30.0, metadata=about(
+        kind="duration", flag="--plugin-timeout", metavar="DURATION", minimum=0.001, group=PLUGINS,
+        help="Time a plugin call may stay silent before it is cancelled and the plugin killed."))
+    max_node_attempts: int = field(default=3, metadata=about(
+        kind="int", flag="--max-node-attempts", metavar="N", minimum=1, group=PLUGINS,
+        help="Times a node may run when a nodeError plugin asks to retry it."))
+
+    def __post_init__(self) -> None:
+        # A library caller may pass lists; the settings stay hashable and immutable.
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, list):
+                object.__setattr__(self, f.name, tuple(value))
+        if any(isinstance(m, str) for m in self.mounts):
+            from heddle.workspace.mounts import parse_mount
+
+            # Syntax now, so a bad --mount is refused before a bundle is opened or a data folder made.
+            for mount in self.mounts:
+                if isinstance(mount, str):
+                    parse_mount(mount)
+        problems = [p for s in SETTINGS if (p := s.problem(getattr(self, s.name))) is not None]
+        if problems:
+            from heddle.errors import UsageError
+
+            raise UsageError(problems[0])
+
+    @property
+    def sandbox_flags(self) -> tuple[str, ...]:
+        """Safe-only flags the policy cannot show by itself: `--sandbox auto` given explicitly."""
+        return ("--sandbox",) if self.sandbox is not None else ()
+
+    def run_options(self, *, surface: Surface | None = None) -> RunOptions:
+        """The engine's RunOptions for these settings; messages name `surface`'s flags and units."""
+        from heddle.engine.options import RunOptions
+        from heddle.surface import CLI
+        from heddle.workspace.mounts import Mount, parse_mount
+        from heddle.workspace.sandbox import SandboxPolicy
+        from heddle.workspace.workspace import WorkspaceOptions
+
+        mounts = tuple(m if isinstance(m, Mount) else parse_mount(m) for m in self.mounts)
+        return RunOptions(
+            max_iterations=self.max_iterations, max_tool_rounds=self.max_tool_rounds, timeout=self.timeout,
+            tool_timeout=self.tool_timeout, stream=self.stream, model_timeout=self.model_timeout,
+            model_retries=self.model_retries, surface=surface or CLI,
+            workspace=WorkspaceOptions(mounts=mounts, keep_root=self.workspace, mount_tools=self.mount_tools,
+                                       max_entries=self.mount_max_entries, max_bytes=self.mount_max_bytes),
+            sandbox=SandboxPolicy(safe=self.safe, backend=self.sandbox or "auto", allow_read=self.allow_read,
+                                  allow_write=self.allow_write, allow_env=self.allow_env, deny_net=self.deny_net),
+        )
+
+
+SETTINGS: tuple[Setting, ...] = settings_of(RunSettings)
+BY_NAME: Mapping[str, Setting] = {s.name: s for s in SETTINGS}
+
+# Taken by both shells beside the run settings: where tools come from and how a bundle is trusted.
+TOOLS_DIR = Setting("tools_dir", "path", None, "Folder of tool executables (a tool's name is its file name "
+                    "without extension).", "--tools-dir", SOURCE, metavar="DIR", short="-t")
+TRUST = Setting("trust", "paths", (), "With a bundle: a public key (.pub) trusted to have signed it "
+                "(repeatable).", "--trust", BUNDLES, metavar="KEY.pub")
+ALLOW_UNSIGNED = Setting("allow_unsigned", "flag", False, "With a bundle: admit one that carries no signature "
+                         "at all.", "--allow-unsigned", BUNDLES)
+DATA_DIR = Setting("data_dir", "path", None, "With a bundle: where its rw mounts are seeded and kept.",
+                   "--data-dir", BUNDLES, metavar="DIR", shown="a temporary folder")
+SHELL_SETTINGS: tuple[Setting, ...] = (TOOLS_DIR, TRUST, ALLOW_UNSIGNED, DATA_DIR)
+
+
+def explicit(settings: RunSettings) -> frozenset[str]:
+    """The names of the settings that differ from their defaults (so were surely set by someone)."""
+    return frozenset(s.name for s in SETTINGS if getattr(settings, s.name) != s.default)
+
+
+def settle(settings: RunSettings, proposals: Any = None, *, given: Collection[str] | None = None,
+           mounts: Sequence[Mount] = (), plugins: Iterable[Path] = ()) -> RunSettings:
+    """The settings a run of a bundle uses: the bundle proposes, the command line disposes.
+
+    A setting `given` explicitly (by name; also any that differs from its default) keeps its value;
+    otherwise the bundle's proposal (a `Proposals`, a mapping, or None) replaces the default. The
+    bundle's own `mounts` and `plugins` come before those given. Both shells call this one."""
+    chosen = explicit(settings) | frozenset(given or ())
+    if proposals is None:
+        proposed: Mapping[str, Any] = {}
+    elif isinstance(proposals, Mapping):
+        proposed = proposals
+    else:
+        proposed = {f.name: getattr(proposals, f.name) for f in dataclasses.fields(proposals)}
+    changes: dict[str, Any] = {}
+    for name, value in proposed.items():
+        spec = BY_NAME.get(name)
+        if spec is None:
+            # A proposal this heddle cannot apply must not be silently dropped.
+            from heddle.errors import UsageError
+
+            raise UsageError(f"the bundle proposes {name!r}, which this heddle does not know; upgrade heddle")
+        if value is None or name in chosen:
+            continue
+        changes[name] = parse_rounds(value) if spec.kind == "rounds" else value
+    if mounts:
+        changes["mounts"] = (*mounts, *settings.mounts)
+    plugins = tuple(plugins)
+    if plugins:
+        changes["plugins"] = (*plugins, *settings.plugins)
+    return dataclasses.replace(settings, **changes) if changes else settings
