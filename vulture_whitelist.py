@@ -30,4 +30,30 @@ USED = (
     _.pipe_data_received,  # heddle/tools/process.py
     _.pipe_connection_lost,  # heddle/tools/process.py
     _.process_exited,  # heddle/tools/process.py
+
+    # the async context-manager protocol: __aexit__ takes the exception's type whether it reads it or not
+    _.exc_type,  # heddle/engine/seams.py, heddle/plugin_host/middleware.py, heddle/workspace/workspace.py
+
+    # event records: serialised with every event, read by whoever consumes the stream
+    _.ts,  # heddle/engine/events.py
+
+    # a lazily resolved package: Python calls the module's __getattr__ for a missing name
+    _.__getattr__,  # heddle/plugin_host/__init__.py, heddle/__init__.py
+
+    # counted for the tests and for --verbose: how often a plugin process was (re)started
+    _.starts,  # heddle/plugin_host/process.py
+
+    # the standard library reads it: where tempfile puts every temporary folder
+    _.tempdir,  # heddle/server/cli.py
+
+    # commands the CLI's table (heddle/cli/root.py COMMANDS) names by module and attribute
+    _.keygen, _.diff, _.doctor,  # heddle/cli/bundle.py
+    _.init,  # heddle/cli/run.py
+
+    # click calls these on the command and group classes it is given
+    _.format_options, _.format_commands,  # heddle/cli/flags.py, heddle/cli/root.py
+    # typer reads a command function's signature from these
+    _.__signature__, _.__annotations__,  # heddle/cli/flags.py
+    # dir(heddle) asks the module for it
+    _.__dir__,  # heddle/__init__.py
 )

@@ -20,4 +20,7 @@ ensure_venv() {
     "$VENV/bin/python" -c "import heddle" # fail here, not later, when the install did not work
     touch "$stamp"
   fi
+  # Every `heddle` a test or a user starts reads heddle's bytecode; where PYTHONDONTWRITEBYTECODE is
+  # set nothing would write it, and each process would compile the package again.
+  "$VENV/bin/python" -m compileall -q -j 0 "$ROOT/heddle" >/dev/null
 }

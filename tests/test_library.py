@@ -57,6 +57,19 @@ def test_import_heddle_loads_no_heavy_library_and_exports_what_it_lists(tmp_path
     assert issubclass(heddle.Warning, heddle.Event) and "Warning" not in heddle.__all__
 
 
+def test_the_facade_resolves_its_names_when_used(tmp_path: Path) -> None:
+    proc = _python("import sys, heddle\n"
+                   "assert {'seal', 'TrustPolicy', 'run', 'Warning'} <= set(dir(heddle))\n"
+                   "assert 'heddle.format.trust' not in sys.modules\n"
+                   "from heddle.format.trust import TrustPolicy\n"
+                   "from heddle.bundle.seal import seal\n"
+                   "assert heddle.TrustPolicy is TrustPolicy and heddle.seal is seal\n"
+                   "try:\n    heddle.no_such_name\nexcept AttributeError as exc:\n    print(exc)\n", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "module 'heddle' has no attribute 'no_such_name'"
+    assert set(heddle.__all__) <= set(dir(heddle))
+
+
 def test_the_server_never_imports_the_cli(tmp_path: Path) -> None:
     proc = _python("import pkgutil, importlib, sys, heddle.server\n"
                    "for m in pkgutil.iter_modules(heddle.server.__path__):\n"

@@ -3,7 +3,6 @@ terminal's progress bar, and the notes a person should read about what was opene
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,20 +12,21 @@ if TYPE_CHECKING:
     from heddle.format.trust import TrustPolicy
 
 
-def open_verified(target: Path, *, trust: TrustPolicy, data_dir: Path | None, fmt: str | None, verbose: bool,
+def open_verified(target: Path, *, trust: TrustPolicy, data_dir: Path | None, fmt: str | None,
                   seed_data: bool = True, plugins: Sequence[Path] = ()) -> Bundle:
-    """Verify the bundle against `trust` and return it; say where `rw` mounts were seeded."""
+    """Verify the bundle against `trust` and return it; say where `rw` mounts were seeded (and, with
+    --verbose, who signed it)."""
     from heddle.bundle.verified import open_bundle
+    from heddle.cli import output
     from heddle.cli.progress import terminal_progress
 
     bundle = open_bundle(target, trust=trust, data_dir=data_dir, seed_data=seed_data, plugins=plugins,
                          flow_format=fmt, progress=terminal_progress())
     if bundle.repaired:
-        sys.stderr.write(f"warning: the cached copy of {target} could not be proved ({bundle.repaired}); "
-                         "it was removed and the bundle verified again\n")
-    if verbose:
-        who = ", ".join(bundle.signers) or "nobody (unsigned, admitted by --allow-unsigned)"
-        sys.stderr.write(f"verified {target}: {bundle.digest}, signed by {who}\n")
+        output.warn(f"the cached copy of {target} could not be proved ({bundle.repaired}); "
+                    "it was removed and the bundle verified again")
+    who = ", ".join(bundle.signers) or "nobody (unsigned, admitted by --allow-unsigned)"
+    output.detail(f"verified {target}: {bundle.digest}, signed by {who}")
     if seed_data and any(m.mode == "rw" for m in bundle.runnable.mounts):
-        sys.stderr.write(f"rw mounts are seeded in {bundle.data_dir}\n")
+        output.note(f"rw mounts are seeded in {bundle.data_dir}")
     return bundle

@@ -120,7 +120,6 @@ class EventPrinter:
     def __init__(self, *, verbose: bool = False, protocol: str | None = None) -> None:
         self.verbose = verbose
         self.protocol = protocol
-        self._in_tokens = False
 
     def __call__(self, event: Any) -> None:
         from heddle.engine import events as ev

@@ -9,6 +9,8 @@ from typing import Any
 import typer
 
 from heddle.cli.flags import takes
+from heddle.cli.output import QUIET, VERBOSE, json_option
+from heddle.cli.output import use as use_output  # by name: `bundle` has an `output` parameter
 from heddle.settings import SETTINGS, RunSettings
 
 # The options that are run settings (limits, mounts, sandbox, plugins, bundles) are generated from
@@ -93,10 +95,11 @@ def run(
     flow_file: Path | None = _FLOW,
     input: str | None = _INPUT,
     format: str | None = _FORMAT,
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show nodes and tool calls on stderr."),
     protocol: str | None = typer.Option(None, "--protocol", metavar="NAME",
                                            help="Print events on stdout instead of the final state: heddle (JSON "
                                                 "lines), or an encoder plugin's protocol."),
+    verbose: bool = VERBOSE,
+    quiet: bool = QUIET,
     *,
     settings: RunSettings,
     given: frozenset[str],
@@ -117,6 +120,7 @@ def run(
     A path ending in .heddle, or given with --trust, --allow-unsigned or --data-dir, runs only
     as a verified bundle; a flow is read from .json, .yaml or .yml, or from any file with --flow.
     """
+    use_output(quiet=quiet, verbose=verbose)
     import asyncio
     import json
 
@@ -137,7 +141,7 @@ def run(
             raise UsageError(f"--tools-dir cannot be used with the bundle {target}: a sealed bundle runs only its "
                              "own tools")
         policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
-        sealed = open_verified(target, trust=policy, data_dir=data_dir, fmt=format, verbose=verbose,
+        sealed = open_verified(target, trust=policy, data_dir=data_dir, fmt=format,
                                plugins=settings.plugins).runnable
         # The bundle proposes, the command line disposes; its own mounts and plugins (run from the
         # verified cache) come before any given here.
@@ -187,6 +191,8 @@ def validate(
     flow_file: Path | None = _FLOW,
     format: str | None = _FORMAT,
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    verbose: bool = VERBOSE,
+    quiet: bool = QUIET,
     *,
     settings: RunSettings,
     given: frozenset[str],
@@ -198,6 +204,7 @@ def validate(
 
     Exits 0 only when the flow is valid (2 otherwise), printing every problem at once.
     """
+    use_output(quiet=quiet, verbose=verbose)
     import json
 
     from heddle.cli.target import resolve_target
@@ -215,7 +222,7 @@ def validate(
             raise UsageError(f"--tools-dir cannot be used with the bundle {target}: a sealed bundle runs only its "
                              "own tools")
         policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
-        sealed = open_verified(target, trust=policy, data_dir=None, fmt=format, verbose=False, seed_data=False,
+        sealed = open_verified(target, trust=policy, data_dir=None, fmt=format, seed_data=False,
                                plugins=settings.plugins).runnable
         host = _load_plugins(settle(settings, given=given, plugins=getattr(sealed, "plugins", ())))
         tools: dict[str, Path] | None = sealed.tools
@@ -270,6 +277,9 @@ def bundle(
     output: Path | None = typer.Option(None, "-o", "--output", metavar="PATH",
                                           help="Where to write the bundle (default: <name>.heddle)."),
     include_secret: list[Path] = _INCLUDE_SECRET,
+    json_out: bool = json_option("Print what was sealed as JSON."),
+    verbose: bool = VERBOSE,
+    quiet: bool = QUIET,
     *,
     settings: RunSettings,
     given: frozenset[str],
@@ -289,6 +299,7 @@ def bundle(
       heddle keygen --out me
       heddle bundle flow.yaml --tools-dir tools --mount ./skills --sign-key me.key -o app.heddle
     """
+    use_output(quiet=quiet, verbose=verbose)
     from heddle.cli.seal import seal_flow as seal
     from heddle.cli.target import resolve_flow
 
@@ -302,7 +313,7 @@ def bundle(
     seal(flow, tools_dir=tools_dir, mounts=[_spelled(m) for m in settings.mounts], plugins=list(settings.plugins),
          input_text=input, requires=requires, max_tool_rounds=proposal, sign_key=sign_key, name=name, fmt=format,
          output=output, max_entries=settings.mount_max_entries, max_bytes=settings.mount_max_bytes,
-         read_input=_read_input, include_secrets=include_secret)
+         read_input=_read_input, include_secrets=include_secret, json_out=json_out)
 
 
 def init(
@@ -311,11 +322,14 @@ def init(
     port: int = typer.Option(0, "--port", show_default=False, metavar="PORT",
                              help="Port of the scripted model the flow calls (0 to 65535); default: a free port "
                                   "picked now."),
+    verbose: bool = VERBOSE,
+    quiet: bool = QUIET,
 ) -> None:
     """Write a starter agent that runs as printed.
 
     A flow, one tool and a model script, and the exact commands that run them.
     """
+    use_output(quiet=quiet, verbose=verbose)
     from heddle.errors import UsageError
     from heddle.starter import write_starter
 

@@ -72,15 +72,7 @@ async def run_agent(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) 
                     f"agent {node.name!r} exceeded --max-tool-rounds {limit}: the model was still "
                     f"calling tools after {agent_round.number} round(s)"
                 )
-            agent_round.messages.append({
-                "role": "assistant",
-                "content": turn.content,
-                "tool_calls": [
-                    {"id": call.id, "type": "function",
-                     "function": {"name": call.name, "arguments": call.arguments}}
-                    for call in turn.tool_calls
-                ],
-            })
+            agent_round.messages.append(turn.as_message())
             results = []
             for call in turn.tool_calls:
                 result = await _one_call(ctx, node.name, call, schemas, workspace)

@@ -52,13 +52,3 @@ def parse_max_tool_rounds(value: str | int | None) -> int | None:
     """`--max-tool-rounds N|unlimited`."""
     return parse_rounds(value)
 
-
-def resolve_max_tool_rounds(given: str | None, proposal: int | str | None = None) -> int | None:
-    """The tool-round limit of a run: `--max-tool-rounds` when given, else a bundle's proposal
-    (a number or "unlimited"), else the default. None means unlimited. (`heddle.settings.settle`
-    applies this rule to every setting a bundle proposes.)"""
-    if given is not None:
-        return parse_rounds(given)
-    if proposal is not None:
-        return parse_rounds(proposal)
-    return DEFAULT_MAX_TOOL_ROUNDS

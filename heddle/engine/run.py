@@ -25,6 +25,8 @@ from heddle.graph import FlowGraph, check_flow, llm_configs, node_key
 from heddle.spec import components as c
 
 if TYPE_CHECKING:
+    import httpx
+
     from heddle.model.client import ModelClient, ModelEndpoint
 
 T = TypeVar("T")
@@ -138,7 +140,8 @@ async def execute_flow(ctx: RunContext, flow: c.Flow, inputs: dict[str, Any]) ->
 
 
 @contextlib.asynccontextmanager
-async def _model_client(prepared: PreparedRun) -> AsyncIterator[ModelClient | None]:
+async def _model_client(prepared: PreparedRun,
+                        transport: httpx.AsyncBaseTransport | None) -> AsyncIterator[ModelClient | None]:
     if not prepared.endpoints:
         yield None
         return
@@ -146,7 +149,7 @@ async def _model_client(prepared: PreparedRun) -> AsyncIterator[ModelClient | No
 
     options = prepared.options
     async with ModelClient(stream=options.stream, timeout=options.model_timeout,
-                           retries=options.model_retries) as client:
+                           retries=options.model_retries, transport=transport) as client:
         yield client
 
 
@@ -166,11 +169,13 @@ async def _within(options: RunOptions, work: Coroutine[Any, Any, T]) -> T:
 
 
 async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *, on_event: ev.EventSink = ev.ignore,
-                       rendering: Rendering | None = None) -> dict[str, Any]:
+                       rendering: Rendering | None = None,
+                       transport: httpx.AsyncBaseTransport | None = None) -> dict[str, Any]:
     """Run a prepared flow to its end and return the final state: the one way a flow runs.
 
     `on_event` sees every event. With `rendering`, the run's plugins (an encoder) also render the
-    events in its protocol and hand the output to its `write`.
+    events in its protocol and hand the output to its `write`. `transport` carries the model
+    requests instead of the network (tests serve the scripted model in-process through it).
     """
     from heddle.workspace.workspace import Workspaces
 
@@ -187,7 +192,7 @@ async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *, on_even
         workspaces.check()
         started = time.perf_counter()
         ctx.emit(ev.FlowStart(flow=prepared.flow.name, inputs=inputs))
-        async with _model_client(prepared) as client:
+        async with _model_client(prepared, transport) as client:
             ctx.client = client
             state = await _within(options, execute_flow(ctx, prepared.flow, dict(inputs)))
         ctx.emit(ev.FlowComplete(flow=prepared.flow.name, state=state,
@@ -195,10 +200,3 @@ async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *, on_even
         await seams.finish(state)
     return state
 
-
-async def run_flow(flow: c.Flow, inputs: dict[str, Any], *, tools: Mapping[str, Path],
-                   tools_dir: Path | None = None, options: RunOptions | None = None,
-                   on_event: ev.EventSink = ev.ignore) -> dict[str, Any]:
-    """Check and run `flow` with `inputs`; the one call most library users need."""
-    prepared = prepare_run(flow, tools=tools, tools_dir=tools_dir, options=options or RunOptions())
-    return await run_prepared(prepared, inputs, on_event=on_event)

@@ -92,7 +92,7 @@ class TrustStore:
     def remove(self, keyid: str) -> PublicKey:
         key = self.find(keyid)
         if key is None:
-            raise UsageError(f"no trusted key {keyid!r} in {self.directory}; see `heddle trust list`")
+            raise UsageError(f"no trusted key {keyid!r} in {self.directory}; see `heddle trust ls`")
         self._path(key.keyid).unlink()
         return key
 

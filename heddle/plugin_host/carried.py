@@ -31,12 +31,6 @@ class CarriedPlugins:
         """Tools a plugin answers (from its folder or its process), not the tools folder."""
         return frozenset(t.name for m in self.manifests for t in m.tools)
 
-    def tools_folder_tools(self, named: Iterable[str]) -> list[str]:
-        """Of the tools a flow names, those the tools folder must carry."""
-        provided = self.tool_names
-        return [name for name in named if name not in provided]
-
-
 def read_carried(paths: Iterable[str | Path]) -> CarriedPlugins:
     """The plugins at `paths` (manifests, or folders holding one), read and checked; no settings
     are needed and no process starts."""

@@ -27,5 +27,3 @@ class PluginLog(Event):
     message: str
     node: str | None = None
 
-
-PLUGIN_EVENT_TYPES = (PluginEvent.type, PluginLog.type)

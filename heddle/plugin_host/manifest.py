@@ -58,9 +58,6 @@ class Component:
     protocol: str = ""
     content_type: str = ""
 
-    def handles(self, seam: str, phase: Phase) -> bool:
-        return (seam, phase) in self.seams
-
     def label(self) -> str:
         return f"plugin {self.plugin!r} ({self.component_type})"
 
@@ -101,9 +98,6 @@ class PluginManifest:
     tools: tuple[PluginTool, ...] = ()
     files: tuple[str, ...] = ()
     data: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-    def of_kind(self, kind: Kind) -> list[Component]:
-        return [c for c in self.components if c.kind == kind]
 
     @property
     def fingerprint(self) -> str:

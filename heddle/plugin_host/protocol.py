@@ -18,8 +18,7 @@ from typing import Any
 
 PROTOCOL_VERSION = 1
 
-# What heddle asks a plugin process.
-HOST_METHODS = ("init", "execute", "callTool", "before", "after", "encode", "finishEncode", "shutdown")
+# heddle asks a plugin process: init, execute, callTool, before, after, encode, finishEncode, shutdown.
 # What a plugin may ask heddle, each only with the capability of the same name.
 PLUGIN_METHODS = ("runTool", "callModel", "emitEvent", "log")
 

@@ -51,11 +51,6 @@ class Verdict:
     reason: str = ""
     delay: float = 0.0
 
-    @property
-    def neutral(self) -> bool:
-        return self.name in ("proceed", "pass")
-
-
 def _refuse(component: Component, where: str, problem: str) -> PluginError:
     return PluginError(component.plugin, f"{component.component_type} answered {where} with {problem}")
 

@@ -124,11 +124,6 @@ class Workspace:
         """Paths inside the workspace that the sandbox binds read-only."""
         return (self.heddle_dir, *(p for m, p, _ in self._copies if m.mode == "ro"))
 
-    @property
-    def rw_paths(self) -> tuple[Path, ...]:
-        """Paths the sandbox binds writable: the workspace and nothing else."""
-        return (self.root,)
-
     def _lstat_inside(self, path: Path) -> os.stat_result | None:
         """lstat of `path` in the workspace, reached without following any symlink.
 

@@ -229,6 +229,45 @@ def test_every_report_has_json(sandbox: Path, capsys: pytest.CaptureFixture[str]
     assert removed["removed"] == made["keyid"]
 
 
+def test_bundle_and_validate_take_json_quiet_and_verbose(sandbox: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    paths = write_agent(sandbox / "agent")
+    bundle = sandbox / "app.heddle"
+    rc, out, err = _cli(capsys, "bundle", paths["flow"], "-t", paths["tools"], "-m", paths["notes"], "-o", bundle,
+                        "--json", "-q")
+    sealed = json.loads(out)
+    assert rc == 0 and err == "" and sealed["bundle"] == str(bundle) and sealed["skipped"]
+    rc, _, err = _cli(capsys, "validate", bundle, "--allow-unsigned", "-v")
+    assert rc == 0 and f"verified {bundle}: {sealed['digest']}, signed by nobody" in err
+    rc, _, err = _cli(capsys, "validate", bundle, "--allow-unsigned")
+    assert rc == 0 and "verified" not in err
+    assert _cli(capsys, "init", sandbox / "starter", "-q", "-v")[0] == 2
+
+
+def test_help_lists_every_command_without_importing_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import subprocess
+    import sys
+
+    from heddle.cli.root import COMMANDS, load_command
+
+    code = ("import sys\nfrom heddle.cli import main\nsys.argv = ['heddle', *sys.argv[1:]]\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m in ('typer', 'heddle.cli.run', 'heddle.cli.bundle',"
+            " 'heddle.cli.model', 'pydantic')), file=sys.stderr)")
+    def main(arg: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", code, arg], check=False, capture_output=True, text=True,
+                              timeout=60, cwd=tmp_path)
+
+    version = main("--version")
+    assert version.stdout == heddle("--version").stdout and version.stderr.strip() == "[]"
+    listed = main("--help")
+    assert listed.stderr.strip() == "['typer']"
+    for name, entry in COMMANDS.items():
+        assert f"  {name:<8}  {entry.summary}" in listed.stdout
+        assert load_command(name).name == name  # every row of the table names a real command
+    rc, _, err = _cli(capsys, "rnu")
+    assert rc == 2 and "Did you mean 'run'?" in err
+
+
 def test_doctor_json_keeps_the_exit_status(sandbox: Path) -> None:
     paths = write_agent(sandbox / "agent")
     bundle = sandbox / "needs.heddle"

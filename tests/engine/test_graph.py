@@ -1,4 +1,7 @@
-"""Graph checks: every problem at once, each naming its node or edge; `heddle validate` output."""
+"""Graph checks: every problem at once, each naming its node or edge; `heddle validate` output.
+
+`heddle validate` and `heddle run` show the report and the refusals; single graph rules are
+checked in-process (the same load and prepare steps, no process start each)."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import json
 
 from tests.support.cli import heddle
 from tests.support.flows import FlowDoc, server_tool, write_tool
+from tests.support.inproc import check_doc
 
 
 def test_validate_prints_what_it_parsed_and_fingerprints(tmp_path):
@@ -60,7 +64,7 @@ def test_unconditional_edge_covers_every_branch(tmp_path):
     e = f.end(["x"])
     f.control(s, router)
     f.control(router, e)
-    assert heddle("validate", f.write(tmp_path / "f.json")).returncode == 0
+    assert check_doc(f.write(tmp_path / "f.json")) == (0, "")
 
 
 def test_edge_to_a_node_not_in_the_flow(tmp_path):
@@ -71,9 +75,9 @@ def test_edge_to_a_node_not_in_the_flow(tmp_path):
     f.control(s, e)
     f.data(stray, "x", e, "x")
     f.order.remove(stray)
-    proc = heddle("validate", f.write(tmp_path / "f.json"))
-    assert proc.returncode == 2
-    assert "data edge 'stray_x_to_end': source_node 'stray' is not in the flow's nodes" in proc.stderr
+    code, error = check_doc(f.write(tmp_path / "f.json"))
+    assert code == 2
+    assert "data edge 'stray_x_to_end': source_node 'stray' is not in the flow's nodes" in error
 
 
 def test_start_node_must_be_a_start_node(tmp_path):
@@ -82,8 +86,8 @@ def test_start_node_must_be_a_start_node(tmp_path):
     e = f.end(["x"])
     f.control(s, e)
     f.start_id = e
-    proc = heddle("validate", f.write(tmp_path / "f.json"))
-    assert proc.returncode == 2 and "start_node 'end' is a EndNode, not a StartNode" in proc.stderr
+    code, error = check_doc(f.write(tmp_path / "f.json"))
+    assert code == 2 and "start_node 'end' is a EndNode, not a StartNode" in error
 
 
 def test_missing_tools_are_refused_before_a_run(tmp_path):
@@ -109,5 +113,5 @@ def test_two_files_for_one_tool_name_are_refused(tmp_path):
     s = f.start(["x"])
     e = f.end(["x"])
     f.control(s, e)
-    proc = heddle("validate", f.write(tmp_path / "f.json"), "--tools-dir", tools)
-    assert proc.returncode == 2 and "echo.py and echo.sh both define tool 'echo'" in proc.stderr
+    code, error = check_doc(f.write(tmp_path / "f.json"), tools)
+    assert code == 2 and "echo.py and echo.sh both define tool 'echo'" in error

@@ -1,23 +1,35 @@
-"""Running flows end to end: real tool subprocesses, the real scripted model server."""
+"""Running flows: real tool subprocesses; the engine in-process where the CLI adds nothing.
+
+A few tests run `heddle run` and the real `heddle model serve` end to end; the rest run the
+same flow documents through tests.support.inproc (the scripted model over ASGITransport).
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
+import pytest
+
+from heddle.settings import RunSettings
 from tests.support.cli import error_line, heddle, state_of
 from tests.support.flows import FlowDoc, llm_config, server_tool, write_script, write_tool
+from tests.support.inproc import refusal, run_doc, served_model
 from tests.support.scripted_model import scripted_model
 
 
-def chain(tmp_path):
+def chain(tmp_path: Path) -> tuple[Path, Path]:
     tools = tmp_path / "tools"
     write_tool(tools, "add.py", "out = {'sum': args['a'] + args['b']}")
     write_tool(tools, "double.py", "out = {'doubled': args['x'] * 2}")
     f = FlowDoc("chain")
     s = f.start([{"title": "a", "type": "integer"}, {"title": "b", "type": "integer"}])
-    add = f.tool_node("adder", server_tool("add", [{"title": "a", "type": "integer"}, {"title": "b", "type": "integer"}]))
+    add = f.tool_node("adder", server_tool("add", [{"title": "a", "type": "integer"},
+                                                   {"title": "b", "type": "integer"}]))
     dbl = f.tool_node("doubler", server_tool("double", [{"title": "x", "type": "integer"}]))
     e = f.end(["sum", "doubled"])
     f.control(s, add)
@@ -27,13 +39,13 @@ def chain(tmp_path):
     return f.write(tmp_path / "flow.json"), tools
 
 
-def test_tool_chain_with_a_renaming_data_edge(tmp_path):
+def test_tool_chain_with_a_renaming_data_edge(tmp_path: Path) -> None:
     flow, tools = chain(tmp_path)
     state = state_of(heddle("run", flow, "--tools-dir", tools, "--input", '{"a": 2, "b": 3}'))
     assert state == {"a": 2, "b": 3, "sum": 5, "doubled": 10}
 
 
-def test_input_from_a_file_and_stdin(tmp_path):
+def test_input_from_a_file_and_stdin(tmp_path: Path) -> None:
     flow, tools = chain(tmp_path)
     (tmp_path / "in.json").write_text('{"a": 1, "b": 1}')
     assert state_of(heddle("run", flow, "-t", tools, "--input", f"@{tmp_path / 'in.json'}"))["doubled"] == 4
@@ -44,13 +56,13 @@ def test_input_from_a_file_and_stdin(tmp_path):
     assert proc.returncode == 2 and "--input is not valid JSON" in error_line(proc)
 
 
-def test_missing_flow_input_is_named(tmp_path):
+def test_missing_flow_input_is_named(tmp_path: Path) -> None:
     flow, tools = chain(tmp_path)
-    proc = heddle("run", flow, "-t", tools, "--input", '{"a": 1}')
-    assert proc.returncode == 1 and "the flow needs input 'b'" in error_line(proc)
+    code, line = refusal(flow, tools, {"a": 1})
+    assert code == 1 and "the flow needs input 'b'" in line
 
 
-def test_tool_declared_inputs_filter_and_defaults_fill(tmp_path):
+def test_tool_declared_inputs_filter_and_defaults_fill(tmp_path: Path) -> None:
     tools = tmp_path / "tools"
     write_tool(tools, "show.py", "out = {'seen': sorted(args.items())}")
     f = FlowDoc()
@@ -59,11 +71,11 @@ def test_tool_declared_inputs_filter_and_defaults_fill(tmp_path):
     e = f.end(["seen"])
     f.control(s, t)
     f.control(t, e)
-    state = state_of(heddle("run", f.write(tmp_path / "f.json"), "-t", tools, "--input", '{"a": "1", "noise": "x"}'))
+    state = run_doc(f.write(tmp_path / "f.json"), tools, {"a": "1", "noise": "x"})
     assert state["seen"] == [["a", "1"], ["unit", "cm"]]
 
 
-def test_tool_without_declared_inputs_gets_the_whole_node_input(tmp_path):
+def test_tool_without_declared_inputs_gets_the_whole_node_input(tmp_path: Path) -> None:
     tools = tmp_path / "tools"
     write_tool(tools, "keys.py", "out = {'keys': sorted(args)}")
     f = FlowDoc()
@@ -72,11 +84,11 @@ def test_tool_without_declared_inputs_gets_the_whole_node_input(tmp_path):
     e = f.end(["keys"])
     f.control(s, t)
     f.control(t, e)
-    state = state_of(heddle("run", f.write(tmp_path / "f.json"), "-t", tools, "--input", '{"a": 1, "b": 2}'))
+    state = run_doc(f.write(tmp_path / "f.json"), tools, {"a": 1, "b": 2})
     assert state["keys"] == ["a", "b"]
 
 
-def test_branching_routes_by_its_declared_input(tmp_path):
+def test_branching_routes_by_its_declared_input(tmp_path: Path) -> None:
     tools = tmp_path / "tools"
     write_tool(tools, "mark.py", "out = {'route': 'marked:' + args['label']}")
     f = FlowDoc()
@@ -91,11 +103,11 @@ def test_branching_routes_by_its_declared_input(tmp_path):
     f.control(sweet, e1)
     f.data(s, "kind", sweet, "label")
     path = f.write(tmp_path / "f.json")
-    assert state_of(heddle("run", path, "-t", tools, "--input", '{"kind": "fruit"}'))["route"] == "marked:fruit"
-    assert "route" not in state_of(heddle("run", path, "-t", tools, "--input", '{"kind": "rock"}'))
+    assert run_doc(path, tools, {"kind": "fruit"})["route"] == "marked:fruit"
+    assert "route" not in run_doc(path, tools, {"kind": "rock"})
 
 
-def test_a_loop_that_ends_through_a_branching_node(tmp_path):
+def test_a_loop_that_ends_through_a_branching_node(tmp_path: Path) -> None:
     tools = tmp_path / "tools"
     write_tool(tools, "inc.py", "n = args['n'] + 1\nout = {'n': n, 'done': 'yes' if n >= 3 else 'no'}")
     f = FlowDoc("loop")
@@ -109,12 +121,12 @@ def test_a_loop_that_ends_through_a_branching_node(tmp_path):
     f.control(check, e, "stop")
     f.control(check, e, "default")
     path = f.write(tmp_path / "f.json")
-    assert state_of(heddle("run", path, "-t", tools, "--input", '{"n": 0}'))["n"] == 3
-    proc = heddle("run", path, "-t", tools, "--input", '{"n": -100}', "--max-iterations", "10")
-    assert proc.returncode == 1 and "--max-iterations 10" in error_line(proc)
+    assert run_doc(path, tools, {"n": 0})["n"] == 3
+    code, line = refusal(path, tools, {"n": -100}, settings=RunSettings(max_iterations=10))
+    assert code == 1 and "--max-iterations 10" in line
 
 
-def test_flow_node_runs_a_subflow(tmp_path):
+def test_flow_node_runs_a_subflow(tmp_path: Path) -> None:
     tools = tmp_path / "tools"
     write_tool(tools, "shout.py", "out = {'loud': args['text'].upper()}")
     sub = FlowDoc("sub", use_refs=False)
@@ -130,11 +142,11 @@ def test_flow_node_runs_a_subflow(tmp_path):
     f.control(s, fn)
     f.control(fn, e)
     f.data(s, "words", fn, "text")
-    state = state_of(heddle("run", f.write(tmp_path / "f.json"), "-t", tools, "--input", '{"words": "ça va"}'))
+    state = run_doc(f.write(tmp_path / "f.json"), tools, {"words": "ça va"})
     assert state["loud"] == "ÇA VA" and state["words"] == "ça va"
 
 
-def test_five_mebibytes_through_a_tool_both_ways(tmp_path):
+def test_five_mebibytes_through_a_tool_both_ways(tmp_path: Path) -> None:
     tools = tmp_path / "tools"
     write_tool(tools, "big.py", "out = {'back': args['blob'] + 'é', 'size': len(args['blob'])}")
     f = FlowDoc()
@@ -149,7 +161,7 @@ def test_five_mebibytes_through_a_tool_both_ways(tmp_path):
     assert state["size"] == len(blob) and state["back"] == blob + "é"
 
 
-def failing_flow(tmp_path, body: str, *, script: str | None = None):
+def failing_flow(tmp_path: Path, body: str, *, script: str | None = None) -> tuple[Path, Path]:
     tools = tmp_path / "tools"
     if script is not None:
         write_script(tools, "step.sh", script)
@@ -164,26 +176,24 @@ def failing_flow(tmp_path, body: str, *, script: str | None = None):
     return f.write(tmp_path / "f.json"), tools
 
 
-def test_tool_failures_fail_the_run_with_a_clear_message(tmp_path):
+def test_tool_failures_fail_the_run_with_a_clear_message(tmp_path: Path) -> None:
     flow, tools = failing_flow(tmp_path, "sys.stderr.write('disk on fire\\n'); sys.exit(3)")
-    proc = heddle("run", flow, "-t", tools, "--input", '{"x": 1}')
-    assert proc.returncode == 1
-    assert error_line(proc) == "error: tool 'step': exited with status 3: disk on fire"
+    assert refusal(flow, tools, {"x": 1}) == (1, "error: tool 'step': exited with status 3: disk on fire")
     flow, tools = failing_flow(tmp_path / "b", "", script="#!/bin/sh\necho 'not json'\n")
-    proc = heddle("run", flow, "-t", tools, "--input", '{"x": 1}')
-    assert proc.returncode == 1 and "printed invalid JSON on stdout" in error_line(proc)
+    code, line = refusal(flow, tools, {"x": 1})
+    assert code == 1 and "printed invalid JSON on stdout" in line
     flow, tools = failing_flow(tmp_path / "c", "", script="#!/bin/sh\necho '[1, 2]'\n")
-    assert "printed JSON list, not an object" in error_line(heddle("run", flow, "-t", tools, "--input", '{"x": 1}'))
+    assert "printed JSON list, not an object" in refusal(flow, tools, {"x": 1})[1]
 
 
-def test_a_tool_that_hangs_is_killed_with_its_children(tmp_path):
+def test_a_tool_that_hangs_is_killed_with_its_children(tmp_path: Path) -> None:
     pidfile = tmp_path / "child.pid"
     script = f"#!/bin/sh\nsleep 60 &\necho $! > {pidfile}\nwait\n"
     flow, tools = failing_flow(tmp_path, "", script=script)
     started = time.monotonic()
-    proc = heddle("run", flow, "-t", tools, "--input", '{"x": 1}', "--tool-timeout", "0.5")
+    code, line = refusal(flow, tools, {"x": 1}, settings=RunSettings(tool_timeout=0.5))
     assert time.monotonic() - started < 10
-    assert proc.returncode == 1 and "timed out after 0.5 s" in error_line(proc)
+    assert code == 1 and "timed out after 0.5 s" in line
     child = int(pidfile.read_text())
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
@@ -196,13 +206,13 @@ def test_a_tool_that_hangs_is_killed_with_its_children(tmp_path):
         raise AssertionError("the tool's child outlived the call")
 
 
-def test_the_run_timeout_stops_everything(tmp_path):
+def test_the_run_timeout_stops_everything(tmp_path: Path) -> None:
     flow, tools = failing_flow(tmp_path, "", script="#!/bin/sh\nsleep 30\n")
-    proc = heddle("run", flow, "-t", tools, "--input", '{"x": 1}', "--timeout", "0.5")
-    assert proc.returncode == 1 and "exceeded --timeout 0.5 s" in error_line(proc)
+    code, line = refusal(flow, tools, {"x": 1}, settings=RunSettings(timeout=0.5))
+    assert code == 1 and "exceeded --timeout 0.5 s" in line
 
 
-def test_protocol_heddle_prints_events_as_json_lines(tmp_path):
+def test_protocol_heddle_prints_events_as_json_lines(tmp_path: Path) -> None:
     flow, tools = chain(tmp_path)
     proc = heddle("run", flow, "-t", tools, "--input", '{"a": 1, "b": 2}', "--protocol", "heddle")
     assert proc.returncode == 0
@@ -214,14 +224,15 @@ def test_protocol_heddle_prints_events_as_json_lines(tmp_path):
     assert all(e["duration_ms"] >= 0 for e in events if e["type"] == "tool_result")
 
 
-def test_verbose_shows_nodes_and_tools_on_stderr_only(tmp_path):
+def test_verbose_shows_nodes_and_tools_on_stderr_only(tmp_path: Path) -> None:
     flow, tools = chain(tmp_path)
     proc = heddle("run", flow, "-t", tools, "--input", '{"a": 1, "b": 2}', "--verbose")
     assert json.loads(proc.stdout)["doubled"] == 6
     assert "> ToolNode adder" in proc.stderr and "tool add ok" in proc.stderr
 
 
-def agent_flow(tmp_path, url, *, tools=(), config=None, system_prompt="You help with {{query}}."):
+def agent_flow(tmp_path: Path, url: str, *, tools: Sequence[dict[str, Any]] = (), config: dict[str, Any] | None = None,
+               system_prompt: str = "You help with {{query}}.") -> Path:
     f = FlowDoc("agentic")
     s = f.start(["query"])
     a = f.agent("agent", config or llm_config(url), tools=tools, system_prompt=system_prompt)
@@ -233,22 +244,22 @@ def agent_flow(tmp_path, url, *, tools=(), config=None, system_prompt="You help 
     return f.write(tmp_path / "agent.json")
 
 
-def test_agent_loop_recovers_from_every_model_mistake(tmp_path):
+def test_agent_loop_recovers_from_every_model_mistake(tmp_path: Path) -> None:
     tools = tmp_path / "tools"
     write_tool(tools, "add.py", "out = {'sum': args['a'] + args['b'], 'unit': args['unit']}")
     write_tool(tools, "boom.py", "sys.stderr.write('kaput'); sys.exit(1)")
     add = server_tool("add", [{"title": "a", "type": "integer"}, {"title": "b", "type": "integer"},
                               {"title": "unit", "type": "string", "default": "apples"}], description="Adds")
     boom = server_tool("boom")
-    script = [
+    script: list[dict[str, Any]] = [
         {"tool_calls": [{"name": "nope", "arguments": {}}]},
         {"tool_calls": [{"name": "add", "arguments": {"a": "two", "b": 3}}]},
         {"tool_calls": [{"name": "boom", "arguments": {}}, {"name": "add", "arguments": {"a": 2, "b": 3}}]},
         {"content": "{\"answer\": 5, \"note\": \"naïve\"}"},
     ]
-    with scripted_model(script, tmp_path) as model:
+    with served_model(script) as model:
         flow = agent_flow(tmp_path, model.url, tools=[add, boom])
-        state = state_of(heddle("run", flow, "-t", tools, "--input", '{"query": "add 2 and 3"}'))
+        state = run_doc(flow, tools, {"query": "add 2 and 3"}, transport=model.transport)
         reqs = model.requests()
     assert state["answer"] == 5 and state["note"] == "naïve" and state["query"] == "add 2 and 3"
     assert json.loads(state["result"]) == {"answer": 5, "note": "naïve"}
@@ -264,26 +275,26 @@ def test_agent_loop_recovers_from_every_model_mistake(tmp_path):
     assert json.loads(tool_msgs[3]["content"]) == {"sum": 5, "unit": "apples"}
 
 
-def test_max_tool_rounds_and_unlimited(tmp_path):
+def test_max_tool_rounds_and_unlimited(tmp_path: Path) -> None:
     tools = tmp_path / "tools"
-    write_tool(tools, "echo.py", "out = args")
+    write_script(tools, "echo.sh", "#!/bin/sh\ncat\n")  # 22 calls: a shell starts faster than python
     echo = server_tool("echo", ["m"])
     calls = [{"tool_calls": [{"name": "echo", "arguments": {"m": str(i)}}]} for i in range(12)]
-    with scripted_model([*calls, {"content": "done"}], tmp_path) as model:
+    with served_model([*calls, {"content": "done"}]) as model:
         flow = agent_flow(tmp_path, model.url, tools=[echo])
-        proc = heddle("run", flow, "-t", tools, "--input", '{"query": "q"}')
-        assert proc.returncode == 1 and "exceeded --max-tool-rounds 10" in error_line(proc)
+        code, line = refusal(flow, tools, {"query": "q"}, transport=model.transport)
+        assert code == 1 and "exceeded --max-tool-rounds 10" in line
         assert len(model.requests()) == 10
-    with scripted_model([*calls, {"content": "done"}], tmp_path) as model:
+    with served_model([*calls, {"content": "done"}]) as model:
         flow = agent_flow(tmp_path, model.url, tools=[echo])
-        proc = heddle("run", flow, "-t", tools, "--input", '{"query": "q"}', "--max-tool-rounds", "unlimited")
-        assert state_of(proc)["result"] == "done"
+        unlimited = RunSettings(max_tool_rounds=None)
+        assert run_doc(flow, tools, {"query": "q"}, settings=unlimited, transport=model.transport)["result"] == "done"
     proc = heddle("run", flow, "-t", tools, "--max-tool-rounds", "0")
     assert proc.returncode == 2 and "--max-tool-rounds 0: must be at least 1" in error_line(proc)
 
 
-def test_llm_node_and_a_shared_llm_config_by_reference(tmp_path):
-    with scripted_model([{"content": "Bonjour"}, {"content": "Hallo"}], tmp_path) as model:
+def test_llm_node_and_a_shared_llm_config_by_reference(tmp_path: Path) -> None:
+    with served_model([{"content": "Bonjour"}, {"content": "Hallo"}]) as model:
         f = FlowDoc("two-llms")
         cfg = llm_config(model.url, default_generation_parameters={"temperature": 0.2, "max_tokens": 50})
         f.extra_refs["shared-llm"] = cfg
@@ -294,7 +305,7 @@ def test_llm_node_and_a_shared_llm_config_by_reference(tmp_path):
         f.control(s, fr)
         f.control(fr, de)
         f.control(de, e)
-        state = state_of(heddle("run", f.write(tmp_path / "f.json"), "--input", '{"text": "hello"}'))
+        state = run_doc(f.write(tmp_path / "f.json"), None, {"text": "hello"}, transport=model.transport)
         reqs = model.requests()
     assert state["fr"] == "Bonjour" and state["generated_text"] == "Hallo"
     assert reqs[0]["body"]["messages"] == [{"role": "user", "content": "Translate to French: hello"}]
@@ -303,12 +314,13 @@ def test_llm_node_and_a_shared_llm_config_by_reference(tmp_path):
     assert reqs[0]["body"]["model"] == "scripted"
 
 
-def test_non_ascii_end_to_end(tmp_path):
+def test_non_ascii_end_to_end(tmp_path: Path) -> None:
     tools = tmp_path / "tools"
     write_tool(tools, "rev.py", "out = {'reversed': args['text'][::-1]}")
     rev = server_tool("rev", ["text"])
     text = "日本語 ✓ naïve — ünïcödé"
-    script = [{"tool_calls": [{"name": "rev", "arguments": {"text": text}}]}, {"content": f"Réponse: {text}"}]
+    script: list[dict[str, Any]] = [{"tool_calls": [{"name": "rev", "arguments": {"text": text}}]},
+                                    {"content": f"Réponse: {text}"}]
     with scripted_model(script, tmp_path) as model:
         flow = agent_flow(tmp_path, model.url, tools=[rev])
         state = state_of(heddle("run", flow, "-t", tools, "--input", json.dumps({"query": text})))
@@ -317,29 +329,35 @@ def test_non_ascii_end_to_end(tmp_path):
     assert text[::-1] in json.dumps(reqs[1]["body"], ensure_ascii=False)
 
 
-def test_api_key_from_environment_and_openai_default(tmp_path):
-    with scripted_model([{"content": "a"}, {"content": "b"}], tmp_path) as model:
+def test_api_key_from_environment_and_openai_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MY_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with served_model([{"content": "a"}, {"content": "b"}]) as model:
         flow = agent_flow(tmp_path, model.url, config=llm_config(model.url, api_key="$MY_KEY"))
-        proc = heddle("run", flow, "--input", '{"query": "q"}')
-        assert proc.returncode == 2 and "MY_KEY" in error_line(proc)
+        code, line = refusal(flow, None, {"query": "q"}, transport=model.transport)
+        assert code == 2 and "MY_KEY" in line
         assert model.requests() == []
-        assert state_of(heddle("run", flow, "--input", '{"query": "q"}', env={"MY_KEY": "k1"}))["result"] == "a"
+        monkeypatch.setenv("MY_KEY", "k1")
+        assert run_doc(flow, None, {"query": "q"}, transport=model.transport)["result"] == "a"
         flow = agent_flow(tmp_path, model.url, config=llm_config(model.url, component_type="OpenAiConfig"))
-        assert state_of(heddle("run", flow, "--input", '{"query": "q"}', env={"OPENAI_API_KEY": "k2"}))["result"] == "b"
+        monkeypatch.setenv("OPENAI_API_KEY", "k2")
+        assert run_doc(flow, None, {"query": "q"}, transport=model.transport)["result"] == "b"
         reqs = model.requests()
     assert reqs[0]["headers"]["authorization"] == "Bearer k1"
     assert reqs[1]["headers"]["authorization"] == "Bearer k2"
 
 
-def test_no_key_no_authorization_header_and_no_stream(tmp_path):
-    with scripted_model([{"content": "a"}], tmp_path) as model:
+def test_no_key_no_authorization_header_and_no_stream(tmp_path: Path) -> None:
+    with served_model([{"content": "a"}]) as model:
         flow = agent_flow(tmp_path, model.url)
-        assert state_of(heddle("run", flow, "--input", '{"query": "q"}', "--no-stream"))["result"] == "a"
+        no_stream = RunSettings(stream=False)
+        assert run_doc(flow, None, {"query": "q"}, settings=no_stream, transport=model.transport)["result"] == "a"
         req = model.requests()[0]
     assert "authorization" not in req["headers"] and not req["body"].get("stream")
 
 
-def test_model_unreachable_is_a_run_failure(tmp_path):
+def test_model_unreachable_is_a_run_failure(tmp_path: Path) -> None:
     flow = agent_flow(tmp_path, "http://127.0.0.1:9/v1")
-    proc = heddle("run", flow, "--input", '{"query": "q"}')
-    assert proc.returncode == 1 and "127.0.0.1:9" in error_line(proc)
+    # Retries are tests/model/test_retries.py's; here one refused connection is enough.
+    code, line = refusal(flow, None, {"query": "q"}, settings=RunSettings(model_retries=0))
+    assert code == 1 and "127.0.0.1:9" in line

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from heddle.format.keys import generate
 from heddle.plugin_host.errors import PluginLoadError
 from heddle.plugin_host.manifest import load_manifest
 from tests.plugins.support import make_plugin, middleware, tool_chain_flow
@@ -105,7 +106,7 @@ def test_inline_code_never_runs_from_a_plugin_flag_a_seal_or_a_bundle(tmp_path, 
 
     # heddle bundle --plugin: refused at seal, nothing written.
     out = tmp_path / "app.heddle"
-    assert heddle("keygen", "--out", tmp_path / "me", "--no-passphrase").returncode == 0
+    generate(tmp_path / "me", None)
     proc = heddle("bundle", flow, "-t", tools, "--plugin", manifest, "--sign-key", tmp_path / "me.key", "-o", out,
                   env=env)
     assert proc.returncode == 2 and f"{manifest}: command[1]" in error_line(proc)

@@ -1,4 +1,4 @@
-"""Middleware at the five seams, with real plugin processes, real tools and the real scripted model."""
+"""Middleware at the five seams, with real plugin processes, real tools and the scripted model (in-process)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from heddle.errors import GraphError, RunError
 from heddle.plugin_host.errors import PluginError
 from tests.plugins.support import make_plugin, middleware, node_type, run_in_process, tool_chain_flow, warnings
 from tests.support.flows import FlowDoc, server_tool, write_tool
-from tests.support.scripted_model import scripted_model
+from tests.support.inproc import served_model
 
 
 def answer(ctype: str, phase: str, seam: str, verdict: str) -> str:
@@ -213,10 +213,10 @@ def after_round(call):
                                                                 configSchema={"type": "object"})], code=code)
     script = [{"tool_calls": [{"name": "echo", "arguments": {"text": "hi"}}]}, {"content": "lorem ipsum"},
               {"content": "SECRET"}]
-    with scripted_model(script, tmp_path) as model:
+    with served_model(script) as model:
         flow = agent_flow(tmp_path, model.url, tools=[server_tool("echo", ["text"])])
         state, events, _ = run_in_process(flow, tools_dir=tools, plugins=[plugin], inputs={"query": "q"},
-                                          config=['Rounds={"max": 5}'])
+                                          config=['Rounds={"max": 5}'], transport=model.transport)
         requests = model.requests()
     assert state["result"] == "[redacted]"
     assert len(requests) == 3 and all(r["body"]["messages"][0]["content"] == "Be brief." for r in requests)
@@ -225,10 +225,10 @@ def after_round(call):
     logs = [e["message"] for e in events if e["type"] == "plugin_log"]
     assert logs == ["round 1: 1 tool result(s)", "round 2: 0 tool result(s)"]
 
-    with scripted_model(script, tmp_path) as model:
+    with served_model(script) as model:
         flow = agent_flow(tmp_path, model.url, tools=[server_tool("echo", ["text"])])
         state, _, _ = run_in_process(flow, tools_dir=tools, plugins=[plugin], inputs={"query": "q"},
-                                     config=['Rounds={"max": 1}'])
+                                     config=['Rounds={"max": 1}'], transport=model.transport)
         assert len(model.requests()) == 1
     assert state.message == "agent 'helper' was stopped before round 2 by plugin 'p' (Rounds): enough rounds"
 
@@ -245,9 +245,10 @@ def gate(call):
     plugin = make_plugin(tmp_path / "p", components=[middleware("Gate", "toolCall.before")], code=code)
     script = [{"tool_calls": [{"name": "delete", "arguments": {"path": "/etc"}}]},
               {"tool_calls": [{"name": "delete", "arguments": {"path": "tmp/x"}}]}, {"content": "done"}]
-    with scripted_model(script, tmp_path) as model:
+    with served_model(script) as model:
         flow = agent_flow(tmp_path, model.url, tools=[server_tool("delete", ["path"])])
-        state, events, _ = run_in_process(flow, tools_dir=tools, plugins=[plugin], inputs={"query": "q"})
+        state, events, _ = run_in_process(flow, tools_dir=tools, plugins=[plugin], inputs={"query": "q"},
+                                          transport=model.transport)
         requests = model.requests()
     assert state["result"] == "done"
     refused = [m for m in requests[1]["body"]["messages"] if m["role"] == "tool"][0]["content"]
@@ -288,8 +289,9 @@ def route(call):
         f.control(r, long, "long")
         return f.write(tmp_path / "route.json")
 
-    with scripted_model([{"content": "ok"}], tmp_path) as model:
-        state, events, _ = run_in_process(flow_with(model.url), tools_dir=tools, plugins=[plugin], inputs={"text": "hello"})
+    with served_model([{"content": "ok"}]) as model:
+        state, events, _ = run_in_process(flow_with(model.url), tools_dir=tools, plugins=[plugin],
+                                          inputs={"text": "hello"}, transport=model.transport)
         assert model.requests()[0]["body"]["messages"] == [{"role": "user", "content": "hello"}]
     assert state["kind"] == "HELLO/ok"
     assert [e["node"] for e in events if e["type"] == "node_start"] == ["start", "route", "long_end"]

@@ -116,7 +116,7 @@ def test_fuzzing_a_bundle_server_finds_no_500(tmp_path, private_home):
     work = tmp_path / "work"
     server = start_server(tmp_path, "--bundle", bundle, "--trust", pub, "--auth-token", "fuzz", "--work-dir", work)
     try:
-        proc = fuzz(server, tmp_path, "fuzz", 20, "--include-path", "/v1/runs")
+        proc = fuzz(server, tmp_path, "fuzz", 10, "--include-path", "/v1/runs")
         assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
         with server.client("fuzz") as client:
             # Generated inputs really ran the sealed flow, not only bounced off the checks.

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import tempfile
 
 from tests.server.flows import ECHO, one_tool_flow, write_tools
 from tests.server.support import SERVER, run_server_to_exit, start_server
+from tests.support.cli import env_with
 
 
 def error_lines(proc) -> list[str]:
@@ -28,8 +30,23 @@ def test_version_and_help_name_every_setting():
         assert flag in proc.stdout, flag
 
 
-def test_bad_start_up_settings_fail_with_one_line_and_status_2(tmp_path):
+def refused_in_process(args, env, capsys) -> tuple[int, str, str]:
+    """(status, stdout, stderr) of `heddle-server ARGS` run by its own entry point, in this process."""
+    from heddle.server.cli import run
+
+    try:
+        status = run(["--port", "0", *[str(a) for a in args]], env_with(env))
+    except SystemExit as exc:  # argparse's refusals
+        status = exc.code
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def test_bad_start_up_settings_fail_with_one_line_and_status_2(tmp_path, capsys, monkeypatch):
     (tmp_path / "file").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    # A refusal that got past the work-dir check would have pointed tempfile there.
+    monkeypatch.setattr(tempfile, "tempdir", tempfile.tempdir)
     cases = [
         ((["--port", "http"], None), "argument --port: 'http' is not a whole number"),
         ((["--tools-dir", tmp_path / "nope"], None), f"--tools-dir {tmp_path / 'nope'}: does not exist"),
@@ -58,12 +75,19 @@ def test_bad_start_up_settings_fail_with_one_line_and_status_2(tmp_path):
         ((["--allowed-host", "api.example.com:8443"], None), "(no scheme or port)"),
         ((["--cors-origin", "https://app.example.com/page"], None), "(scheme, host and port only)"),
     ]
-    for (args, env), expected in cases:
-        proc = run_server_to_exit(tmp_path, *args, env=env)
-        assert proc.returncode == 2, (args, proc.stderr)
-        lines = error_lines(proc)
-        assert len(lines) == 1 and expected in lines[0], (args, proc.stderr)
-        assert "listening" not in proc.stdout
+    # The real process for an argparse refusal and an environment one; the rest are the same
+    # checks reached through the entry point in-process, without a start-up each.
+    in_a_process = {0, 15}
+    for n, ((args, env), expected) in enumerate(cases):
+        if n in in_a_process:
+            proc = run_server_to_exit(tmp_path, *args, env=env)
+            status, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+        else:
+            status, stdout, stderr = refused_in_process(args, env, capsys)
+        assert status == 2, (args, stderr)
+        lines = [line for line in stderr.splitlines() if line.startswith("error: ")]
+        assert len(lines) == 1 and expected in lines[0], (args, stderr)
+        assert "listening" not in stdout
 
 
 def test_a_port_in_use_is_refused(tmp_path):

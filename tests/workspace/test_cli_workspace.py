@@ -1,4 +1,5 @@
-"""Workspaces, mounts and --safe through the real `heddle run` on small flows."""
+"""Workspaces, mounts and --safe through the real `heddle run` on small flows (and an agent's
+shared workspace through the engine in-process, its tools still in the sandbox)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from heddle.settings import RunSettings
 from tests.support.cli import BIN, error_line, heddle, state_of
 from tests.support.flows import FlowDoc, server_tool
-from tests.support.scripted_model import scripted_model
+from tests.support.inproc import run_doc, served_model
 from tests.workspace.tooling import PROBE, PYTHON_READ, write_tool
 
 PROBE_TOOL = server_tool("probe", ["ops"], ["report"])
@@ -157,7 +159,8 @@ def test_agent_tool_calls_share_one_workspace(tmp_path: Path) -> None:
         {"tool_calls": [{"name": "probe", "arguments": {"ops": json.dumps(read)}}]},
         {"content": "done"},
     ]
-    with scripted_model(script, tmp_path) as model:
+    # The engine's logic: in-process (the model over ASGITransport); the tools still run in bwrap.
+    with served_model(script) as model:
         f = FlowDoc("agent")
         start = f.start(["query"])
         agent = f.agent("helper", model.url, tools=[PROBE_TOOL])
@@ -167,11 +170,9 @@ def test_agent_tool_calls_share_one_workspace(tmp_path: Path) -> None:
         f.data(start, "query", agent, "query")
         f.data(agent, "result", end, "result")
         flow = f.write(tmp_path / "flow.json")
-        proc = heddle(
-            "run", flow, "-t", tmp_path / "tools", "--input", '{"query": "go"}', "--safe",
-            *ALLOW_PYTHON,
-        )
-        assert state_of(proc)["result"] == "done"
+        safe = RunSettings(safe=True, allow_read=tuple(PYTHON_READ))
+        state = run_doc(flow, tmp_path / "tools", {"query": "go"}, settings=safe, transport=model.transport)
+        assert state["result"] == "done"
         last = model.requests()[-1]["body"]["messages"][-1]
     assert last["role"] == "tool"
     handoff, workspace = json.loads(json.loads(last["content"])["report"])
