@@ -144,6 +144,21 @@ class Setting:
             return Path(text), None
         return text, None
 
+    def parse(self, text: str, *, plain: Unit) -> tuple[Any, str | None]:
+        """`read`, with its range checked: what both shells do with a flag's text.
+
+        Raises UsageError naming the flag; the note, when there is one, is for the shell to print."""
+        from heddle.errors import UsageError
+
+        try:
+            value, note = self.read(text, plain=plain)
+        except ValueError as exc:
+            raise UsageError(f"{self.flag or self.name}: {exc}") from None
+        problem = self.problem(value, text)
+        if problem is not None:
+            raise UsageError(problem)
+        return value, note
+
     def problem(self, value: Any, text: str | None = None) -> str | None:
         """Why `value` is out of range, as one line naming the flag, or None."""
         if self.minimum is None or value is None or value >= self.minimum:

@@ -66,7 +66,6 @@ def _option(spec: Setting, help_text: str | None) -> tuple[Any, Any]:
 
 
 def _value(spec: Setting, raw: Any) -> Any:
-    from heddle.errors import UsageError
 
     if spec.kind == "flag":
         return not spec.default
@@ -74,15 +73,9 @@ def _value(spec: Setting, raw: Any) -> Any:
         return tuple(raw)
     if spec.kind in ("switch", "path"):
         return raw
-    try:
-        value, note = spec.read(str(raw), plain="s")
-    except ValueError as exc:
-        raise UsageError(f"{spec.flag}: {exc}") from None
+    value, note = spec.parse(str(raw), plain="s")
     if note is not None:
         sys.stderr.write(f"note: {note}\n")
-    problem = spec.problem(value, str(raw))
-    if problem is not None:
-        raise UsageError(problem)
     return value
 
 

@@ -103,7 +103,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _value(spec: Setting, raw: Any) -> Any:
-    from heddle.errors import UsageError
 
     if spec.kind in ("paths", "texts"):
         return tuple(raw)
@@ -111,12 +110,9 @@ def _value(spec: Setting, raw: Any) -> Any:
         return raw
     if spec.kind == "text":
         return str(raw)
-    value, note = spec.read(str(raw), plain="ms")
+    value, note = spec.parse(str(raw), plain="ms")
     if note is not None:
         sys.stderr.write(f"note: {note}\n")
-    problem = spec.problem(value, str(raw))
-    if problem is not None:
-        raise UsageError(problem)
     return value
 
 
