@@ -14,6 +14,7 @@ from heddle.engine.context import RunContext
 from heddle.engine.seams import AgentRound, ModelRequest, RoundResult, ToolRequest
 from heddle.engine.templates import render
 from heddle.errors import LimitError, ToolError
+from heddle.safeparse import loads_json
 from heddle.spec import components as c
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def answer_outputs(answer: str, node: c.AgentNode) -> dict[str, Any]:
     if len(titles) == 1 and titles[0] != "result":
         outputs[titles[0]] = answer
     try:
-        parsed = json.loads(answer)
+        parsed = loads_json(answer)
     except (TypeError, ValueError):
         parsed = None
     if isinstance(parsed, dict):
@@ -96,7 +97,7 @@ async def _one_call(ctx: RunContext, node_name: str, call: ToolCall, schemas: di
         known = ", ".join(sorted(schemas)) or "none"
         return _error(f"there is no tool named {call.name!r}; the tools are: {known}")
     try:
-        arguments = json.loads(call.arguments or "{}")
+        arguments = loads_json(call.arguments or "{}")
     except ValueError as exc:
         return _error(f"the arguments for {call.name!r} are not valid JSON ({exc}); send a JSON object")
     filled, problem = check_arguments(schemas[call.name], arguments)

@@ -21,6 +21,7 @@ import httpx
 from heddle.errors import ModelError, UsageError
 from heddle.model.sse import event_data
 from heddle.model.turn import AssistantTurn, ToolCall, TurnAssembler, turn_from_completion
+from heddle.safeparse import loads_json
 
 __all__ = [
     "AssistantTurn",
@@ -219,7 +220,7 @@ class ModelClient:
                 done = True
                 break
             try:
-                chunk = json.loads(data)
+                chunk = loads_json(data)
             except ValueError:
                 raise ModelError(f"{where}: stream sent an event that is not JSON: {_excerpt(data.encode())}") from None
             try:
@@ -235,7 +236,7 @@ class ModelClient:
 
     def _read_buffered(self, raw: bytes, on_delta: Callable[[str], None] | None, where: str) -> AssistantTurn:
         try:
-            obj = json.loads(raw)
+            obj = loads_json(raw)
         except ValueError:
             raise ModelError(f"{where}: answer is not JSON: {_excerpt(raw)}") from None
         try:

@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from heddle.safeparse import loads_json
+
 PROTOCOL_VERSION = 1
 
 # heddle asks a plugin process: init, execute, callTool, before, after, encode, finishEncode, shutdown.
@@ -77,7 +79,7 @@ def _preview(line: bytes) -> str:
 def decode(line: bytes) -> Message:
     """One line from a plugin as a message, or ProtocolViolation saying what is wrong with it."""
     try:
-        obj = json.loads(line)
+        obj = loads_json(line)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolViolation(f"wrote a line that is not JSON ({exc}): {_preview(line)!r}; "
                                 "stdout is for protocol messages only, print anything else on stderr") from None

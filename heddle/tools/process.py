@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from heddle.errors import ToolError
+from heddle.safeparse import ParseLimitError, loads_json
 from heddle.surface import CLI, Surface
 
 STDERR_CAP = 2000
@@ -122,7 +123,9 @@ def parse_output(name: str, stdout: bytes) -> dict[str, Any]:
     if not text:
         return {}
     try:
-        value = json.loads(text)
+        value = loads_json(text)
+    except ParseLimitError as exc:
+        raise ToolError(name, f"printed JSON on stdout that {exc}; print a flatter JSON object") from None
     except json.JSONDecodeError as exc:
         preview = text[:120].replace("\n", "\\n")
         raise ToolError(

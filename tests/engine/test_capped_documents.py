@@ -115,3 +115,22 @@ def test_a_deep_flow_file_or_an_alias_bomb_is_an_invalid_flow(tmp_path):
         proc = heddle("validate", path, timeout=30)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert needle in error_line(proc) and len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+def test_a_tool_printing_json_nested_too_deep_fails_its_call_in_one_line(tmp_path):
+    from tests.server.flows import tool_chain, write_tools
+
+    deep = '{"a": ' + "[" * 5000 + "]" * 5000 + "}"
+    tools = write_tools(tmp_path / "tools", {"deep": f"#!/bin/sh\ncat >/dev/null\nprintf '%s' '{deep}'\n"})
+    flow = tool_chain("deep", ["deep"]).write(tmp_path / "deep.json")
+    proc = heddle("run", flow, "--tools-dir", tools, "--input", '{"x": "hi"}')
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "RecursionError" not in proc.stderr
+    assert f"nests deeper than {LIMIT} levels" in error_line(proc) and "tool 'deep'" in error_line(proc)
+
+
+def test_model_and_plugin_messages_are_read_within_the_cap():
+    from heddle.plugin_host.protocol import ProtocolViolation, decode
+
+    with pytest.raises(ProtocolViolation, match="not JSON"):
+        decode(nested(10_000).encode())
