@@ -36,12 +36,12 @@ from heddle.format.manifest import (
     Proposals,
     Requires,
 )
+from heddle.format.members import load_member
 from heddle.format.paths import PathSet, path_problem
 from heddle.format.progress import Progress
 from heddle.format.snapshot import Snapshot, SnapshotError, record
 from heddle.format.staging import StagedFile, StagingTree
 from heddle.format.tar import BLOCK, DIRECTORY, TarReader, describe_type, entry_span
-from heddle.safeparse import ParseLimitError, loads_strict_json
 
 if TYPE_CHECKING:
     from heddle.format.verify import OpenedBundle
@@ -207,12 +207,7 @@ def _requires(raw: Any, what: str) -> Requires:
 
 def translate(raw_bytes: bytes, files: list[FileEntry], *, what: str, limits: Limits) -> tuple[Manifest, str | None]:
     """The format-1 manifest in the current model, and its tools folder (if any)."""
-    try:
-        raw = loads_strict_json(raw_bytes)
-    except ParseLimitError as exc:
-        raise BundleLimitError(f"{what}: {LEGACY_MANIFEST} {exc}") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise MalformedBundleError(f"{what}: {LEGACY_MANIFEST} is not valid JSON: {exc}") from None
+    raw = load_member(raw_bytes, what=f"{what}: {LEGACY_MANIFEST}")
     if not isinstance(raw, dict):
         raise MalformedBundleError(f"{what}: {LEGACY_MANIFEST} is not a JSON object")
     fmt = raw.get("format")

@@ -23,9 +23,9 @@ from heddle.format.errors import (
     UnsupportedVersionError,
 )
 from heddle.format.limits import DEFAULT_LIMITS, Limits
+from heddle.format.members import load_member
 from heddle.format.paths import PathSet, all_clean, collision_free, is_within, path_problem
 from heddle.format.tar import split_name
-from heddle.safeparse import ParseLimitError, loads_json
 
 FORMAT = "heddle-bundle"
 VERSION = 1
@@ -167,12 +167,7 @@ class Manifest:
             floats.append(text)  # refused below, once the version has had its say
             return 0
 
-        try:
-            obj = loads_json(data, parse_float=a_float, parse_constant=no_constants)
-        except ParseLimitError as exc:
-            raise BundleLimitError(f"{what} {exc}") from None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise MalformedBundleError(f"{what} is not valid JSON: {exc}") from None
+        obj = load_member(data, what=what, parse_float=a_float, parse_constant=no_constants)
         if not isinstance(obj, dict):
             raise MalformedBundleError(f"{what} is not a JSON object")
         if obj.get("format") != FORMAT:

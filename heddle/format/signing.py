@@ -23,7 +23,7 @@ from heddle.format.errors import (
 )
 from heddle.format.keys import PublicKey, SigningKey
 from heddle.format.limits import DEFAULT_LIMITS, Limits
-from heddle.safeparse import ParseLimitError, loads_strict_json
+from heddle.format.members import load_member
 
 PAYLOAD_TYPE = "application/vnd.heddle.manifest+json"
 _KEYID = re.compile(r"[0-9a-f]{16}")
@@ -69,12 +69,7 @@ class Signatures:
     def from_bytes(cls, data: bytes, *, limits: Limits = DEFAULT_LIMITS, what: str = "signatures") -> Signatures:
         if len(data) > limits.max_signatures_bytes:
             raise BundleLimitError(f"{what} is {len(data)} bytes, over the cap of {limits.max_signatures_bytes}")
-        try:
-            obj = loads_strict_json(data)
-        except ParseLimitError as exc:
-            raise BundleLimitError(f"{what} {exc}") from None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise MalformedBundleError(f"{what} is not valid JSON: {exc}") from None
+        obj = load_member(data, what=what)
         if not isinstance(obj, dict) or set(obj) != {"payloadType", "signatures"}:
             raise MalformedBundleError(f"{what} must be an object with exactly payloadType and signatures")
         if obj["payloadType"] != PAYLOAD_TYPE:
