@@ -22,6 +22,17 @@ USED = (
     _.model_config,  # heddle/spec/components.py
     _.branch_name,  # heddle/spec/components.py
     _._none_is_empty,  # heddle/spec/components.py
+    _._check_output_message,  # heddle/spec/components.py
+    # document fields: read from the raw mapping (refusals, specialisation) or kept as written
+    _.api_spec_uri,  # heddle/spec/components.py (RemoteTool: describes the API; never fetched)
+    _.requires_confirmation,  # heddle/spec/refusals.py reads it from the document
+    _.configuration,  # heddle/spec/refusals.py (BuiltinTool)
+    _.executor_name,  # heddle/spec/refusals.py (BuiltinTool)
+    _.tool_version,  # heddle/spec/refusals.py (BuiltinTool)
+    _.additional_instructions,  # heddle/spec/specialized.py
+    _.additional_tools,  # heddle/spec/specialized.py
+    _.human_in_the_loop,  # heddle/spec/refusals.py, heddle/spec/specialized.py
+    _.agent_specialization_parameters,  # heddle/spec/specialized.py
 
     # dataclass fields: part of the record a caller gets back
     _.signer,  # heddle/format/pack.py (PackResult)

@@ -78,3 +78,10 @@ class LimitError(RunError):
     """A run limit (iterations, tool rounds, timeout) was exceeded."""
 
     kind = "limit_exceeded"
+
+
+class NeedsSessionError(RunError):
+    """The run reached something only a session can do (wait for a person or a client): a
+    ClientTool the model called. Not a ToolError, so no agent hands it back to its model."""
+
+    kind = "needs_session"

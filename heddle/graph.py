@@ -74,13 +74,109 @@ def _label(node: Node) -> str:
     return f"{node.component_type} {node.name!r}"
 
 
+def subflows(node: Node) -> list[tuple[str, Flow]]:
+    """The flows a node runs, each with the label its problems are reported under."""
+    from heddle.spec import components as c
+
+    if isinstance(node, (FlowNode, c.MapNode, c.ParallelMapNode, c.CatchExceptionNode)):
+        return [(_label(node), node.subflow)]
+    if isinstance(node, c.ParallelFlowNode):
+        return [(f"{_label(node)} subflows[{i}] {sub.name!r}", sub) for i, sub in enumerate(node.subflows)]
+    return []
+
+
+def _check_catch(node: Node, edges: list[ControlFlowEdge], prefix: str) -> list[str]:
+    from heddle.spec import components as c
+
+    # Without its own edge a caught failure would leave by the node's default edge, as if nothing failed.
+    if isinstance(node, c.CatchExceptionNode) and not any(e.from_branch == c.CAUGHT_EXCEPTION_BRANCH for e in edges):
+        return [(f"{prefix}{_label(node)} has no control edge for branch {c.CAUGHT_EXCEPTION_BRANCH!r}, so a "
+                 "failure it catches would have nowhere to go; add one")]
+    return []
+
+
+def _check_branches(node: Node, edges: list[ControlFlowEdge], prefix: str,
+                    warnings: list[str] | None) -> list[str]:
+    """Edges leaving `node` by a branch it does not have, or two by one branch (the engine would
+    follow only the first); a BranchingNode's branches that no edge leaves by. Its `default` branch
+    without an edge is only a warning, as the specification allows: taking it fails the run then."""
+    from heddle.spec.components import PluginNode
+
+    problems: list[str] = []
+    by_branch: dict[str, list[str]] = {}
+    for edge in edges:
+        by_branch.setdefault(edge.from_branch or "next", []).append(edge.name or edge.id)
+    for branch, names in by_branch.items():
+        if len(names) > 1:
+            problems.append(f"{prefix}control edges {', '.join(map(repr, names))} all leave {_label(node)} by "
+                            f"branch {branch!r}; a branch leads to one node: keep one of them")
+    if isinstance(node, PluginNode):
+        return problems  # the plugin host checks a plugin node's branches against its manifest
+    branches = node.next_branches()
+    for edge in edges:
+        if edge.from_branch is not None and edge.from_branch not in branches:
+            problems.append(f"{prefix}control edge {edge.name or edge.id!r} leaves {_label(node)} by branch "
+                            f"{edge.from_branch!r}, which it does not have (its branches: {', '.join(branches)})")
+    if isinstance(node, BranchingNode) and not any(e.from_branch is None for e in edges):
+        for branch in branches:
+            if branch in by_branch:
+                continue
+            message = f"{prefix}{_label(node)} can take branch {branch!r} but no control edge leaves by it"
+            if branch == "default" and "DEFAULT_BRANCH" not in node.mapping:
+                if warnings is not None:
+                    warnings.append(f"{message}: a value its mapping does not list will fail the run there")
+            else:
+                problems.append(message)
+    return problems
+
+
+def _not_executable(name: str, path: Path, tools_dir: Path | None) -> str | None:
+    """Why the tools folder's executable for `name` cannot be started, as the run would find out."""
+    import os
+
+    # A plugin's tools are its own to start; only the tools folder's files are run directly.
+    if tools_dir is None or not path.resolve().is_relative_to(Path(tools_dir).resolve()):
+        return None
+    if os.access(path, os.X_OK):
+        return None
+    return f"ServerTool {name!r}: {path} is not executable; run chmod +x on it"
+
+
+def _bad_model_url(url: str) -> bool:
+    from urllib.parse import urlsplit
+
+    if url.startswith("$"):
+        return False  # read from the environment when the run starts
+    parts = urlsplit(url.strip())
+    return parts.scheme not in ("http", "https") or not parts.netloc
+
+
+def _refused_nodes(flow: Flow, prefix: str) -> list[str]:
+    """The nodes of types heddle reads but does not run (heddle.spec.catalog says why, and what would)."""
+    from heddle.spec.catalog import refusal_message
+    from heddle.spec.components import PluginNode
+
+    found = []
+    for i, node in enumerate(flow.nodes):
+        if isinstance(node, PluginNode):
+            continue  # a plugin runs it
+        where = f"$.nodes[{i}]" if not prefix else f"nodes[{i}]"
+        refused = refusal_message(node.component_type, name=node.name, path=where)
+        if refused is not None:
+            found.append(prefix + refused)
+    return found
+
+
 def check_flow(
     flow: Flow, *, tools: Mapping[str, Path] | None = None, tools_dir: Path | None = None,
-    where: str = "flow",
+    where: str = "flow", warnings: list[str] | None = None, wiring: bool = True,
+    model_urls: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Return every problem with `flow`'s graph; empty when it is runnable.
 
     `tools` (name -> executable) is checked against the ServerTools the flow names when given.
+    What the specification allows but a run may trip on is added to `warnings`, when given.
+    The llm configs `model_urls` names (by name or id, as `--model-url` does) do not use their own url.
     """
     problems: list[str] = []
     graph = FlowGraph.build(flow)
@@ -92,6 +188,8 @@ def check_flow(
                         f"{flow.start_node.component_type}, not a StartNode")
     if start_key not in graph.nodes:
         problems.append(f"{prefix}start node {flow.start_node.name!r} is not listed in nodes")
+    if wiring:  # a node read but not run is the run's to refuse: a later heddle may run the bundle
+        problems.extend(_refused_nodes(flow, prefix))
 
     for control in flow.control_flow_connections:
         for end, node in (("from_node", control.from_node), ("to_node", control.to_node)):
@@ -103,6 +201,10 @@ def check_flow(
         for end, node in (("source_node", data.source_node), ("destination_node", data.destination_node)):
             if node_key(node) not in graph.nodes:
                 problems.append(f"{prefix}data edge {data.name!r}: {end} {node.name!r} is not in the flow's nodes")
+    from heddle.wiring import check_wiring
+
+    if wiring:  # without: the graph alone (sealing refuses only what it cannot seal)
+        problems.extend(check_wiring(flow, prefix))
 
     reachable = graph.reachable() if start_key in graph.nodes else []
     for key, node in graph.nodes.items():
@@ -120,16 +222,11 @@ def check_flow(
         if not edges:
             problems.append(f"{prefix}{_label(node)} has no outgoing control edge")
             continue
-        if isinstance(node, BranchingNode) and not any(e.from_branch is None for e in edges):
-            covered = {e.from_branch for e in edges}
-            for branch in node.next_branches():
-                if branch not in covered:
-                    problems.append(
-                        f"{prefix}{_label(node)} can take branch {branch!r} but no control edge leaves by it"
-                    )
-        if isinstance(node, FlowNode):
-            problems.extend(check_flow(node.subflow, tools=tools, tools_dir=tools_dir,
-                                       where=f"{where} > FlowNode {node.name!r}"))
+        problems.extend(_check_branches(node, edges, prefix, warnings))
+        problems.extend(_check_catch(node, edges, prefix))
+        for label, sub in subflows(node):
+            problems.extend(check_flow(sub, tools=tools, tools_dir=tools_dir, where=f"{where} > {label}",
+                                       warnings=warnings, wiring=wiring))
 
     if tools is not None and where == "flow":
         if tools_dir is None:
@@ -142,6 +239,24 @@ def check_flow(
             if name not in tools:
                 problems.append(f"{prefix}ServerTool {name!r} has no executable ("
                                 + folder.format(name=name) + ")")
+            elif (unusable := _not_executable(name, tools[name], tools_dir)) is not None:
+                problems.append(prefix + unusable)
+    if where == "flow":
+        from heddle.spec.refusals import flow_refusals, plugin_tools
+
+        problems.extend(flow_refusals(flow, plugin_tools=plugin_tools(tools, tools_dir)))
+        from heddle.spec.messages import message_problems
+
+        problems.extend(message_problems(flow, warnings))
+        seen: set[int] = set()
+        for label, config in llm_configs(flow):
+            url = getattr(config, "url", None)
+            replaced = model_urls is not None and (config.name in model_urls or config.id in model_urls)
+            if id(config) in seen or replaced or not isinstance(url, str) or not _bad_model_url(url):
+                continue
+            seen.add(id(config))
+            problems.append(f"{prefix}llm_config {config.name!r} of {label}: model url {url!r} is not an http(s) "
+                            "URL; write it as http://HOST[:PORT][/PATH]")
     return problems
 
 
@@ -152,13 +267,16 @@ def referenced_tools(flow: Flow) -> dict[str, ServerTool]:
     found: dict[str, ServerTool] = {}
     for node in flow.nodes:
         if isinstance(node, ToolNode):
-            found.setdefault(node.tool.name, node.tool)
+            if isinstance(node.tool, ServerTool):
+                found.setdefault(node.tool.name, node.tool)
         elif isinstance(node, AgentNode):
             for tool in node.agent.tools:
-                found.setdefault(tool.name, tool)
-        elif isinstance(node, FlowNode):
-            for name, tool in referenced_tools(node.subflow).items():
-                found.setdefault(name, tool)
+                if isinstance(tool, ServerTool):
+                    found.setdefault(tool.name, tool)
+        else:
+            for _, sub in subflows(node):
+                for name, tool in referenced_tools(sub).items():
+                    found.setdefault(name, tool)
     return found
 
 
@@ -171,8 +289,9 @@ def llm_configs(flow: Flow) -> Iterator[tuple[str, LlmConfig]]:
             yield _label(node), node.llm_config
         elif isinstance(node, AgentNode):
             yield _label(node), node.agent.llm_config
-        elif isinstance(node, FlowNode):
-            yield from llm_configs(node.subflow)
+        elif subflows(node):
+            for _, sub in subflows(node):
+                yield from llm_configs(sub)
         elif isinstance(node, PluginNode) and node.llm_config is not None:
             # A plugin node's model is called through the plugin (callModel): the same rules apply.
             yield _label(node), node.llm_config

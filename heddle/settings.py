@@ -219,6 +219,9 @@ class RunSettings:
     max_tool_rounds: int | None = field(default=10, metadata=about(
         kind="rounds", flag="--max-tool-rounds", metavar="N|unlimited", group=LIMITS,
         shown="the bundle's proposal, else 10", help="Model calls an agent may make per execution."))
+    max_parallel: int = field(default=4, metadata=about(
+        kind="int", flag="--max-parallel", metavar="N", minimum=1, group=LIMITS,
+        help="Subflows one ParallelFlowNode or ParallelMapNode runs at once."))
     timeout: float | None = field(default=300.0, metadata=about(
         kind="duration", flag="--timeout", metavar="DURATION", minimum=0.001, group=LIMITS,
         help="Time the whole run may take."))
@@ -234,6 +237,11 @@ class RunSettings:
     stream: bool = field(default=True, metadata=about(
         kind="switch", flag="--stream/--no-stream", server=False, env="HEDDLE_STREAM", group=MODELS, shown="--stream",
         help="Ask the model to stream its answers, or not."))
+    # Not a server flag: a request must never redirect a served flow's models (its operator points
+    # a bundle elsewhere with url: "$VAR" in the document, read from the server's environment).
+    model_urls: tuple[str, ...] = field(default=(), metadata=about(
+        kind="texts", flag="--model-url", metavar="NAME=URL", server=False, group=MODELS,
+        help="Send the requests of llm config NAME (its name or id) to URL, for this run (repeatable)."))
     mounts: tuple[str | Mount, ...] = field(default=(), metadata=about(
         kind="texts", flag="--mount", short="-m", metavar="SRC[:DEST][:ro|:rw]", group=WORKSPACES,
         help="Put a file or folder into every workspace (repeatable; ro is a private copy, rw copies changes "
@@ -294,11 +302,22 @@ class RunSettings:
             for mount in self.mounts:
                 if isinstance(mount, str):
                     parse_mount(mount)
+        if self.model_urls:
+            from heddle.model.endpoints import parse_model_urls
+
+            parse_model_urls(self.model_urls)
         problems = [p for s in SETTINGS if (p := s.problem(getattr(self, s.name))) is not None]
         if problems:
             from heddle.errors import UsageError
 
             raise UsageError(problems[0])
+
+    def _model_urls(self) -> dict[str, str]:
+        if not self.model_urls:
+            return {}
+        from heddle.model.endpoints import parse_model_urls
+
+        return parse_model_urls(self.model_urls)
 
     @property
     def sandbox_flags(self) -> tuple[str, ...]:
@@ -315,9 +334,10 @@ class RunSettings:
 
         mounts = tuple(m if isinstance(m, Mount) else parse_mount(m) for m in self.mounts)
         return RunOptions(
-            max_iterations=self.max_iterations, max_tool_rounds=self.max_tool_rounds, timeout=self.timeout,
+            max_iterations=self.max_iterations, max_tool_rounds=self.max_tool_rounds, max_parallel=self.max_parallel,
+            timeout=self.timeout,
             tool_timeout=self.tool_timeout, stream=self.stream, model_timeout=self.model_timeout,
-            model_retries=self.model_retries, surface=surface or CLI,
+            model_retries=self.model_retries, surface=surface or CLI, model_urls=self._model_urls(),
             workspace=WorkspaceOptions(mounts=mounts, keep_root=self.workspace, mount_tools=self.mount_tools,
                                        max_entries=self.mount_max_entries, max_bytes=self.mount_max_bytes),
             sandbox=SandboxPolicy(safe=self.safe, backend=self.sandbox or "auto", allow_read=self.allow_read,

@@ -30,7 +30,7 @@ control_flow_connections:
      from_node: {$component_ref: start}, from_branch: null, to_node: {$component_ref: agent}}
   - {component_type: ControlFlowEdge, id: e2, name: agent_to_end,
      from_node: {$component_ref: agent}, from_branch: null, to_node: {$component_ref: end}}
-data_flow_connections: []
+# No data_flow_connections: each node's inputs are the outputs of the same name.
 $referenced_components:
   model:
     component_type: OpenAiCompatibleConfig
@@ -55,7 +55,10 @@ $referenced_components:
       id: assistant
       name: assistant
       llm_config: {$component_ref: model}
-      system_prompt: "Count the words in the user's text with the word_count tool, then answer in one sentence."
+      # An Agent declares what its node passes in (the prompt's placeholders) and gives back.
+      inputs: [{title: text, type: string}]
+      outputs: [{title: result, type: string}]
+      system_prompt: "Count the words in this text with the word_count tool, then answer in one sentence: {{text}}"
       tools:
         - component_type: ServerTool
           id: word_count

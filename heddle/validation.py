@@ -17,7 +17,8 @@ def validation_report(flow: Flow, *, tools: Mapping[str, Path] | None, source: s
     from heddle.graph import check_flow, referenced_tools
     from heddle.tools.schema import input_fingerprint
 
-    problems = check_flow(flow, tools=tools, tools_dir=tools_dir)
+    warnings: list[str] = []
+    problems = check_flow(flow, tools=tools, tools_dir=tools_dir, warnings=warnings)
     named = referenced_tools(flow)
     tool_rows = [{
         "name": name,
@@ -37,4 +38,5 @@ def validation_report(flow: Flow, *, tools: Mapping[str, Path] | None, source: s
         "tools_checked": tools is not None,
         "valid": not problems,
         "problems": problems,
+        "warnings": warnings,
     }

@@ -29,12 +29,17 @@ def fingerprints_of(flow: Flow, *, leave_out: Iterable[str] = ()) -> dict[str, s
     return {name: input_fingerprint(tool) for name, tool in referenced_tools(flow).items() if name not in skip}
 
 
-def load_sealed_flow(flow_path: Path, fmt: str | None = None, node_types: Iterable[str] = ()) -> Flow:
-    """The sealed flow document; one that does not load makes the bundle malformed."""
-    from heddle.spec.document import load_flow
+def load_sealed_flow(flow_path: Path, fmt: str | None = None, node_types: Iterable[str] = (),
+                     components: Path | None = None) -> Flow:
+    """The sealed flow document (with its sealed components file, when it has one); one that does
+    not load makes the bundle malformed."""
+    from heddle.spec.document import load_components, load_flow
 
     try:
-        return load_flow(flow_path, fmt=fmt, node_types=node_types)
+        shared = None
+        if components is not None:
+            shared = load_components(components, source=f"the sealed components file {components.name}")
+        return load_flow(flow_path, fmt=fmt, node_types=node_types, components=shared)
     except DocumentError as exc:
         raise MalformedBundleError(f"the sealed flow does not load: {exc}") from None
 
@@ -52,7 +57,9 @@ def sealed_flow(flow_path: Path, manifest: Manifest | None = None, *, fmt: str |
         carried = read_sealed(flow_path.parent, manifest)
         types |= carried.node_types
         plugin_tools = carried.tool_names
-    return load_sealed_flow(flow_path, fmt, node_types=types), plugin_tools
+    # The components file, like the plugins, sits in the payload beside the flow (SPEC: payload layout).
+    components = flow_path.parent / manifest.components if manifest is not None and manifest.components else None
+    return load_sealed_flow(flow_path, fmt, node_types=types, components=components), plugin_tools
 
 
 def flow_tool_fingerprints(flow_path: Path, manifest: Manifest | None = None) -> dict[str, str]:

@@ -3,8 +3,9 @@ variables a sealed flow reads where it runs.
 
 A model's `api_key` is either a `$VAR` reference, read from the environment when the run is
 prepared, or the key itself. A key written into a flow would be sealed into every copy of
-the bundle, so sealing refuses it. `heddle doctor` lists the variables the flow reads, so a
-machine can be checked before anything runs; values are never read out.
+the bundle, so sealing refuses it. A model's `url` may be a `$VAR` too, so a sealed flow can be
+pointed at another endpoint where it runs. `heddle doctor` lists the variables the flow reads, so
+a machine can be checked before anything runs; values are never read out.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from heddle.format.errors import MalformedBundleError, PackError
 
 # The OpenAiConfig default when a config gives no api_key (heddle.model.client.resolve_api_key).
 OPENAI_DEFAULT = "OPENAI_API_KEY"
-_CHECKED = ("api_key",)  # the fields of an llm config the engine reads from the environment
+_CHECKED = ("api_key",)  # the fields of an llm config that must not be written into a sealed flow
+_FROM_ENV = ("api_key", "url")  # the fields of an llm config the engine reads from the environment
 
 
 def llm_config_types() -> frozenset[str]:
@@ -80,25 +82,25 @@ def literal_keys(document: Any) -> list[str]:
     return found
 
 
-def refuse_literal_keys(flow: Path, fmt: str | None = None) -> None:
-    """Refuse to seal a flow that carries a model key, naming each llm config that does."""
+def refuse_literal_keys(flow: Path, fmt: str | None = None, *, what: str = "flow") -> None:
+    """Refuse to seal a flow (or its components file) that carries a model key, naming each llm config that does."""
     from heddle.errors import DocumentError
     from heddle.spec.document import _parse_text, detect_format
 
     try:
         document = _parse_text(flow.read_text(encoding="utf-8"), detect_format(flow, fmt), str(flow))
     except OSError as exc:
-        raise PackError(f"flow {flow}: cannot be read: {exc.strerror}") from None
+        raise PackError(f"{what} {flow}: cannot be read: {exc.strerror}") from None
     except UnicodeDecodeError:
-        raise PackError(f"flow {flow}: is not UTF-8 text") from None
+        raise PackError(f"{what} {flow}: is not UTF-8 text") from None
     except DocumentError as exc:
         raise PackError(str(exc)) from None
     except RecursionError:
-        raise PackError(f"flow {flow}: nests too deeply to be read") from None
+        raise PackError(f"{what} {flow}: nests too deeply to be read") from None
     found = literal_keys(document)
     if found:
         raise PackError(
-            f"flow {flow}: {'; '.join(found)}, which every copy of the bundle would carry; write "
+            f"{what} {flow}: {'; '.join(found)}, which every copy of the bundle would carry; write "
             "api_key: \"$VAR\" (e.g. \"$OPENAI_API_KEY\") and set VAR where the bundle runs"
         )
 
@@ -112,22 +114,30 @@ class EnvRead:
     required: bool = True
 
 
-def env_reads(document: Any) -> list[EnvRead]:
+def env_reads(document: Any, components: Any = None) -> list[EnvRead]:
     """The variables the llm configs of a parsed flow read, each once, in document order.
 
-    References are resolved first, so a config defined but never used is not listed."""
+    References are resolved first (against the parsed components file too, when there is one),
+    so a config defined but never used is not listed."""
+    from heddle.spec.document import parse_components
     from heddle.spec.references import resolve_references
 
-    resolved = resolve_references(document, source="the sealed flow")
+    shared = parse_components(components, source="the sealed components file") if components is not None else None
+    resolved = resolve_references(document, source="the sealed flow", components=shared.table if shared else None,
+                                  components_source=shared.source if shared else "--components")
     out: dict[str, EnvRead] = {}
     for path, config in _configs(resolved, skip_metadata=True):
-        for key in _CHECKED:
+        for key in _FROM_ENV:
             name = env_reference(config.get(key))
             if name is not None:
                 out.setdefault(name, EnvRead(name, f"{key} of {_label(config, path)}"))
         if config.get("api_key") is None and config.get("component_type") == "OpenAiConfig":
             out.setdefault(OPENAI_DEFAULT, EnvRead(
                 OPENAI_DEFAULT, f"api_key of {_label(config, path)}, which gives none (sent if set)", required=False))
+    from heddle.tools.remote import header_env_reads
+
+    for name, where in header_env_reads(resolved):
+        out.setdefault(name, EnvRead(name, where))
     return list(out.values())
 
 
@@ -136,15 +146,15 @@ class _Found(Exception):
 
 
 class _Collect:
-    def __init__(self, keep: bool, out: bytearray) -> None:
-        self._keep, self._out = keep, out
+    def __init__(self, keep: bool, out: bytearray, *, last: bool = True) -> None:
+        self._keep, self._out, self._last = keep, out, last
 
     def write(self, chunk: memoryview) -> None:
         if self._keep:
             self._out += chunk
 
     def finish(self) -> None:
-        if self._keep:
+        if self._keep and self._last:
             raise _Found()
 
     def abort(self) -> None:
@@ -162,18 +172,38 @@ def sealed_flow_reads(bundle: Path) -> list[EnvRead]:
 
     what = str(bundle)
     data = bytearray()
+    shared = bytearray()
     with open_file(bundle) as fh:
         head = read_head(fh, what=what, limits=DEFAULT_LIMITS)
         manifest = sealed_manifest(head, what=what, limits=DEFAULT_LIMITS)
+        wanted = {manifest.flow: data}
+        if manifest.components is not None:
+            wanted[manifest.components] = shared
+        seen: set[str] = set()
+
+        def collect(item: Any) -> _Collect:
+            keep = item.path in wanted
+            if keep:
+                seen.add(item.path)
+            # The walk ends once the last member wanted is read (and checked against the manifest).
+            return _Collect(keep, wanted.get(item.path, bytearray()), last=keep and seen == set(wanted))
+
         try:
-            walk_payload(head.reader, manifest, lambda item: _Collect(item.path == manifest.flow, data), what=what)
+            walk_payload(head.reader, manifest, collect, what=what)
         except _Found:
             pass
         else:
-            raise MalformedBundleError(f"{what}: the flow {manifest.flow!r} the manifest names is not in the payload")
+            missing = sorted(set(wanted) - seen)
+            raise MalformedBundleError(f"{what}: the file {missing[0] if missing else manifest.flow!r} the manifest "
+                                       "names is not in the payload")
     flow = manifest.flow
     try:
-        return env_reads(_parse_text(bytes(data).decode("utf-8"), detect_format(Path(flow)), f"{what}: {flow}"))
+        components = None
+        if manifest.components is not None:
+            name = manifest.components
+            components = _parse_text(bytes(shared).decode("utf-8"), detect_format(Path(name)), f"{what}: {name}")
+        return env_reads(_parse_text(bytes(data).decode("utf-8"), detect_format(Path(flow)), f"{what}: {flow}"),
+                         components)
     except UnicodeDecodeError:
         raise MalformedBundleError(f"{what}: the sealed flow {flow} is not UTF-8 text") from None
     except DocumentError as exc:

@@ -1,7 +1,8 @@
 """Deciding what a bundle holds from the pieces `heddle bundle` is given.
 
-Payload layout: the flow at `<flow file name>`, the tools folder at `tools/`, each mount
-at `mounts/<dest>`, each plugin's folder at `plugins/<name>/`. Every check that can fail
+Payload layout: the flow at `<flow file name>`, its components file (when it has one) at
+`components/<file name>`, the tools folder at `tools/`, each mount at `mounts/<dest>`, each
+plugin's folder at `plugins/<name>/`. Every check that can fail
 is made here, before a byte is sealed, with the source path that caused it: files that look
 like secrets and model keys written in the flow are refused here too.
 """
@@ -33,6 +34,9 @@ from heddle.format.tar import split_name
 
 if TYPE_CHECKING:
     from heddle.workspace.mounts import Mount
+
+
+COMPONENTS_DIR = "components"
 
 
 @dataclass(frozen=True)
@@ -69,11 +73,18 @@ def make_plan(
     limits: Limits = DEFAULT_LIMITS,
     include_secrets: Sequence[Path] = (),
     flow_format: str | None = None,
+    components: Path | None = None,
 ) -> PackPlan:
     """What sealing these pieces would write. `include_secrets` are the source paths (files,
-    or folders holding them) that `--include-secret` lets be sealed though they look like secrets."""
+    or folders holding them) that `--include-secret` lets be sealed though they look like secrets.
+    `components` is the flow's file of shared components (`--components`)."""
     flow = Path(flow)
     carried = collect_tree(flow, flow.name, what=f"flow {flow}")
+    components_entry = None
+    if components is not None:
+        components = Path(components)
+        components_entry = f"{COMPONENTS_DIR}/{components.name}"
+        carried.extend(collect_tree(components, components_entry, what=f"--components {components}"))
     if tools_dir is not None:
         if not Path(tools_dir).is_dir():
             raise PackError(f"--tools-dir {tools_dir}: not a folder")
@@ -84,6 +95,8 @@ def make_plan(
     _check_paths(carried, limits)
     refuse_secrets(carried.files, include_secrets)
     refuse_literal_keys(flow, flow_format)
+    if components is not None:
+        refuse_literal_keys(components, None, what="--components")
     return PackPlan(
         name=name or flow.stem,
         flow=flow.name,
@@ -95,6 +108,7 @@ def make_plan(
         requires=requires or Requires(),
         proposals=proposals or Proposals(),
         skipped=carried.skipped,
+        components=components_entry,
     )
 
 

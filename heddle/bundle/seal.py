@@ -46,6 +46,7 @@ class SealResult:
     file_count: int
     skipped: tuple[Path, ...]  # left out on purpose (version-control folders)
     manifest: Manifest
+    warnings: tuple[str, ...] = ()  # what the document does that it should not (a newer feature than it declares)
 
 
 def _proposal(value: int | str | None) -> int | Literal["unlimited"] | None:
@@ -99,6 +100,7 @@ def seal(
     mount_max_entries: int = DEFAULT_MOUNT_MAX_ENTRIES,
     mount_max_bytes: int = DEFAULT_MOUNT_MAX_BYTES,
     progress: Progress | None = None,
+    components: StrPath | None = None,
 ) -> SealResult:
     """Check everything, then write the bundle atomically to `output` and describe it.
 
@@ -108,7 +110,10 @@ def seal(
     file from `heddle keygen` (an encrypted one asks for its passphrase through
     HEDDLE_KEY_PASSPHRASE or the terminal) or a loaded `SigningKey`; None seals unsigned.
     `input`, `requires` and `max_tool_rounds` ("unlimited" or a number) are recorded as the
-    bundle's proposals. Raises a `heddle.HeddleError` naming what is wrong; nothing is written then.
+    bundle's proposals. `components` is a file of shared components the flow document refers to
+    (`$referenced_components`, as a disaggregated configuration has them): it is sealed beside the
+    flow and read with it wherever the bundle opens. Raises a `heddle.HeddleError` naming what is
+    wrong; nothing is written then.
     """
     from heddle.bundle.fingerprints import fingerprints_of
     from heddle.bundle.plan import ToolSpec, make_plan
@@ -118,6 +123,7 @@ def seal(
     from heddle.graph import check_flow
     from heddle.plugin_host.carried import read_carried
     from heddle.spec import load_flow
+    from heddle.spec.roots import document_root
     from heddle.tools.registry import discover_tools
     from heddle.workspace.mounts import check_mounts
 
@@ -126,12 +132,16 @@ def seal(
     plugin_paths = [Path(p) for p in plugins]
     # Plugins are read, never started, to seal them: their settings come at run time.
     carried = read_carried(plugin_paths)
-    loaded = load_flow(flow_path, fmt=flow_format, node_types=carried.node_types)
+    components_path = Path(components) if components is not None else None
+    loaded = load_flow(flow_path, fmt=flow_format, node_types=carried.node_types, components=components_path)
     tools = discover_tools(tools_root)
-    problems = check_flow(loaded, tools={**tools, **dict.fromkeys(carried.tool_names, flow_path)},
-                          tools_dir=tools_root)
+    known = {**tools, **dict.fromkeys(carried.tool_names, flow_path)}
+    problems = check_flow(loaded, tools=known, tools_dir=tools_root, wiring=False)
     if problems:
         raise GraphError(problems)
+    # An input nothing gives is the run's to refuse (before any tool or model call, wherever the
+    # bundle runs): the seal is sound, so it is written, and the author told now.
+    run_problems = [p for p in check_flow(loaded, tools=known, tools_dir=tools_root) if p not in problems]
     parsed_mounts = _mounts(mounts)
     check_mounts(parsed_mounts, max_entries=mount_max_entries, max_bytes=mount_max_bytes)
     # The same fingerprints the verifier recomputes from the sealed flow.
@@ -146,6 +156,7 @@ def seal(
         flow_path, name=name or loaded.name or None, tools_dir=carried_tools, tools=specs, mounts=parsed_mounts,
         plugins=plugin_paths, input=dict(input) if input is not None else None, requires=requires,
         proposals=proposals, include_secrets=[Path(p) for p in include_secrets], flow_format=flow_format,
+        components=components_path,
     )
     out = Path(output) if output is not None else Path(f"{plan.name}.heddle")
     if out.is_dir():
@@ -161,4 +172,5 @@ def seal(
         file_count=packed.file_count,
         skipped=tuple(packed.skipped),
         manifest=packed.manifest,
+        warnings=(*document_root(loaded).warnings, *(f"a run of it will be refused: {p}" for p in run_problems)),
     )

@@ -242,6 +242,8 @@ def _print_manifest(bundle: Path, m: Manifest, digest: str, keyids: list[str], s
         echo(f"  format     legacy gzip bundle ({m.heddle_version})")
     echo(f"  signatures {', '.join(keyids) if keyids else 'none'}")
     echo(f"  flow       {m.flow}")
+    if m.components is not None:
+        echo(f"  components {m.components}")
     echo(f"  tools      {len(m.tools)}")
     for name, tool in sorted(m.tools.items()):
         echo(f"    {name:<20} {tool.entry:<30} {tool.fingerprint}")

@@ -130,6 +130,11 @@ class EventPrinter:
         if isinstance(event, ev.Warning):
             self._line(f"warning: {event.message}")
             return
+        if isinstance(event, ev.Message):
+            # Meant for the person running the flow: shown unless --quiet, on stderr (stdout is the result).
+            if self.verbose or _level >= Verbosity.NORMAL:
+                self._line(f"message from {event.node}: {event.text}")
+            return
         if not self.verbose:
             return
         if isinstance(event, ev.TokenDelta):

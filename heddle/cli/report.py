@@ -20,6 +20,8 @@ def print_validation(report: dict[str, Any]) -> None:
             out(f"  {row['name']:<20} {row['fingerprint']}  {where}\n")
     else:
         out("tools     none\n")
+    for warning in report.get("warnings", []):
+        out(f"warning   {warning}\n")
     if report["valid"]:
         out("graph     valid\n")
     else:

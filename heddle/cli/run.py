@@ -69,6 +69,9 @@ def _read_input(value: str | None) -> dict[str, Any]:
     return data
 
 
+_COMPONENTS = typer.Option(None, "--components", metavar="FILE", dir_okay=False,
+                          help="Read the document's shared components ($referenced_components) from FILE too, as "
+                               "a disaggregated configuration does.")
 _FLOW = typer.Option(None, "--flow", metavar="PATH", dir_okay=False,
                      help="Read PATH as a flow document whatever its name (instead of the FLOW|BUNDLE argument).")
 
@@ -98,6 +101,14 @@ def run(
     protocol: str | None = typer.Option(None, "--protocol", metavar="NAME",
                                            help="Print events on stdout instead of the final state: heddle (JSON "
                                                 "lines), or an encoder plugin's protocol."),
+    message: str | None = typer.Option(None, "--message", metavar="TEXT",
+                                          help="The user's message to an agent document's agent (asked for on a "
+                                               "terminal when left out)."),
+    outputs: bool = typer.Option(False, "--outputs",
+                                 help="Print the document's outputs alone instead of the final state (for an agent "
+                                      "document: result, its answer, and its declared outputs), with the "
+                                      "messages the run showed under \"messages\"."),
+    components: Path | None = _COMPONENTS,
     verbose: bool = VERBOSE,
     quiet: bool = QUIET,
     *,
@@ -108,13 +119,15 @@ def run(
     allow_unsigned: bool,
     data_dir: Path | None,
 ) -> None:
-    """Run a flow (or a sealed bundle) and print its final state as one JSON object.
+    """Run a flow, an agent or a node (or a sealed bundle) and print its final state as one JSON object.
 
     \b
     Examples:
       heddle run flow.yaml --tools-dir tools --input '{"query": "hi"}'
+      heddle run agent.yaml -t tools --input '{"user": "Ann"}' --message "hello" --outputs
       heddle run app.heddle --trust me.pub --input @input.json
       heddle run flow.yaml -t tools --safe --deny-net --mount ./skills
+      heddle run main.json --components shared.json --model-url gpt=http://127.0.0.1:8000/v1
       heddle run --flow agent.txt --format yaml -t tools
 
     A path ending in .heddle, or given with --trust, --allow-unsigned or --data-dir, runs only
@@ -126,49 +139,37 @@ def run(
 
     from heddle.cli.output import EventPrinter
     from heddle.cli.target import resolve_target
-    from heddle.engine.run import prepare_run, run_prepared
     from heddle.errors import UsageError
-    from heddle.settings import settle
+    from heddle.runs import execute, from_bundle, from_document
 
-    inputs = _read_input(input)
+    if outputs and protocol is not None:
+        raise UsageError("--outputs prints the outputs instead of the final state, and --protocol prints events "
+                         "instead of either: give one of them")
+    inputs = _read_input(input) if input is not None else None
     resolved = resolve_target(target, flow_file, bundle_options=_bundle_options(trust, allow_unsigned, data_dir))
     target = resolved.path
     if resolved.is_bundle:
         from heddle.cli.opening import open_verified
         from heddle.format.trust import TrustPolicy
 
-        if tools_dir is not None:
-            raise UsageError(f"--tools-dir cannot be used with the bundle {target}: a sealed bundle runs only its "
-                             "own tools")
+        for flag, value in (("--tools-dir", tools_dir), ("--components", components)):
+            if value is not None:
+                raise UsageError(f"{flag} cannot be used with the bundle {target}: a sealed bundle runs only its "
+                                 "own tools and components")
         policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
         sealed = open_verified(target, trust=policy, data_dir=data_dir, fmt=format,
                                plugins=settings.plugins).runnable
-        # The bundle proposes, the command line disposes; its own mounts and plugins (run from the
-        # verified cache) come before any given here.
-        settings = settle(settings, {"max_tool_rounds": sealed.max_tool_rounds}, given=given,
-                          mounts=sealed.mounts, plugins=getattr(sealed, "plugins", ()))
-        host = _load_plugins(settings)
-        tools_root: Path | None = sealed.tools_dir
-        flow, tools = sealed.flow, sealed.tools
-        if input is None:
-            inputs = dict(sealed.input)
+        loaded = from_bundle(sealed, settings, given=given, inputs=inputs, load_plugins=_load_plugins)
     else:
-        from heddle.spec import load_flow
-        from heddle.tools.registry import discover_tools
-
-        host = _load_plugins(settings)
-        flow = load_flow(target, fmt=format, node_types=host.node_types() if host else ())
-        tools = discover_tools(tools_dir)
-        tools_root = tools_dir.absolute() if tools_dir else None
+        loaded = from_document(target, settings, tools_dir=tools_dir, fmt=format, components=components,
+                               inputs=inputs, load_plugins=_load_plugins)
     if protocol not in (None, "heddle"):
         from heddle.plugin_host.encoder import encoder_for
 
-        encoder_for(host, protocol)
+        encoder_for(loaded.host, protocol)
+    message = _message(loaded.flow, message, str(target))
+    _show_model_urls(loaded)
 
-    # The policy shows every safe-only flag but an explicit `--sandbox auto`; check_policy
-    # refuses them all without --safe.
-    prepared = prepare_run(flow, tools=tools, tools_dir=tools_root, options=settings.run_options(),
-                           sandbox_flags=settings.sandbox_flags, plugins=host)
     printer = EventPrinter(verbose=verbose, protocol=protocol if protocol == "heddle" else None)
     rendering = None
     if protocol not in (None, "heddle"):
@@ -179,9 +180,36 @@ def run(
             sys.stdout.flush()
 
         rendering = Rendering(protocol, write)
-    state = asyncio.run(run_prepared(prepared, inputs, on_event=printer, rendering=rendering))
+    # The policy shows every safe-only flag but an explicit `--sandbox auto`; check_policy (in
+    # prepare_run) refuses them all without --safe.
+    outcome = asyncio.run(execute(loaded, message=message, on_event=printer, rendering=rendering))
     if protocol is None:
-        sys.stdout.write(json.dumps(state, ensure_ascii=False) + "\n")
+        from heddle.spec.messages import with_messages
+
+        printed = with_messages(outcome.outputs, outcome.messages) if outputs else outcome.state
+        sys.stdout.write(json.dumps(printed, ensure_ascii=False) + "\n")
+
+
+def _message(flow: Any, message: str | None, source: str) -> str | None:
+    """The user's message for an agent document: --message, else asked for on a terminal."""
+    from heddle.spec.roots import check_message, document_root
+
+    if message is None and document_root(flow).conversational and sys.stdin.isatty():
+        message = typer.prompt("Message", err=True)  # on stderr: stdout carries the result alone
+    check_message(flow, message, source=source)
+    return message
+
+
+def _show_model_urls(loaded: Any) -> None:
+    """With --verbose: each llm config --model-url redirects (an unknown NAME is refused here)."""
+    if not loaded.settings.model_urls:
+        return
+    from heddle.cli.output import detail
+    from heddle.graph import llm_configs
+    from heddle.model.endpoints import describe_overrides, parse_model_urls
+
+    for line in describe_overrides(list(llm_configs(loaded.flow)), parse_model_urls(loaded.settings.model_urls)):
+        detail(f"model url {line}")
 
 
 @takes("tools_dir", "trust", "allow_unsigned", "plugins", "plugin_configs", "plugin_timeout", "max_node_attempts")
@@ -190,6 +218,7 @@ def validate(
                                             help="A sealed .heddle bundle, or a flow document (.json, .yaml, .yml)."),
     flow_file: Path | None = _FLOW,
     format: str | None = _FORMAT,
+    components: Path | None = _COMPONENTS,
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     verbose: bool = VERBOSE,
     quiet: bool = QUIET,
@@ -218,9 +247,10 @@ def validate(
         from heddle.cli.opening import open_verified
         from heddle.format.trust import TrustPolicy
 
-        if tools_dir is not None:
-            raise UsageError(f"--tools-dir cannot be used with the bundle {target}: a sealed bundle runs only its "
-                             "own tools")
+        for flag, value in (("--tools-dir", tools_dir), ("--components", components)):
+            if value is not None:
+                raise UsageError(f"{flag} cannot be used with the bundle {target}: a sealed bundle runs only its "
+                                 "own tools and components")
         policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
         sealed = open_verified(target, trust=policy, data_dir=None, fmt=format, seed_data=False,
                                plugins=settings.plugins).runnable
@@ -232,9 +262,14 @@ def validate(
         from heddle.tools.registry import discover_tools
 
         host = _load_plugins(settings)
-        flow = load_flow(target, fmt=format, node_types=host.node_types() if host else ())
+        flow = load_flow(target, fmt=format, node_types=host.node_types() if host else (), components=components)
         tools = discover_tools(tools_dir) if tools_dir is not None else None
         source = str(target)
+    from heddle.cli.output import warn
+    from heddle.spec.roots import document_root
+
+    for warning in document_root(flow).warnings:
+        warn(warning)
     if host is not None:
         if tools is not None or host.tools:
             tools = host.known_tools(tools or {})
@@ -274,6 +309,7 @@ def bundle(
                                             help="Private key (from heddle keygen) to sign with."),
     name: str | None = typer.Option(None, "--name", metavar="NAME", help="Bundle name (default: the flow's name)."),
     format: str | None = _FORMAT,
+    components: Path | None = _COMPONENTS,
     output: Path | None = typer.Option(None, "-o", "--output", metavar="PATH",
                                           help="Where to write the bundle (default: <name>.heddle)."),
     include_secret: list[Path] = _INCLUDE_SECRET,
@@ -313,7 +349,7 @@ def bundle(
     seal(flow, tools_dir=tools_dir, mounts=[_spelled(m) for m in settings.mounts], plugins=list(settings.plugins),
          input_text=input, requires=requires, max_tool_rounds=proposal, sign_key=sign_key, name=name, fmt=format,
          output=output, max_entries=settings.mount_max_entries, max_bytes=settings.mount_max_bytes,
-         read_input=_read_input, include_secrets=include_secret, json_out=json_out)
+         read_input=_read_input, include_secrets=include_secret, json_out=json_out, components=components)
 
 
 def init(

@@ -26,11 +26,13 @@ def seal_flow(
     read_input: Callable[[str | None], dict[str, Any]],
     include_secrets: Sequence[Path] | None = None,
     json_out: bool = False,
+    components: Path | None = None,
 ) -> None:
     """Seal the flow as the flags say and print what was written (as JSON with `json_out`)."""
     from heddle.bundle.requires import parse_requires
     from heddle.bundle.seal import seal
     from heddle.cli.bundle import print_seal_result
+    from heddle.cli.output import warn
     from heddle.cli.progress import terminal_progress
 
     result = seal(
@@ -39,5 +41,8 @@ def seal_flow(
         requires=parse_requires(requires) if requires is not None else None,
         max_tool_rounds=max_tool_rounds, include_secrets=include_secrets or (), flow_format=fmt,
         mount_max_entries=max_entries, mount_max_bytes=max_bytes, progress=terminal_progress(),
+        components=components,
     )
+    for warning in result.warnings:
+        warn(warning)
     print_seal_result(result, json_out=json_out)

@@ -10,6 +10,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from heddle.engine import events as ev
+from heddle.engine import structured
 from heddle.engine.context import RunContext
 from heddle.engine.seams import AgentRound, ModelRequest, RoundResult, ToolRequest
 from heddle.engine.templates import render
@@ -31,10 +32,31 @@ def _error(text: str) -> dict[str, str]:
     return {"error": f"Error: {text}"}
 
 
+def answer_shape(node: c.AgentNode) -> structured.Shape | None:
+    """How the agent's final answer gives its declared outputs, when they call for structured
+    generation (several outputs, or one that is not a string); None when the answer is plain text.
+    `result`, the answer itself, may be left out of the JSON object."""
+    from heddle.spec import io
+
+    outputs = io.outputs_of(node) or []
+    if not structured.is_structured(outputs):
+        return None
+    return structured.shape(outputs, optional=frozenset({"result"}))
+
+
 def answer_outputs(answer: str, node: c.AgentNode) -> dict[str, Any]:
-    """`{"result": answer}`, plus the answer's keys when it is a JSON object."""
+    """The agent's outputs from its final answer: `result` (the answer, unless the JSON object gives
+    one) and its declared outputs, typed; the keys of an answer that is a JSON object are kept too.
+
+    With structured outputs an answer that does not fit raises structured.AnswerMismatch.
+    """
+    from heddle.spec import io
+
+    shape = answer_shape(node)
+    if shape is not None:
+        return {"result": answer, **shape.read(answer)}
     outputs: dict[str, Any] = {"result": answer}
-    titles = node.output_titles()
+    titles = io.titles(io.outputs_of(node))
     if len(titles) == 1 and titles[0] != "result":
         outputs[titles[0]] = answer
     try:
@@ -47,17 +69,30 @@ def answer_outputs(answer: str, node: c.AgentNode) -> dict[str, Any]:
 
 
 async def run_agent(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) -> dict[str, Any]:
-    from heddle.tools.schema import function_definition, input_schema
+    from heddle.tools.schema import function_definition
 
     agent = node.agent
     endpoint = ctx.endpoint(agent.llm_config)
-    schemas = {tool.name: input_schema(tool) for tool in agent.tools}
-    definitions = [function_definition(tool) for tool in agent.tools] or None
+    # The document's own tools for this agent (its MCP toolboxes', its MCP tools as their servers
+    # list them: heddle.tools.provided) replace the definitions of the same name.
+    offered = ctx.document_tools.by_agent.get(agent.id or agent.name, [])
+    replaced = {d["function"]["name"] for d in offered}
+    all_definitions = [function_definition(t) for t in agent.tools if t.name not in replaced] + offered
+    schemas = {d["function"]["name"]: d["function"]["parameters"] for d in all_definitions}
+    definitions = all_definitions or None
     messages: list[dict[str, Any]] = []
     if agent.system_prompt:
         messages.append({"role": "system", "content": render(agent.system_prompt, inputs)})
-    messages.append({"role": "user", "content": json.dumps(inputs, ensure_ascii=False)})
+    # An agent in a flow shares the flow's conversation (the specification's): it sees what the run
+    # has shown so far, as the agent's own messages.
+    messages += [{"role": "assistant", "content": text} for text in ctx.shown]
+    # The document's own top-level agent is talking to the run's user; an agent inside a flow is
+    # handed its inputs.
+    top = ctx.message if ctx.message is not None and ctx.message.node is node else None
+    user = top.text if top is not None else json.dumps(inputs, ensure_ascii=False)
+    messages.append({"role": "user", "content": user})
     limit = ctx.options.max_tool_rounds
+    response_format, retried = _ask_for_outputs(node, messages, offers_tools=bool(definitions)), False
 
     def on_delta(text: str) -> None:
         ctx.emit(ev.TokenDelta(node=node.name, text=text))
@@ -65,7 +100,8 @@ async def run_agent(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) 
     async with ctx.workspaces.enter(node.name) as workspace:
 
         async def one_round(agent_round: AgentRound) -> RoundResult:
-            turn = await ctx.chat(ModelRequest(node.name, endpoint, agent_round.messages, definitions, on_delta))
+            turn = await ctx.chat(ModelRequest(node.name, endpoint, agent_round.messages, definitions, on_delta,
+                                               response_format))
             if not turn.tool_calls:
                 return RoundResult(turn, [])
             if limit is not None and agent_round.number >= limit:
@@ -86,7 +122,36 @@ async def run_agent(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) 
             number += 1
             done = await ctx.seams.agent_round(AgentRound(node.name, number, messages), one_round)
             if not done.turn.tool_calls:
-                return answer_outputs(done.turn.content or "", node)
+                answer = done.turn.content or ""
+                try:
+                    outputs = answer_outputs(answer, node)
+                    if top is not None:
+                        top.answer = answer
+                    return outputs
+                except structured.AnswerMismatch as problem:
+                    if retried:
+                        shape = answer_shape(node)
+                        assert shape is not None, "only structured outputs can mismatch"
+                        raise structured.failure(f"agent {node.name!r}", shape, problem) from None
+                    retried = True
+                    messages += [{"role": "assistant", "content": answer},
+                                 {"role": "user", "content": structured.retry_message(problem)}]
+
+
+def _ask_for_outputs(node: c.AgentNode, messages: list[dict[str, Any]], *, offers_tools: bool) -> dict[str, Any] | None:
+    """Tell the model the shape of its final answer: as `response_format` where the endpoint takes it
+    and the agent has no tools (a schema-constrained turn could not call one), else in the system prompt."""
+    shape = answer_shape(node)
+    if shape is None:
+        return None
+    if not offers_tools and node.agent.llm_config.component_type in structured.RESPONSE_FORMAT_CONFIGS:
+        return shape.response_format(node.agent.name or node.name)
+    instruction = "When you give your final answer (not a tool call): " + shape.instruction()
+    if messages and messages[0]["role"] == "system":
+        messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{instruction}"}
+    else:
+        messages.insert(0, {"role": "system", "content": instruction})
+    return None
 
 
 async def _one_call(ctx: RunContext, node_name: str, call: ToolCall, schemas: dict[str, dict[str, Any]],

@@ -21,7 +21,18 @@ if TYPE_CHECKING:
     from heddle.model.client import ModelClient, ModelEndpoint
     from heddle.model.turn import AssistantTurn
     from heddle.spec import components as c
+    from heddle.tools.provided import DocumentTools
     from heddle.workspace.workspace import Workspaces
+
+
+@dataclass
+class TopMessage:
+    """The run's user message, for the one node it is addressed to (the document's top-level agent);
+    `answer` is that agent's final answer once it has given one."""
+
+    node: Any  # the AgentNode (a heddle.spec.components node), compared by identity
+    text: str
+    answer: str | None = None
 
 
 @dataclass
@@ -35,6 +46,12 @@ class RunContext:
     client: ModelClient | None = None  # None when the flow calls no model
     seams: Seams = field(default_factory=PassThrough)
     iterations: int = 0
+    # The document's own tools (RemoteTool, MCP), opened when the run starts: heddle.tools.provided
+    document_tools: DocumentTools = field(default_factory=lambda: _no_document_tools())
+    # The user's message to an agent document's top-level agent (`--message`), and its answer.
+    message: TopMessage | None = None
+    # What the run has shown the person running it (OutputMessageNode messages), in order: heddle.spec.messages
+    shown: list[str] = field(default_factory=list)
 
     def emit(self, event: ev.Event) -> None:
         self.seams.event(event, self.sink)
@@ -58,7 +75,7 @@ class RunContext:
 
     async def run_tool(self, request: ToolRequest) -> dict[str, Any]:
         """The engine's own step of a tool call: the seams' tool of that name, else the tools folder's."""
-        provided = self.seams.tool(request.tool)
+        provided = self.seams.tool(request.tool) or self.document_tools.tools.get(request.tool)
         if provided is None:
             return await self.record_tool(request, self._run_executable)
         return await self.record_tool(replace(request, arguments=provided.check(request.arguments)), provided.run)
@@ -105,4 +122,11 @@ class RunContext:
         """The engine's own step of a model call."""
         if self.client is None:
             raise ModelError(f"node {request.node!r} has no model client")
-        return await self.client.chat(request.endpoint, request.messages, request.tools, on_delta=request.on_delta)
+        return await self.client.chat(request.endpoint, request.messages, request.tools, on_delta=request.on_delta,
+                                      response_format=request.response_format)
+
+
+def _no_document_tools() -> DocumentTools:
+    from heddle.tools.provided import DocumentTools
+
+    return DocumentTools()

@@ -79,6 +79,16 @@ class TokenDelta(Event):
 
 
 @dataclass(frozen=True)
+class Message(Event):
+    """A message a node shows the person running the flow (an OutputMessageNode's, its
+    placeholders filled in); the run's messages are also carried beside its outputs."""
+
+    type: ClassVar[str] = "message"
+    node: str
+    text: str
+
+
+@dataclass(frozen=True)
 class Warning(Event):
     type: ClassVar[str] = "warning"
     message: str
@@ -97,7 +107,7 @@ EventSink = Callable[[Event], None]
 
 EVENT_TYPES: tuple[str, ...] = tuple(
     cls.type for cls in (FlowStart, NodeStart, NodeComplete, NodeError, ToolCall, ToolResult,
-                         TokenDelta, Warning, FlowComplete)
+                         TokenDelta, Message, Warning, FlowComplete)
 )
 
 

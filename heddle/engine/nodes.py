@@ -48,6 +48,7 @@ async def tool_node(ctx: RunContext, node: c.ToolNode, inputs: dict[str, Any]) -
                                  f"input for ToolNode {node.name!r} does not match the tool's inputs: {problem}")
         arguments = filled or {}
     else:
+        # A tool that declares no inputs gets the node's own (none, unless the node declares some).
         arguments = dict(inputs)
     async with ctx.workspaces.enter(node.name) as workspace:
         output = await ctx.call_tool(ToolRequest(node.name, tool.name, arguments, workspace))
@@ -55,15 +56,39 @@ async def tool_node(ctx: RunContext, node: c.ToolNode, inputs: dict[str, Any]) -
 
 
 async def llm_node(ctx: RunContext, node: c.LlmNode, inputs: dict[str, Any]) -> Outcome:
+    from heddle.engine import structured
+    from heddle.spec import io
+
     prompt = render(node.prompt_template, inputs)
+    outputs = io.outputs_of(node) or []
 
     def on_delta(text: str) -> None:
         ctx.emit(ev.TokenDelta(node=node.name, text=text))
 
-    turn = await ctx.chat(ModelRequest(node.name, ctx.endpoint(node.llm_config),
-                                       [{"role": "user", "content": prompt}], None, on_delta))
-    titles = node.output_titles()
-    return {titles[0] if len(titles) == 1 else "generated_text": turn.content or ""}, None
+    endpoint = ctx.endpoint(node.llm_config)
+    if not structured.is_structured(outputs):
+        turn = await ctx.chat(ModelRequest(node.name, endpoint, [{"role": "user", "content": prompt}], None,
+                                           on_delta))
+        return {outputs[0]["title"]: turn.content or ""}, None
+    shape = structured.shape(outputs)
+    response_format = None
+    if node.llm_config.component_type in structured.RESPONSE_FORMAT_CONFIGS:
+        response_format = shape.response_format(node.name)
+    else:
+        prompt = f"{prompt}\n\n{shape.instruction()}"
+    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    for attempt in (1, 2):
+        turn = await ctx.chat(ModelRequest(node.name, endpoint, list(messages), None, on_delta, response_format))
+        answer = turn.content or ""
+        try:
+            values = shape.read(answer)
+            return {p["title"]: values[p["title"]] for p in outputs}, None
+        except structured.AnswerMismatch as problem:
+            if attempt == 2:
+                raise structured.failure(f"LlmNode {node.name!r}", shape, problem) from None
+            messages += [{"role": "assistant", "content": answer},
+                         {"role": "user", "content": structured.retry_message(problem)}]
+    raise AssertionError("unreachable")
 
 
 async def agent_node(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) -> Outcome:
@@ -73,8 +98,9 @@ async def agent_node(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any])
 
 
 async def branching_node(ctx: RunContext, node: c.BranchingNode, inputs: dict[str, Any]) -> Outcome:
-    titles = node.input_titles()
-    key = titles[0] if len(titles) == 1 else "branching_mapping_key"
+    from heddle.spec import io
+
+    key = io.titles(io.inputs_of(node))[0]
     value = inputs.get(key)
     text = as_text(value) if value is not None else None
     if text is not None and text in node.mapping:
@@ -83,11 +109,21 @@ async def branching_node(ctx: RunContext, node: c.BranchingNode, inputs: dict[st
 
 
 async def flow_node(ctx: RunContext, node: c.FlowNode, inputs: dict[str, Any]) -> Outcome:
-    from heddle.engine.run import execute_flow
+    from heddle.engine.run import run_flow
+    from heddle.spec import io
 
-    titles = node.subflow.input_titles()
-    sub_inputs = {t: inputs[t] for t in titles if t in inputs} if titles else dict(inputs)
-    return await execute_flow(ctx, node.subflow, sub_inputs), None
+    titles = io.titles(io.flow_inputs(node.subflow))
+    walked = await run_flow(ctx, node.subflow, {t: inputs[t] for t in titles if t in inputs})
+    # A FlowNode leaves by the branch_name of the subflow's EndNode it reached.
+    return walked.outputs, None if walked.branch == "next" else walked.branch
+
+
+async def output_message_node(ctx: RunContext, node: c.OutputMessageNode, inputs: dict[str, Any]) -> Outcome:
+    # Shown, not returned: the node has no outputs (heddle.spec.messages).
+    text = render(node.message, inputs)
+    ctx.shown.append(text)
+    ctx.emit(ev.Message(node=node.name, text=text))
+    return {}, None
 
 
 async def run_node(ctx: RunContext, node: c.Node, inputs: dict[str, Any]) -> Outcome:
@@ -104,6 +140,12 @@ async def run_node(ctx: RunContext, node: c.Node, inputs: dict[str, Any]) -> Out
         return await branching_node(ctx, node, inputs)
     if isinstance(node, c.FlowNode):
         return await flow_node(ctx, node, inputs)
+    if isinstance(node, c.OutputMessageNode):
+        return await output_message_node(ctx, node, inputs)
+    if isinstance(node, c.COMPOSITE_NODES):
+        from heddle.engine.composite import run_composite
+
+        return await run_composite(ctx, node, inputs)
     step = ctx.seams.node_type(node.component_type)
     if step is None:
         raise RunError(f"{node.component_type} {node.name!r}: nothing executes this node type; "

@@ -3,6 +3,7 @@ written) turned into workspace and sandbox options, with the surface messages sp
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ def _sandbox_default() -> SandboxPolicy:
 class RunOptions:
     max_iterations: int = DEFAULT_MAX_ITERATIONS
     max_tool_rounds: int | None = DEFAULT_MAX_TOOL_ROUNDS  # None: unlimited
+    max_parallel: int = _DEFAULTS.max_parallel  # subflows one parallel node runs at once
     timeout: float | None = DEFAULT_TIMEOUT_S  # whole run, seconds
     tool_timeout: float | None = DEFAULT_TOOL_TIMEOUT_S
     stream: bool = _DEFAULTS.stream
@@ -44,6 +46,8 @@ class RunOptions:
     model_timeout: float = _DEFAULTS.model_timeout
     model_retries: int = _DEFAULTS.model_retries
     extra: dict[str, Any] = field(default_factory=dict)
+    # --model-url: {llm config name or id: URL}, replacing those configs' urls for this run.
+    model_urls: Mapping[str, str] = field(default_factory=dict)
     # Whose flags and units messages about these limits name: the CLI's (seconds) or the server's.
     surface: Surface = CLI
 

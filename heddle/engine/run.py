@@ -1,14 +1,23 @@
 """Running a flow: checks before anything runs, then the walk from StartNode to an EndNode.
 
-State is one flat dict that starts as the run's input. A node's input is the state plus what its
-data edges bring (renamed to the destination input); its output is merged into the state; the
-input of the EndNode reached is the result.
+Values move as the Agent Spec reference says. A node reads its own inputs (declared or inferred,
+heddle.spec.io): in a flow with data edges, each input takes the value of the edge whose source
+ran last, else its default (an input no edge reaches and that has no default takes the latest
+output of its name, as heddle's own flows have long done); in a flow whose `data_flow_connections`
+is null, each input takes the latest output of its name. The inputs of the EndNode reached are
+the flow's outputs (a flow output that EndNode does not give takes its default). Nothing else
+leaves a flow: `run_flow(...).outputs` is exactly its outputs.
+
+The flat state a top-level run prints is kept beside the wiring: the run's input, then every value
+each node produced merged in turn, then the flow's outputs over it, so each output holds exactly
+its value and no node ever reads this state.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import functools
 import time
 from collections.abc import AsyncIterator, Coroutine, Mapping
@@ -23,6 +32,7 @@ from heddle.engine.seams import NO_PLUGINS, Plugins, Rendering
 from heddle.errors import GraphError, HeddleError, LimitError, RunError
 from heddle.graph import FlowGraph, check_flow, llm_configs, node_key
 from heddle.spec import components as c
+from heddle.spec import io
 
 if TYPE_CHECKING:
     import httpx
@@ -32,24 +42,15 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def resolve_endpoints(flow: c.Flow) -> dict[int, ModelEndpoint]:
-    """Every model endpoint of the flow, with its API key read now: a missing key fails before any node runs."""
-    endpoints: dict[int, ModelEndpoint] = {}
+def resolve_endpoints(flow: c.Flow, *, model_urls: Mapping[str, str] | None = None) -> dict[int, ModelEndpoint]:
+    """Every model endpoint of the flow, its URL and API key read now (`$VAR`s from the environment,
+    `model_urls` by llm config name or id): a missing one fails before any node runs."""
     configs = list(llm_configs(flow))
-    if not configs:
-        return endpoints  # a flow of tools alone never loads the HTTP client
-    from heddle.model.client import ModelEndpoint, resolve_api_key
+    if not configs and not model_urls:
+        return {}  # a flow of tools alone never loads the HTTP client
+    from heddle.model.endpoints import flow_endpoints
 
-    for where, config in configs:
-        if id(config) in endpoints:
-            continue
-        key = resolve_api_key(config.api_key, config_type=config.component_type,
-                              where=f"llm_config {config.name!r} of {where}")
-        endpoints[id(config)] = ModelEndpoint(
-            base_url=config.url, model_id=config.model_id, api_key=key,
-            params=dict(config.default_generation_parameters or {}),
-        )
-    return endpoints
+    return flow_endpoints(configs, model_urls or {})
 
 
 @dataclass
@@ -62,6 +63,7 @@ class PreparedRun:
     options: RunOptions
     endpoints: dict[int, ModelEndpoint]  # by id() of the flow's llm_config objects
     plugins: Plugins = NO_PLUGINS
+    warnings: tuple[str, ...] = ()  # the graph check's, emitted when the run starts
 
 
 def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | None, options: RunOptions,
@@ -70,11 +72,14 @@ def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | No
 
     `plugins` (a heddle.plugin_host.PluginHost) adds its node types, tools, files and seams.
     """
+    from heddle.spec.roots import document_root
     from heddle.workspace.mounts import check_mounts
     from heddle.workspace.sandbox import check_policy
 
     plugins = plugins or NO_PLUGINS
-    problems = check_flow(flow, tools=plugins.known_tools(tools), tools_dir=tools_dir)
+    warnings: list[str] = list(document_root(flow).warnings)  # the document reader's come first
+    problems = check_flow(flow, tools=plugins.known_tools(tools), tools_dir=tools_dir, warnings=warnings,
+                          model_urls=options.model_urls)
     problems += plugins.check_flow(flow)
     if problems:
         raise GraphError(problems)
@@ -82,41 +87,134 @@ def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | No
     check_policy(options.sandbox, explicitly_set=sandbox_flags)
     ws = options.workspace
     check_mounts(ws.mounts, max_entries=ws.max_entries, max_bytes=ws.max_bytes)
-    return PreparedRun(flow, tools, tools_dir, options, resolve_endpoints(flow), plugins)
+    return PreparedRun(flow, tools, tools_dir, options, resolve_endpoints(flow, model_urls=options.model_urls),
+                       plugins, tuple(warnings))
 
 
-def _node_input(graph: FlowGraph, node: c.Node, state: dict[str, Any],
-                outputs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    values = dict(state)
-    key = node_key(node)
-    for edge in graph.flow.data_flow_connections or []:
-        if node_key(edge.destination_node) != key:
-            continue
-        produced = outputs.get(node_key(edge.source_node))
-        if produced is not None and edge.source_output in produced:
-            values[edge.destination_input] = produced[edge.source_output]
-        elif edge.source_output in state:
-            values[edge.destination_input] = state[edge.source_output]
-    return values
+def _label(node: c.Node) -> str:
+    return f"{node.component_type} {node.name!r}"
 
 
-async def execute_flow(ctx: RunContext, flow: c.Flow, inputs: dict[str, Any]) -> dict[str, Any]:
-    """Walk `flow` from its StartNode; return the input of the EndNode it reaches."""
+class _Wiring:
+    """The values one walk of a flow has produced, and how they reach the next node's inputs."""
+
+    def __init__(self, flow: c.Flow) -> None:
+        self.by_name = flow.data_flow_connections is None
+        self.into: dict[str, list[c.DataFlowEdge]] = {}
+        for edge in flow.data_flow_connections or []:
+            self.into.setdefault(node_key(edge.destination_node), []).append(edge)
+        self.produced: dict[str, tuple[int, dict[str, Any]]] = {}  # node -> (when it last ran, its outputs)
+        self.names: dict[str, Any] = {}  # the latest output of each name
+        self.step = 0
+
+    def _by_edges(self, node: c.Node) -> tuple[dict[str, Any], set[str]]:
+        """What the node's data edges bring, and the inputs they reach (whether their sources ran or not)."""
+        latest: dict[str, tuple[int, Any]] = {}
+        edges = self.into.get(node_key(node), [])
+        for edge in edges:
+            source = self.produced.get(node_key(edge.source_node))
+            if source is None or edge.source_output not in source[1]:
+                continue
+            # Several edges into one input: the one whose source ran last wins.
+            when, produced = source
+            if edge.destination_input not in latest or when > latest[edge.destination_input][0]:
+                latest[edge.destination_input] = (when, produced[edge.source_output])
+        return {title: value for title, (_, value) in latest.items()}, {e.destination_input for e in edges}
+
+    def inputs_for(self, node: c.Node) -> dict[str, Any]:
+        """The node's input values; RunError naming the input that has none."""
+        declared = io.inputs_of(node)
+        wired: set[str] = set()
+        if self.by_name:
+            given = dict(self.names)
+        else:
+            given, wired = self._by_edges(node)
+        if declared is None:
+            return {**self.names, **given}
+        values: dict[str, Any] = {}
+        missing: list[str] = []
+        for prop in declared:
+            title = prop["title"]
+            if title in given:
+                values[title] = given[title]
+            elif "default" in prop:
+                values[title] = copy.deepcopy(prop["default"])
+            elif title not in wired and title in self.names:
+                # No edge reaches it and it has no default: the latest output of its name, as in
+                # a flow wired by name (the graph checks refuse an input that even this leaves empty).
+                values[title] = self.names[title]
+            else:
+                missing.append(title)
+        if missing:
+            names = ", ".join(repr(m) for m in missing)
+            why = ("no node that ran before it gave an output of that name" if self.by_name
+                   else "no node that ran before it gave it a value")
+            raise RunError(f"{_label(node)} needs input {names}, but {why} and it has no default")
+        return values
+
+    def record(self, node: c.Node, produced: dict[str, Any]) -> dict[str, Any]:
+        """Keep what the node gave (its declared outputs, defaults filled in) for the nodes after it."""
+        declared = io.outputs_of(node)
+        if declared is None:
+            outputs = dict(produced)
+        else:
+            outputs = {}
+            for prop in declared:
+                title = prop["title"]
+                if title in produced:
+                    outputs[title] = produced[title]
+                elif "default" in prop:
+                    outputs[title] = copy.deepcopy(prop["default"])
+                else:
+                    raise RunError(f"{_label(node)} gave no value for its output {title!r}")
+        self.step += 1
+        self.produced[node_key(node)] = (self.step, outputs)
+        self.names.update(outputs)
+        return outputs
+
+
+@dataclass(frozen=True)
+class FlowRun:
+    """One walk of a flow to an EndNode."""
+
+    outputs: dict[str, Any]  # the flow's outputs: what a FlowNode (or any caller of the flow) gets
+    branch: str  # the branch_name of the EndNode reached
+    state: dict[str, Any]  # the flat state a top-level run prints
+
+
+def _flow_outputs(flow: c.Flow, end: c.EndNode, given: dict[str, Any]) -> dict[str, Any]:
+    outputs: dict[str, Any] = {}
+    for prop in io.flow_outputs(flow):
+        title = prop["title"]
+        if title in given:
+            outputs[title] = given[title]
+        elif "default" in prop:
+            outputs[title] = copy.deepcopy(prop["default"])
+        else:
+            raise RunError(f"flow {flow.name!r} ended at EndNode {end.name!r}, which does not give the flow's "
+                           f"output {title!r}, and that output has no default")
+    return outputs
+
+
+async def run_flow(ctx: RunContext, flow: c.Flow, inputs: dict[str, Any]) -> FlowRun:
+    """Walk `flow` from its StartNode (which reads `inputs`) to an EndNode."""
     from heddle.engine.nodes import run_node
 
     graph = FlowGraph.build(flow)
+    wiring = _Wiring(flow)
     state: dict[str, Any] = dict(inputs)
-    outputs: dict[str, dict[str, Any]] = {}
     step = functools.partial(run_node, ctx)
     node = graph.nodes.get(node_key(flow.start_node), flow.start_node)
     while True:
         ctx.count_iteration(node.name)
-        node_input = _node_input(graph, node, state, outputs)
+        node_input = dict(inputs) if isinstance(node, c.StartNode) else wiring.inputs_for(node)
         if isinstance(node, c.EndNode):
             ctx.emit(ev.NodeStart(node=node.name, node_type=node.component_type, inputs=node_input))
             ctx.emit(ev.NodeComplete(node=node.name, node_type=node.component_type, outputs=node_input,
                                      branch=None, duration_ms=0.0))
-            return node_input
+            outputs = _flow_outputs(flow, node, node_input)
+            state.update(outputs)
+            return FlowRun(outputs, node.branch_name or "next", state)
         ctx.emit(ev.NodeStart(node=node.name, node_type=node.component_type, inputs=node_input))
         started = time.perf_counter()
         try:
@@ -128,7 +226,7 @@ async def execute_flow(ctx: RunContext, flow: c.Flow, inputs: dict[str, Any]) ->
             if isinstance(exc, HeddleError):
                 raise
             raise RunError(f"node {node.name!r} failed: {type(exc).__name__}: {exc}") from exc
-        outputs[node_key(node)] = produced
+        wiring.record(node, produced)
         state.update(produced)
         ctx.emit(ev.NodeComplete(node=node.name, node_type=node.component_type, outputs=produced,
                                  branch=branch, duration_ms=(time.perf_counter() - started) * 1000))
@@ -168,16 +266,34 @@ async def _within(options: RunOptions, work: Coroutine[Any, Any, T]) -> T:
         raise LimitError(f"the run exceeded {options.surface.setting('timeout', limit)} and was stopped") from None
 
 
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a run ended: the flat final state `heddle run` prints, the flow's outputs alone, and the
+    messages it showed the person running it, in order (heddle.spec.messages)."""
+
+    state: dict[str, Any]
+    outputs: dict[str, Any]
+    messages: tuple[str, ...] = ()
+
+
 async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *, on_event: ev.EventSink = ev.ignore,
                        rendering: Rendering | None = None,
-                       transport: httpx.AsyncBaseTransport | None = None) -> dict[str, Any]:
-    """Run a prepared flow to its end and return the final state: the one way a flow runs.
+                       transport: httpx.AsyncBaseTransport | None = None, message: str | None = None) -> RunOutcome:
+    """Run a prepared flow to its end and return its final state and outputs: the one way a flow runs.
 
     `on_event` sees every event. With `rendering`, the run's plugins (an encoder) also render the
     events in its protocol and hand the output to its `write`. `transport` carries the model
     requests instead of the network (tests serve the scripted model in-process through it).
+    `message` is the user's message to an agent document's agent (required there, refused elsewhere);
+    its final answer is then the `result` output, unless the agent declares an output of that name.
     """
+    from heddle.engine.context import TopMessage
+    from heddle.spec.roots import check_message, message_target
+    from heddle.tools.provided import open_document_tools
     from heddle.workspace.workspace import Workspaces
+
+    check_message(prepared.flow, message, named="message", give="message=")
+    target = message_target(prepared.flow)
 
     options = prepared.options
 
@@ -186,17 +302,24 @@ async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *, on_even
 
     workspaces = Workspaces(options.workspace, prepared.tools, tools_dir=prepared.tools_dir, warn=warn)
     ctx = RunContext(options=options, tools=prepared.tools, tools_dir=prepared.tools_dir,
-                     endpoints=prepared.endpoints, workspaces=workspaces, sink=on_event)
+                     endpoints=prepared.endpoints, workspaces=workspaces, sink=on_event,
+                     message=TopMessage(target, message) if target is not None and message is not None else None)
     async with prepared.plugins.start_run(ctx, rendering) as seams:
         ctx.seams = seams
         workspaces.check()
         started = time.perf_counter()
         ctx.emit(ev.FlowStart(flow=prepared.flow.name, inputs=inputs))
-        async with _model_client(prepared, transport) as client:
+        for warning in prepared.warnings:
+            warn(warning)
+        async with _model_client(prepared, transport) as client, open_document_tools(ctx, prepared.flow):
             ctx.client = client
-            state = await _within(options, execute_flow(ctx, prepared.flow, dict(inputs)))
+            walked = await _within(options, run_flow(ctx, prepared.flow, dict(inputs)))
+        state = walked.state
         ctx.emit(ev.FlowComplete(flow=prepared.flow.name, state=state,
                                  duration_ms=(time.perf_counter() - started) * 1000))
         await seams.finish(state)
-    return state
+    outputs = walked.outputs
+    if ctx.message is not None:
+        outputs = {"result": ctx.message.answer, **outputs}
+    return RunOutcome(state, outputs, tuple(ctx.shown))
 

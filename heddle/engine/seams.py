@@ -56,6 +56,7 @@ class ModelRequest:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None  # function definitions the model may call
     on_delta: Callable[[str], None] | None = None  # sees the answer's text as it streams
+    response_format: dict[str, Any] | None = None  # the JSON Schema the answer must fit (structured outputs)
 
 
 ModelStep = Callable[[ModelRequest], Awaitable["AssistantTurn"]]

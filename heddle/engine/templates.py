@@ -1,7 +1,10 @@
 """`{{name}}` placeholders: strings go in verbatim, other values as compact JSON.
 
-Unknown placeholders are left exactly as written, so a prompt that talks about templates is not
-mangled.
+A placeholder is a name of word characters between double braces, spaces allowed inside
+(`{{x}}`, `{{ x }}`), as the Agent Spec reference infers inputs from them; anything else between
+braces (`{{ a.b }}`, `{{#each}}`) is text. Each placeholder of a node is one of its inputs, so the
+checks before a run refuse a placeholder that nothing fills; `render` itself leaves an unknown
+one as written.
 """
 
 from __future__ import annotations
@@ -11,7 +14,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-_PLACEHOLDER = re.compile(r"\{\{\s*([^{}\s]+)\s*\}\}")
+_PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+
+
+def placeholders(template: str) -> list[str]:
+    """The placeholder names of `template`, each once, in order of first appearance."""
+    return list(dict.fromkeys(match.group(1) for match in _PLACEHOLDER.finditer(template)))
 
 
 def as_text(value: Any) -> str:

@@ -125,9 +125,12 @@ class Manifest:
     proposals: Proposals = Proposals()
     heddle_version: str = ""
     version: int = VERSION
+    # The file of shared components the flow document takes its references from, if any. Written
+    # only when there is one, so a manifest without it is byte for byte what it always was.
+    components: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "files": [f.to_json() for f in self.files],
             "flow": self.flow,
             "format": FORMAT,
@@ -141,6 +144,9 @@ class Manifest:
             "tools": {name: self.tools[name].to_json() for name in sorted(self.tools)},
             "version": self.version,
         }
+        if self.components is not None:
+            out["components"] = self.components
+        return out
 
     def to_bytes(self) -> bytes:
         return canonical.dumps(self.to_json())
@@ -212,6 +218,7 @@ class _Reader:
         "files", "flow", "format", "heddle_version", "input", "mounts", "name",
         "plugins", "proposals", "requires", "tools", "version",
     })
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"components"})
 
     def __init__(self, what: str, limits: Limits, error: type[Exception]) -> None:
         self.what = what
@@ -263,7 +270,8 @@ class _Reader:
         return value
 
     def manifest(self, obj: Any) -> Manifest:
-        obj = self.keys(obj, "(top level)", self.TOP)
+        present = self.OPTIONAL & set(obj) if isinstance(obj, dict) else frozenset()
+        obj = self.keys(obj, "(top level)", self.TOP | present)
         if obj["format"] != FORMAT:
             self.fail("format", f"is {obj['format']!r}, expected {FORMAT!r}")
         if obj["version"] != VERSION or isinstance(obj["version"], bool):
@@ -273,6 +281,13 @@ class _Reader:
         flow = self.path(obj["flow"], "flow")
         if flow not in by_path:
             self.fail("flow", f"{flow!r} is not one of the files")
+        components = None
+        if "components" in obj:
+            components = self.path(obj["components"], "components")
+            if components not in by_path:
+                self.fail("components", f"{components!r} is not one of the files")
+            if components == flow:
+                self.fail("components", "is the flow itself; it names a second file")
         return Manifest(
             name=self.text(obj["name"], "name"),
             flow=flow,
@@ -285,6 +300,7 @@ class _Reader:
             proposals=self.proposals(obj["proposals"]),
             heddle_version=self.text(obj["heddle_version"], "heddle_version", max_len=64),
             version=VERSION,
+            components=components,
         )
 
     def files(self, value: Any) -> tuple[FileEntry, ...]:

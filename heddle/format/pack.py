@@ -72,6 +72,7 @@ class PackPlan:
     requires: Requires = field(default_factory=Requires)
     proposals: Proposals = field(default_factory=Proposals)
     skipped: list[Path] = field(default_factory=list)
+    components: str | None = None  # the payload path of the flow's components file, if it has one
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,7 @@ def build_manifest(plan: PackPlan, entries: Sequence[FileEntry], *, limits: Limi
         requires=plan.requires,
         proposals=plan.proposals,
         heddle_version=__version__,
+        components=plan.components,
     )
     # Read back what would be written, so a bundle this heddle makes is one it can open.
     try:

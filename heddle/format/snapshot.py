@@ -163,6 +163,8 @@ def always_hashed(payload: str | os.PathLike[str], manifest: Manifest) -> frozen
     """The files re-hashed on every open: what runs, and what says what runs."""
     paths = manifest.by_path
     out = {manifest.flow}
+    if manifest.components is not None:
+        out.add(manifest.components)  # part of the document: it can name the tools and models
     out.update(f.path for f in manifest.files if f.executable)
     out.update(t.entry for t in manifest.tools.values())
     for plugin in manifest.plugins:

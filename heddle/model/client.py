@@ -149,25 +149,30 @@ class ModelClient:
         await self._http.aclose()
 
     def request_body(self, endpoint: ModelEndpoint, messages: list[dict[str, Any]],
-                     tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                     tools: list[dict[str, Any]] | None = None,
+                     response_format: dict[str, Any] | None = None) -> dict[str, Any]:
         body: dict[str, Any] = dict(endpoint.params)
         body.update(model=endpoint.model_id, messages=messages, stream=self.stream)
         if tools:
             body["tools"] = tools
         else:
             body.pop("tools", None)
+        if response_format is not None:
+            body["response_format"] = response_format
         return body
 
     async def chat(self, endpoint: ModelEndpoint, messages: list[dict[str, Any]],
                    tools: list[dict[str, Any]] | None = None,
-                   on_delta: Callable[[str], None] | None = None) -> AssistantTurn:
-        """Ask for one assistant turn. `on_delta` sees content as it arrives (once, whole, when buffered)."""
+                   on_delta: Callable[[str], None] | None = None,
+                   response_format: dict[str, Any] | None = None) -> AssistantTurn:
+        """Ask for one assistant turn. `on_delta` sees content as it arrives (once, whole, when buffered);
+        `response_format` (OpenAI's) constrains the answer to a JSON Schema."""
         base = endpoint_url(endpoint.base_url)
         url = base + "/chat/completions"
         where = f"model {endpoint.model_id!r} at {base}"
         try:
             # Encoded once: every retry sends the very same bytes.
-            content = json.dumps(self.request_body(endpoint, messages, tools), ensure_ascii=False,
+            content = json.dumps(self.request_body(endpoint, messages, tools, response_format), ensure_ascii=False,
                                  separators=(",", ":"), allow_nan=False).encode("utf-8")
         except (TypeError, ValueError) as exc:
             raise UsageError(f"{where}: the request cannot be sent as JSON ({exc});"

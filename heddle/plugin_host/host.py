@@ -135,7 +135,7 @@ class PluginHost:
     def check_flow(self, flow: c.Flow) -> list[str]:
         """Problems with the plugin nodes of `flow` (and its subflows): branches without an edge,
         edges leaving by a branch the node type does not have."""
-        from heddle.graph import FlowGraph, node_key
+        from heddle.graph import FlowGraph, node_key, subflows
         from heddle.spec import components as c
 
         problems: list[str] = []
@@ -143,8 +143,8 @@ class PluginHost:
         def walk(f: c.Flow, prefix: str) -> None:
             graph = FlowGraph.build(f)
             for node in f.nodes:
-                if isinstance(node, c.FlowNode):
-                    walk(node.subflow, f"{prefix}FlowNode {node.name!r} > ")
+                for label, sub in subflows(node):
+                    walk(sub, f"{prefix}{label} > ")
                 if not isinstance(node, c.PluginNode):
                     continue
                 comp = self.node_component(node.component_type)

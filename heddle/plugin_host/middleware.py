@@ -210,7 +210,8 @@ class PluginRun:
                         return outcome
                     await asyncio.sleep(outcome)
         finally:
-            self._nodes.pop()
+            # This very node: under a parallel node the last one pushed may be another branch's.
+            del self._nodes[max(i for i, running in enumerate(self._nodes) if running is node)]
 
     async def _node_once(self, node: c.Node, node_input: dict[str, Any], next: NodeStep) -> Outcome:
         name = node.name

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from heddle.errors import DocumentError, HeddleError, ToolInputError, UsageError
+from heddle.errors import DocumentError, HeddleError, NeedsSessionError, ToolInputError, UsageError
 
 
 class ServeError(HeddleError):
@@ -35,10 +35,11 @@ def error_body(type_: str, message: str) -> dict[str, Any]:
 
 def status_of(exc: HeddleError) -> int:
     """Errors found before a run starts are the caller's to fix (400); so are values the run was
-    given that a tool's schema refuses before it starts (422); any other failed run is a 500."""
+    given that a tool's schema refuses before it starts, and a run that reached what only a session
+    can do, such as a ClientTool call (422); any other failed run is a 500."""
     if isinstance(exc, (DocumentError, UsageError)):
         return 400
-    if isinstance(exc, ToolInputError):
+    if isinstance(exc, (ToolInputError, NeedsSessionError)):
         return 422
     return 500
 

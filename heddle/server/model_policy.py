@@ -99,10 +99,47 @@ class ModelPolicy:
                 raise bad_request(f"{where}: api_key {key!r} would read this server's environment, which a "
                                   "request may not do; send the key itself, or use the server's default model",
                                   "forbidden_key")
+            if config.url.startswith("$"):
+                raise bad_request(f"{where}: url {config.url!r} would read this server's environment, which a "
+                                  "request may not do; send the URL itself", "forbidden_url")
             await self._check_url(where, config.url)
+        await self._check_mcp(flow)
+        await self._check_remote_tools(flow)
 
-    async def _check_url(self, where: str, url: str) -> None:
-        if self._is_default(url):
+    async def _check_remote_tools(self, flow: Flow) -> None:
+        """A request's RemoteTools: the model URLs' rules for the host each names (its placeholders
+        fill only path and query, and its redirects stay on that host), and no header read from
+        this server's environment."""
+        from heddle.spec.components import env_reference
+        from heddle.tools.remote import remote_tools
+
+        for path, tool in remote_tools(flow):
+            where = f"RemoteTool {tool.name!r} at {path}"
+            for name, value in {**tool.headers, **tool.sensitive_headers}.items():
+                if isinstance(value, str) and env_reference(value) is not None:
+                    raise bad_request(f"{where}: header {name!r} {value!r} would read this server's environment, "
+                                      "which a request may not do; send the value itself", "forbidden_key")
+            await self._check_url(where, tool.url, "url", exempt_default=False)
+
+    async def _check_mcp(self, flow: Flow) -> None:
+        """MCP servers of a request's flow: never a program started here, and the model URLs' rules."""
+        from heddle.spec.components import StdioTransport, env_reference
+        from heddle.tools.mcp import transports_of
+
+        for where, transport in transports_of(flow):
+            if isinstance(transport, StdioTransport):
+                raise bad_request(f"{where}: a flow sent in a request may not start a program on this server; "
+                                  "seal the flow in a bundle the server runs, or use an HTTP MCP server",
+                                  "forbidden_field")
+            headers = {**(transport.headers or {}), **(transport.sensitive_headers or {})}
+            for name, value in headers.items():
+                if env_reference(value) is not None:
+                    raise bad_request(f"{where}: header {name!r} {value!r} would read this server's environment, "
+                                      "which a request may not do; send the value itself", "forbidden_key")
+            await self._check_url(where, transport.url, "MCP server url")
+
+    async def _check_url(self, where: str, url: str, what: str = "model url", *, exempt_default: bool = True) -> None:
+        if exempt_default and self._is_default(url):
             return
         parts = urlsplit(url.strip())
         try:
@@ -110,7 +147,7 @@ class ModelPolicy:
         except ValueError:
             host, port = None, None
         if parts.scheme not in ("http", "https") or not host:
-            raise bad_request(f"{where}: model url {url!r} is not an http(s) URL", "invalid_flow")
+            raise bad_request(f"{where}: {what} {url!r} is not an http(s) URL", "invalid_flow")
         host = host.lower()
         if host in self.allow_net:
             return
@@ -118,11 +155,11 @@ class ModelPolicy:
         try:
             addresses = await _addresses(host, port)
         except (TimeoutError, OSError, UnicodeError, ValueError):
-            raise bad_request(f"{where}: model url {url!r}: host {host!r} does not resolve from this server",
+            raise bad_request(f"{where}: {what} {url!r}: host {host!r} does not resolve from this server",
                               "forbidden_url") from None
         inside = [a for a in addresses if _internal(a)]
         if inside:
-            raise bad_request(f"{where}: model url {url!r} points at {inside[0]}, an address of this server's "
+            raise bad_request(f"{where}: {what} {url!r} points at {inside[0]}, an address of this server's "
                               "own network; the operator can allow it with --allow-net " + host, "forbidden_url")
 
     def assign_keys(self, flow: Flow, endpoints: dict[int, ModelEndpoint], *, from_request: bool) -> None:
@@ -131,7 +168,7 @@ class ModelPolicy:
             endpoint = endpoints.get(id(config))
             if endpoint is None or config.api_key is not None:
                 continue
-            if self._is_default(config.url):
+            if self._is_default(endpoint.base_url):  # the URL the run uses: a `$VAR` one is read by now
                 endpoints[id(config)] = dataclasses.replace(endpoint, api_key=self.default_key)
             elif from_request and endpoint.api_key is not None:
                 endpoints[id(config)] = dataclasses.replace(endpoint, api_key=None)

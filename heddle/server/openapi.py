@@ -59,7 +59,9 @@ def _schemas() -> dict[str, Any]:
             "additionalProperties": False,
             "description": "With a bundle, only 'inputs' (merged over the bundle's recorded input).",
             "properties": {**flow_fields,
-                           "inputs": {"type": "object", "description": "The run's input."}},
+                           "inputs": {"type": "object", "description": "The run's input."},
+                           "message": {"type": "string", "description": "The user's message to the agent of a "
+                                       "document whose top level is an agent (required there, refused for a flow)."}},
         },
         "ValidateRequest": {
             "type": "object",
@@ -67,8 +69,14 @@ def _schemas() -> dict[str, Any]:
             "description": "With a bundle, an empty object: the bundle's flow is validated.",
             "properties": {**flow_fields, "inputs": {"type": "object"}},
         },
-        "RunResult": {"type": "object", "required": ["flow", "state"],
-                      "properties": {"flow": {"type": "string"}, "state": {"type": "object"}}},
+        "RunResult": {"type": "object", "required": ["flow", "state", "outputs"],
+                      "properties": {"flow": {"type": "string"}, "state": {"type": "object"},
+                                     "outputs": {"type": "object", "description": "The document's outputs alone: "
+                                                 "a flow's declared outputs; for an agent document, result (its "
+                                                 "answer) and its declared outputs."},
+                                     "messages": {"type": "array", "items": {"type": "string"},
+                                                  "description": "The messages the run showed (OutputMessageNode), "
+                                                  "in order; present when it showed any."}}},
         "ValidationReport": {
             "type": "object",
             "required": ["flow", "valid", "problems", "tools"],

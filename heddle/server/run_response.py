@@ -25,9 +25,10 @@ from heddle.server.service import Job, Service
 
 if TYPE_CHECKING:
     from heddle.engine.events import Event, EventSink
+    from heddle.engine.run import RunOutcome  # noqa: F401 - for the quoted name in RunTask
 
-# The run's task answers the final state; its queue carries events (or an encoder's text) and _DONE.
-RunTask = asyncio.Task[dict[str, Any]]
+# The run's task answers the final state and outputs; its queue carries events (or an encoder's text) and _DONE.
+RunTask = asyncio.Task["RunOutcome"]
 Items = asyncio.Queue[Any]
 
 log = logging.getLogger("heddle.server")
@@ -109,7 +110,7 @@ class RunResponse:
         if self.encoder is not None:
             assert write is not None, "an encoder needs somewhere to write"
             rendering = Rendering(self.encoder.protocol, write)
-        run = run_prepared(job.prepared, job.inputs, on_event=sink, rendering=rendering)
+        run = run_prepared(job.prepared, job.inputs, on_event=sink, rendering=rendering, message=job.message)
         task = asyncio.create_task(run)
         self.ticket.attach(task)
         return task
@@ -158,7 +159,10 @@ class RunResponse:
         elif failure is not None:
             status, body = _failure(failure)
         else:
-            status, body = 200, {"flow": self.job.flow_name, "state": run.result()}
+            outcome = run.result()
+            status, body = 200, {"flow": self.job.flow_name, "state": outcome.state, "outputs": outcome.outputs}
+            if outcome.messages:  # what the run showed its person (heddle.spec.messages)
+                body["messages"] = list(outcome.messages)
         data = json.dumps(body, ensure_ascii=False, default=str).encode("utf-8")
         self._finish()
         await send({"type": "http.response.start", "status": status,

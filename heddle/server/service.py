@@ -35,6 +35,7 @@ class Job:
     inputs: dict[str, Any]
     known_tools: frozenset[str]
     folder: ToolFolder | None = None
+    message: str | None = None  # the user's message, for an agent document
 
     @property
     def flow_name(self) -> str:
@@ -58,6 +59,7 @@ class _Resolved:
     from_request: bool
     folder: ToolFolder | None = None
     inputs: dict[str, Any] = field(default_factory=dict)
+    message: str | None = None
 
 
 def run_settings(config: ServerConfig, sealed: Any = None) -> RunSettings:
@@ -147,7 +149,7 @@ class Service:
         if self.sealed is not None:
             self._refuse_for_bundle(request)
             return _Resolved(self.sealed.flow, self.tools, self.tools_dir, f"bundle {self.sealed.name}",
-                             False, inputs={**self.sealed.input, **request.inputs})
+                             False, inputs={**self.sealed.input, **request.inputs}, message=request.message)
         if request.flow is not None:
             flow = await asyncio.to_thread(flow_from_value, request.flow, node_types=self.node_types)
             source, from_request = "flow", True
@@ -168,14 +170,18 @@ class Service:
             folder = await asyncio.to_thread(ToolFolder, request.tools, parent=self.config.work_dir)
             tools.update(folder.tools)
             tools_dir = tools_dir or folder.root
-        return _Resolved(flow, tools, tools_dir, source, from_request, folder, dict(request.inputs))
+        return _Resolved(flow, tools, tools_dir, source, from_request, folder, dict(request.inputs),
+                         request.message)
 
     async def prepare(self, body: dict[str, Any]) -> Job:
         """The request as a job ready to run, or the 400 saying what is wrong with it."""
         from heddle.engine.inputs import input_problem
+        from heddle.spec.roots import check_message
 
         resolved = await self._resolve(body)
         try:
+            check_message(resolved.flow, resolved.message, named="request field 'message'",
+                          give="'message' in the request", source=f"the {resolved.source}")
             prepared = self.bundle_run or await self._prepare(resolved)
             missing = missing_inputs(resolved.flow, resolved.inputs)
             if missing:
@@ -191,7 +197,8 @@ class Service:
                 resolved.folder.close()
             raise
         # The server's plugins, if any, are in `prepared`: its runs go through their seams.
-        return Job(prepared, resolved.inputs, frozenset(self.tools) | self._plugin_tools(), resolved.folder)
+        return Job(prepared, resolved.inputs, frozenset(self.tools) | self._plugin_tools(), resolved.folder,
+                   resolved.message)
 
     async def _prepare(self, resolved: _Resolved) -> Any:
         from heddle.engine.run import prepare_run
@@ -286,6 +293,7 @@ class Service:
                 "toolTimeoutMs": _ms(options.tool_timeout),
                 "maxIterations": options.max_iterations,
                 "maxToolRounds": options.max_tool_rounds,
+                "maxParallel": options.max_parallel,
                 "maxBodyBytes": config.max_body_bytes,
                 "drainTimeoutMs": _ms(config.drain_timeout),
                 "headerTimeoutMs": _ms(config.header_timeout),

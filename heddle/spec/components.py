@@ -7,9 +7,10 @@ so a document re-serialises as it was written.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
 
 Property = dict[str, Any]
 """A JSON Schema fragment with a `title`: an input or output of a component."""
@@ -96,7 +97,213 @@ class ServerTool(WithIO):
     component_type: Literal["ServerTool"] = "ServerTool"
 
 
-Tool = Annotated[ServerTool, Field(discriminator="component_type")]
+# --------------------------------------------------------------------------- remote, client and built-in tools
+# RemoteTool (heddle.tools.remote sends its request), ClientTool (the client runs it: offered to
+# an agent, a call needs a session, heddle.tools.client) and BuiltinTool (runs only when a plugin
+# provides a tool of its name, heddle.spec.refusals).
+
+
+def _none_is_empty_dict(value: Any) -> Any:
+    return {} if value is None else value
+
+
+class RemoteTool(WithIO):
+    """An HTTP request whose url, method, query, headers and body are templated from the call's
+    arguments. Inputs it does not declare are inferred from its `{{placeholders}}`."""
+
+    component_type: Literal["RemoteTool"] = "RemoteTool"
+    url: str
+    http_method: str
+    api_spec_uri: str | None = None  # describes the API; heddle never fetches it
+    data: Any = Field(default_factory=dict)
+    query_params: dict[str, Any] = Field(default_factory=dict)
+    headers: dict[str, Any] = Field(default_factory=dict)
+    sensitive_headers: dict[str, Any] = Field(default_factory=dict)
+    url_allow_list: list[str] | None = None
+    retry_policy: Any = None
+    timeout: float | None = Field(default=None, gt=0)
+    requires_confirmation: bool = False
+
+    _empty = field_validator("query_params", "headers", "sensitive_headers", mode="before")(
+        classmethod(lambda cls, v: _none_is_empty_dict(v))
+    )
+
+    @model_validator(mode="after")
+    def _check_remote_tool(self) -> RemoteTool:
+        from heddle.tools.remote import check_definition, inferred_inputs
+
+        if "inputs" not in self.model_fields_set:
+            self.inputs = inferred_inputs(self)
+        check_definition(self)
+        return self
+
+
+class ClientTool(WithIO):
+    component_type: Literal["ClientTool"] = "ClientTool"
+    requires_confirmation: bool = False
+
+
+class BuiltinTool(WithIO):
+    component_type: Literal["BuiltinTool"] = "BuiltinTool"
+    tool_type: str
+    configuration: dict[str, Any] | None = None
+    executor_name: str | list[str] | None = None
+    tool_version: str | None = None
+    requires_confirmation: bool = False
+
+
+# --------------------------------------------------------------------------- MCP
+# MCPTool, MCPToolBox and their client transports (heddle.tools.mcp connects to the servers).
+
+_ENV_REFERENCE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))\Z")
+
+
+def env_reference(value: str) -> str | None:
+    """The variable a `$NAME` / `${NAME}` value names; None for a value written as itself."""
+    match = _ENV_REFERENCE.match(value)
+    return None if match is None else match.group(1) or match.group(2)
+
+
+class SessionParameters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    read_timeout_seconds: float = Field(default=60.0, gt=0)
+
+
+class _ClientTransport(Component):
+    session_parameters: SessionParameters = Field(default_factory=SessionParameters)
+
+
+class StdioTransport(_ClientTransport):
+    """An MCP server heddle starts as a process and talks to over its stdin and stdout."""
+
+    component_type: Literal["StdioTransport"] = "StdioTransport"
+    command: str = Field(min_length=1)
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+
+    @field_validator("cwd")
+    @classmethod
+    def _inside_workspace(cls, value: str | None) -> str | None:
+        # The server runs in a workspace of its own, like a tool: a cwd can only name a folder in it.
+        if value is not None and (value.startswith(("/", "~")) or ".." in value.replace("\\", "/").split("/")):
+            raise ValueError(f"cwd {value!r} is outside the server's workspace, where heddle runs every MCP "
+                             "server; give a folder inside it (a relative path) or drop cwd")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for name in value or {}:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"env {name!r} is not an environment variable name")
+        return value
+
+
+class _RemoteTransport(_ClientTransport):
+    url: str
+    auth: Any = None
+    headers: dict[str, str] | None = None
+    sensitive_headers: dict[str, str] | None = None
+    retry_policy: Any = None
+
+    @model_validator(mode="after")
+    def _check_remote(self) -> _RemoteTransport:
+        label = f"{self.component_type} {self.name!r}"  # type: ignore[attr-defined]
+        if not re.match(r"https?://[^/]", self.url):
+            raise ValueError(f"{label}: url {self.url!r} is not an http(s) URL")
+        for field in ("auth", "retry_policy"):
+            if getattr(self, field) is not None:
+                raise ValueError(f"{label}: {field} is not supported by heddle yet; drop it (credentials can go "
+                                 "in sensitive_headers as $VAR references)")
+        both = sorted(set(self.headers or {}) & set(self.sensitive_headers or {}))
+        if both:
+            raise ValueError(f"{label}: header {both[0]!r} is in both headers and sensitive_headers; keep one")
+        for kind, headers in (("headers", self.headers), ("sensitive_headers", self.sensitive_headers)):
+            for header, value in (headers or {}).items():
+                if kind == "sensitive_headers" and env_reference(value) is None:
+                    raise ValueError(f"{label}: sensitive_headers {header!r} must be a $VAR reference; a secret "
+                                     "is never written in the document")
+                if value.startswith("$") and env_reference(value) is None:
+                    raise ValueError(f"{label}: {kind} {header!r} value {value!r} is not a valid environment "
+                                     "variable reference; write it as $NAME")
+        return self
+
+
+class SSETransport(_RemoteTransport):
+    component_type: Literal["SSETransport"] = "SSETransport"
+
+
+class StreamableHTTPTransport(_RemoteTransport):
+    component_type: Literal["StreamableHTTPTransport"] = "StreamableHTTPTransport"
+
+
+class _MutualTLS(BaseModel):
+    key_file: str = Field(min_length=1)
+    cert_file: str = Field(min_length=1)
+    ca_file: str = Field(min_length=1)
+
+
+class SSEmTLSTransport(_MutualTLS, SSETransport):
+    component_type: Literal["SSEmTLSTransport"] = "SSEmTLSTransport"  # type: ignore[assignment]
+
+
+class StreamableHTTPmTLSTransport(_MutualTLS, StreamableHTTPTransport):
+    component_type: Literal["StreamableHTTPmTLSTransport"] = "StreamableHTTPmTLSTransport"  # type: ignore[assignment]
+
+
+ClientTransport = Annotated[
+    StdioTransport | SSETransport | SSEmTLSTransport | StreamableHTTPTransport | StreamableHTTPmTLSTransport,
+    Field(discriminator="component_type"),
+]
+
+
+class MCPTool(WithIO):
+    """One tool of an MCP server, by its name there."""
+
+    component_type: Literal["MCPTool"] = "MCPTool"
+    client_transport: ClientTransport
+    requires_confirmation: bool = False  # true is refused: heddle.spec.refusals
+
+    def declares_inputs(self) -> bool:
+        """Whether the document gives the tool's inputs (else the server's listing does)."""
+        return "inputs" in self.model_fields_set
+
+
+class MCPToolSpec(WithIO):
+    """A tool a toolbox expects its server to list, with the signature it expects."""
+
+    component_type: Literal["MCPToolSpec"] = "MCPToolSpec"
+
+    @model_validator(mode="after")
+    def _check_spec(self) -> MCPToolSpec:
+        if len(self.outputs) > 1 or any(p.get("type", "string") != "string" for p in self.outputs):
+            raise ValueError(f"MCPToolSpec {self.name!r}: its outputs may only be one string property")
+        return self
+
+    def declares_inputs(self) -> bool:
+        return "inputs" in self.model_fields_set
+
+
+class MCPToolBox(Component):
+    """The tools an MCP server lists, offered to an agent (those `tool_filter` names, when it is given)."""
+
+    component_type: Literal["MCPToolBox"] = "MCPToolBox"
+    client_transport: ClientTransport
+    tool_filter: list[MCPToolSpec | str] | None = None
+    requires_confirmation: bool = False  # true is refused: heddle.spec.refusals
+
+    @model_validator(mode="after")
+    def _check_toolbox(self) -> MCPToolBox:
+        names = [entry if isinstance(entry, str) else entry.name for entry in self.tool_filter or []]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"MCPToolBox {self.name!r}: tool_filter names {twice[0]!r} twice")
+        return self
+
+
+Tool = Annotated[ServerTool | MCPTool | RemoteTool | ClientTool | BuiltinTool, Field(discriminator="component_type")]
 
 
 class Agent(WithIO):
@@ -104,6 +311,50 @@ class Agent(WithIO):
     llm_config: LlmConfig
     system_prompt: str = ""
     tools: list[Tool] = Field(default_factory=list)
+    toolboxes: list[MCPToolBox] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- SpecializedAgent
+
+
+class AgentSpecializationParameters(WithIO):
+    component_type: Literal["AgentSpecializationParameters"] = "AgentSpecializationParameters"
+    additional_instructions: str | None = None
+    additional_tools: list[Tool] | None = None
+    human_in_the_loop: bool | None = None
+
+
+# What a SpecializedAgent takes from its base agent (the rest of an Agent's fields are its own).
+SPECIALISED_FIELDS = ("llm_config", "system_prompt", "tools", "toolboxes", "human_in_the_loop")
+
+
+class SpecializedAgent(Agent):
+    """An Agent specialised for a task, as the specification defines it: its base `agent` with the
+    parameters' `additional_instructions` after its system prompt, their `additional_tools` after
+    its tools, their `human_in_the_loop` (unless null) for its own, and inputs and outputs the
+    union of both. Those fields are filled in when the document is read, so a SpecializedAgent
+    runs wherever an Agent does; `agent` and `agent_specialization_parameters` stay as written."""
+
+    component_type: Literal["SpecializedAgent"] = "SpecializedAgent"  # type: ignore[assignment]
+    agent: Agent
+    agent_specialization_parameters: AgentSpecializationParameters
+
+    @model_validator(mode="before")
+    @classmethod
+    def _specialise(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        base, params = data.get("agent"), data.get("agent_specialization_parameters")
+        if not isinstance(base, dict) or not isinstance(params, dict):
+            return data  # the fields' own validation names what is wrong
+        written = [key for key in SPECIALISED_FIELDS if key in data]
+        if written:
+            raise ValueError(f"SpecializedAgent {data.get('name')!r}: {', '.join(written)} come from its agent and "
+                             "agent_specialization_parameters; remove them from the SpecializedAgent")
+        from heddle.spec.specialized import specialised_fields
+
+        return {**data, **specialised_fields(base, params, name=str(data.get("name") or ""),
+                                             inputs=data.get("inputs"), outputs=data.get("outputs"))}
 
 
 # --------------------------------------------------------------------------- nodes
@@ -142,7 +393,7 @@ class LlmNode(NodeBase):
 
 class AgentNode(NodeBase):
     component_type: Literal["AgentNode"] = "AgentNode"
-    agent: Agent
+    agent: Annotated[Agent | SpecializedAgent, Field(discriminator="component_type")]
 
 
 class BranchingNode(NodeBase):
@@ -161,6 +412,11 @@ class FlowNode(NodeBase):
     component_type: Literal["FlowNode"] = "FlowNode"
     subflow: Flow
 
+    def next_branches(self) -> list[str]:
+        # One per branch_name of the subflow's EndNodes (`next` when they name none).
+        ends = [n.branch_name or "next" for n in self.subflow.nodes if isinstance(n, EndNode)]
+        return sorted(set(ends)) or ["next"]
+
 
 class PluginNode(NodeBase):
     """A node of a type a loaded plugin declares; the plugin's process executes it.
@@ -173,7 +429,263 @@ class PluginNode(NodeBase):
     llm_config: LlmConfig | None = None
 
 
-_BUILTIN_NODES = ("StartNode", "EndNode", "ToolNode", "LlmNode", "AgentNode", "BranchingNode", "FlowNode")
+# --------------------------------------------------------------------------- composite nodes
+# MapNode, ParallelMapNode, ParallelFlowNode, CatchExceptionNode: nodes that run subflows
+# (heddle.engine.composite executes them). Their inputs and outputs are inferred from the
+# subflows as the specification says; what a document declares must name the same values.
+
+Reducer = Literal["append", "sum", "average", "max", "min"]
+NUMERIC_REDUCERS: tuple[str, ...] = ("sum", "average", "max", "min")
+ITERATED_PREFIX = "iterated_"
+COLLECTED_PREFIX = "collected_"
+CAUGHT_EXCEPTION_BRANCH = "caught_exception_branch"
+CAUGHT_EXCEPTION_INFO = "caught_exception_info"
+
+
+def schema_types(schema: Property) -> set[str]:
+    """The JSON types a property admits; {"any"} when it does not say."""
+    found: set[str] = set()
+    declared = schema.get("type")
+    if isinstance(declared, str):
+        found.add(declared)
+    elif isinstance(declared, list):
+        found.update(t for t in declared if isinstance(t, str))
+    for key in ("anyOf", "oneOf"):
+        for option in schema.get(key) or []:
+            if isinstance(option, dict):
+                found |= schema_types(option)
+    return found or {"any"}
+
+
+def flow_inputs(flow: Flow) -> list[Property]:
+    from heddle.spec import io  # io reads these classes: imported when a document is checked
+
+    return io.flow_inputs(flow)
+
+
+def flow_outputs(flow: Flow) -> list[Property]:
+    from heddle.spec import io
+
+    return io.flow_outputs(flow)
+
+
+def flow_branches(flow: Flow) -> list[str]:
+    """The branches a flow can end by: one per distinct EndNode `branch_name` ("next" when unnamed)."""
+    names = [n.branch_name or "next" for n in flow.nodes if isinstance(n, EndNode)]
+    return list(dict.fromkeys(names)) or ["next"]
+
+
+def _strip(schema: Property) -> Property:
+    """A schema without the annotations that do not change what it admits."""
+    return {k: v for k, v in schema.items() if k not in ("title", "description", "default")}
+
+
+def _check_declared(node: NodeBase, kind: str, declared: list[Property], inferred: list[Property]) -> None:
+    # The specification: declared inputs/outputs must name the inferred ones (a declaration may refine types).
+    names, expected = {p["title"] for p in declared}, {p["title"] for p in inferred}
+    if declared and names != expected:
+        extra, missing = sorted(names - expected), sorted(expected - names)
+        detail = "; ".join(part for part in (
+            f"it declares {', '.join(map(repr, extra))}, which are not among them" if extra else "",
+            f"it does not declare {', '.join(map(repr, missing))}" if missing else "") if part)
+        raise ValueError(f"{type(node).__name__} {node.name!r}: its {kind} must be {sorted(expected)} as "
+                         f"inferred from its subflow; {detail}")
+
+
+class _MapNodeBase(NodeBase):
+    subflow: Flow
+    reducers: dict[str, Reducer] | None = None
+
+    def reducer_of(self) -> dict[str, str]:
+        """Reducer by subflow output title; without `reducers`, every output is appended."""
+        if self.reducers is None:
+            return {p["title"]: "append" for p in flow_outputs(self.subflow)}
+        return dict(self.reducers)
+
+    def inferred_inputs(self) -> list[Property]:
+        return [{"title": ITERATED_PREFIX + p["title"],
+                 "anyOf": [_strip(p), {"type": "array", "items": _strip(p)}]} for p in flow_inputs(self.subflow)]
+
+    def inferred_outputs(self) -> list[Property]:
+        reducers, out = self.reducer_of(), []
+        for prop in flow_outputs(self.subflow):
+            method = reducers.get(prop["title"])
+            if method is None:
+                continue
+            title = COLLECTED_PREFIX + prop["title"]
+            out.append({"title": title, "type": "array", "items": _strip(prop)} if method == "append"
+                       else {**_strip(prop), "title": title})
+        return out
+
+    @model_validator(mode="after")
+    def _check_map(self) -> _MapNodeBase:
+        label = f"{type(self).__name__} {self.name!r}"
+        outputs = {p["title"]: p for p in flow_outputs(self.subflow)}
+        for title, method in (self.reducers or {}).items():
+            prop = outputs.get(title)
+            if prop is None:
+                raise ValueError(f"{label}: reducer {title!r} names no output of "
+                                 f"its subflow (outputs: {sorted(outputs)}); reducers use the subflow's own "
+                                 f"output names, without {COLLECTED_PREFIX!r}")
+            if method in NUMERIC_REDUCERS and not schema_types(prop) <= {"integer", "number"}:
+                raise ValueError(f"{label}: reducer {method!r} of {title!r} needs an "
+                                 f"integer or number output, not {'/'.join(sorted(schema_types(prop)))}; "
+                                 "use 'append'")
+        _check_declared(self, "inputs", self.inputs, self.inferred_inputs())
+        _check_declared(self, "outputs", self.outputs, self.inferred_outputs())
+        return self
+
+
+class MapNode(_MapNodeBase):
+    """Runs `subflow` once per element of its `iterated_*` list inputs, one after another, and reduces
+    each subflow output into its `collected_*` output."""
+
+    component_type: Literal["MapNode"] = "MapNode"
+
+
+class ParallelMapNode(_MapNodeBase):
+    """A MapNode whose runs of the subflow happen concurrently (at most --max-parallel at once)."""
+
+    component_type: Literal["ParallelMapNode"] = "ParallelMapNode"
+
+
+class ParallelFlowNode(NodeBase):
+    """Runs every subflow concurrently (at most --max-parallel at once); its outputs are the union of theirs."""
+
+    component_type: Literal["ParallelFlowNode"] = "ParallelFlowNode"
+    subflows: list[Flow] = Field(default_factory=list)
+
+    def inferred_inputs(self) -> list[Property]:
+        merged: dict[str, Property] = {}
+        for flow in self.subflows:
+            for prop in flow_inputs(flow):
+                merged.setdefault(prop["title"], prop)
+        return list(merged.values())
+
+    def inferred_outputs(self) -> list[Property]:
+        return [p for flow in self.subflows for p in flow_outputs(flow)]
+
+    @model_validator(mode="after")
+    def _check_parallel(self) -> ParallelFlowNode:
+        inputs: dict[str, tuple[int, Property]] = {}
+        outputs: dict[str, int] = {}
+        label = f"ParallelFlowNode {self.name!r}"
+        for i, flow in enumerate(self.subflows):
+            for prop in flow_inputs(flow):
+                j, seen = inputs.setdefault(prop["title"], (i, prop))
+                if schema_types(seen) != schema_types(prop):
+                    raise ValueError(f"{label}: subflows[{j}] {self.subflows[j].name!r} and subflows[{i}] "
+                                     f"{flow.name!r} both take input {prop['title']!r}, with different types; "
+                                     "rename one of them")
+            for prop in flow_outputs(flow):
+                j = outputs.setdefault(prop["title"], i)
+                if j != i:
+                    raise ValueError(f"{label}: subflows[{j}] {self.subflows[j].name!r} and subflows[{i}] "
+                                     f"{flow.name!r} both give output {prop['title']!r}; the outputs of parallel "
+                                     "subflows must have distinct names")
+        _check_declared(self, "inputs", self.inputs, self.inferred_inputs())
+        _check_declared(self, "outputs", self.outputs, self.inferred_outputs())
+        return self
+
+
+class CatchExceptionNode(NodeBase):
+    """Runs `subflow`; a failure in it leaves by `caught_exception_branch` with the outputs' defaults and
+    `caught_exception_info` set, success by the subflow's own branch with its outputs."""
+
+    component_type: Literal["CatchExceptionNode"] = "CatchExceptionNode"
+    subflow: Flow
+
+    def next_branches(self) -> list[str]:
+        return [CAUGHT_EXCEPTION_BRANCH, *flow_branches(self.subflow)]
+
+    def inferred_inputs(self) -> list[Property]:
+        return list(flow_inputs(self.subflow))
+
+    def inferred_outputs(self) -> list[Property]:
+        node_outputs = [p for p in self.outputs if p["title"] != CAUGHT_EXCEPTION_INFO]
+        return [*(node_outputs or flow_outputs(self.subflow)),
+                {"title": CAUGHT_EXCEPTION_INFO, "anyOf": [{"type": "string"}, {"type": "null"}], "default": None}]
+
+    def output_defaults(self) -> dict[str, Any]:
+        """The value of each output when the subflow failed: declared here, else on the subflow's output."""
+        sub = {p["title"]: p for p in flow_outputs(self.subflow)}
+        values: dict[str, Any] = {}
+        for prop in self.inferred_outputs():
+            title = prop["title"]
+            if "default" in prop:
+                values[title] = prop["default"]
+            elif "default" in sub.get(title, {}):
+                values[title] = sub[title]["default"]
+        return values
+
+    @model_validator(mode="after")
+    def _check_catch(self) -> CatchExceptionNode:
+        label = f"CatchExceptionNode {self.name!r}"
+        if CAUGHT_EXCEPTION_BRANCH in flow_branches(self.subflow):
+            raise ValueError(f"{label}: an EndNode of its subflow is named {CAUGHT_EXCEPTION_BRANCH!r}, the "
+                             "branch a caught failure takes; rename that branch_name")
+        if any(p["title"] == CAUGHT_EXCEPTION_INFO for p in flow_outputs(self.subflow)):
+            raise ValueError(f"{label}: its subflow has an output named {CAUGHT_EXCEPTION_INFO!r}, which this "
+                             "node gives itself; rename that output")
+        _check_declared(self, "inputs", self.inputs, self.inferred_inputs())
+        # caught_exception_info may go undeclared: the node gives it anyway
+        _check_declared(self, "outputs", [p for p in self.outputs if p["title"] != CAUGHT_EXCEPTION_INFO],
+                        flow_outputs(self.subflow))
+        defaults = self.output_defaults()
+        for prop in self.inferred_outputs():
+            if prop["title"] not in defaults:
+                raise ValueError(f"{label}: output {prop['title']!r} has no default, which it must give when the "
+                                 "subflow fails; add a `default` to it here or on the subflow's output")
+        return self
+
+
+COMPOSITE_NODES = (MapNode, ParallelMapNode, ParallelFlowNode, CatchExceptionNode)
+
+# --------------------------------------------------------------------------- catalogue: nodes read to be refused
+# Node types of the specification heddle does not run yet, read all the same so that the graph
+# check refuses them beside every other problem of the document, with heddle.spec.catalog's reason
+# (a document is fixed in one pass). Whoever makes one run gives it an executor, takes its
+# `even_if_read` off in the catalogue and moves it to a section of its own.
+
+
+class InputMessageNode(NodeBase):
+    component_type: Literal["InputMessageNode"] = "InputMessageNode"
+    message: str | None = None
+
+
+# --------------------------------------------------------------------------- messages
+# OutputMessageNode: shows its `message`, placeholders filled from its inputs, to the person running
+# the flow (heddle.engine.nodes runs it; heddle.spec.messages says how a run without a chat window
+# shows it).
+
+# Fields a runtime's own message node adds (a role, an LLM rephrasing, the message as an output):
+# written on an OutputMessageNode they would change what is shown, and heddle honours none of them.
+_MESSAGE_EXTENSIONS = ("message_type", "rephrase", "llm_config", "expose_message_as_output", "message_template")
+
+
+class OutputMessageNode(NodeBase):
+    """Appends `message` to the conversation as the agent's: one input per placeholder, no outputs."""
+
+    component_type: Literal["OutputMessageNode"] = "OutputMessageNode"
+    message: str
+
+    @model_validator(mode="after")
+    def _check_output_message(self) -> OutputMessageNode:
+        label = f"OutputMessageNode {self.name!r}"
+        if self.outputs:
+            raise ValueError(f"{label}: it declares outputs {self.output_titles()}, but an OutputMessageNode gives "
+                             "none (it shows its message); remove them")
+        extension = [field for field in _MESSAGE_EXTENSIONS if field in (self.model_extra or {})]
+        if extension:
+            raise ValueError(f"{label}: {extension[0]!r} is not a field of an OutputMessageNode (the specification "
+                             "gives it only `message`, shown as the agent's message as written), and heddle does "
+                             "not honour it; remove it")
+        return self
+
+
+_BUILTIN_NODES = ("StartNode", "EndNode", "ToolNode", "LlmNode", "AgentNode", "BranchingNode", "FlowNode",
+                  "MapNode", "ParallelMapNode", "ParallelFlowNode", "CatchExceptionNode",
+                  "InputMessageNode", "OutputMessageNode")
 
 
 def _node_tag(value: Any) -> str | None:
@@ -191,6 +703,12 @@ Node = Annotated[
     | Annotated[AgentNode, Tag("AgentNode")]
     | Annotated[BranchingNode, Tag("BranchingNode")]
     | Annotated[FlowNode, Tag("FlowNode")]
+    | Annotated[MapNode, Tag("MapNode")]
+    | Annotated[ParallelMapNode, Tag("ParallelMapNode")]
+    | Annotated[ParallelFlowNode, Tag("ParallelFlowNode")]
+    | Annotated[CatchExceptionNode, Tag("CatchExceptionNode")]
+    | Annotated[InputMessageNode, Tag("InputMessageNode")]
+    | Annotated[OutputMessageNode, Tag("OutputMessageNode")]
     | Annotated[PluginNode, Tag("PluginNode")],
     Discriminator(_node_tag),
 ]
@@ -220,6 +738,9 @@ class Flow(WithIO):
     nodes: list[Node] = Field(default_factory=list)
     control_flow_connections: list[ControlFlowEdge] = Field(default_factory=list)
     data_flow_connections: list[DataFlowEdge] | None = None
+    # What the document's top level was (a heddle.spec.roots.DocumentRoot): the Flow heddle runs may
+    # stand for an Agent or a single node. Never serialised; set by the document reader.
+    _root: Any = PrivateAttr(default=None)
 
     @field_validator("nodes", "control_flow_connections", mode="before")
     @classmethod
@@ -228,6 +749,8 @@ class Flow(WithIO):
 
 
 FlowNode.model_rebuild()
+for _composite in COMPOSITE_NODES:
+    _composite.model_rebuild()
 
 KNOWN_COMPONENT_TYPES: tuple[str, ...] = (
     "Flow",
@@ -238,8 +761,27 @@ KNOWN_COMPONENT_TYPES: tuple[str, ...] = (
     "LlmNode",
     "BranchingNode",
     "FlowNode",
+    "MapNode",
+    "ParallelMapNode",
+    "ParallelFlowNode",
+    "CatchExceptionNode",
+    "InputMessageNode",
+    "OutputMessageNode",
     "Agent",
+    "SpecializedAgent",
+    "AgentSpecializationParameters",
     "ServerTool",
+    "RemoteTool",
+    "ClientTool",
+    "BuiltinTool",
+    "MCPTool",
+    "MCPToolBox",
+    "MCPToolSpec",
+    "StdioTransport",
+    "SSETransport",
+    "SSEmTLSTransport",
+    "StreamableHTTPTransport",
+    "StreamableHTTPmTLSTransport",
     "ControlFlowEdge",
     "DataFlowEdge",
     "OpenAiConfig",

@@ -1,15 +1,21 @@
-"""Reading a flow document: bytes -> mapping -> resolved mapping -> typed `Flow`."""
+"""Reading a document: bytes -> mapping -> resolved mapping -> the typed `Flow` heddle runs.
+
+The top level may be a Flow, an Agent or a single node (heddle.spec.roots makes each a Flow), or a
+`$component_ref` to one; its shared components may come from a second file (`--components`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from heddle.errors import DocumentError
-from heddle.spec.references import resolve_references
+from heddle.spec.references import REFS, resolve_references
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -19,7 +25,15 @@ if TYPE_CHECKING:
 Format = Literal["json", "yaml"]
 _FORMATS: dict[str, Format] = {"json": "json", "yaml": "yaml"}
 
-SUPPORTED_VERSIONS = re.compile(r"^(25|26)\.\d+(\.\d+)?([.-].*)?$")
+
+
+@dataclass(frozen=True)
+class Components:
+    """Shared components from a second file: the `$referenced_components` of a disaggregated
+    configuration, the scope around the document's own references."""
+
+    table: Mapping[str, Any]
+    source: str  # how errors name the file, e.g. "--components comps.yaml"
 
 
 def detect_format(path: Path, forced: str | None = None) -> Format:
@@ -70,6 +84,12 @@ def _check_component_types(node: Any, source: str, path: str = "$",
     elif isinstance(node, dict):
         ctype = node.get("component_type")
         if ctype is not None and ctype not in KNOWN_COMPONENT_TYPES and ctype not in node_types:
+            from heddle.spec.catalog import refusal_message
+
+            # A type the specification defines is refused with why, and what would run it.
+            refused = refusal_message(str(ctype), name=node.get("name"), path=path)
+            if refused is not None:
+                raise DocumentError(f"{source}: {refused}")
             known = ", ".join((*KNOWN_COMPONENT_TYPES, *sorted(node_types)))
             hint = "" if node_types else " (a plugin's node type needs --plugin MANIFEST)"
             raise DocumentError(f"{source}: {path} has unknown component_type {ctype!r}; known types: {known}{hint}")
@@ -79,12 +99,21 @@ def _check_component_types(node: Any, source: str, path: str = "$",
 
 
 def _describe_validation_error(exc: ValidationError, source: str) -> str:
-    errors = exc.errors()
+    # A component referenced from several places (a node and the edges naming it) fails once per
+    # place with one message: the first place is enough.
+    firsts: dict[tuple[str, str], Any] = {}
+    for err in exc.errors():
+        firsts.setdefault((err["msg"], json.dumps(err.get("input"), sort_keys=True, default=str)), err)
+    errors = list(firsts.values())
     parts = []
     for err in errors[:5]:
         loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
         # Pydantic puts the union tag in the location; it is noise for a reader.
         loc = re.sub(r"\.(Flow|StartNode|EndNode|ToolNode|AgentNode|LlmNode|BranchingNode|FlowNode|"
+                     r"MapNode|ParallelMapNode|ParallelFlowNode|CatchExceptionNode|InputMessageNode|OutputMessageNode|"
+                     r"MCPTool|MCPToolSpec|StdioTransport|SSETransport|SSEmTLSTransport|StreamableHTTPTransport|"
+                     r"StreamableHTTPmTLSTransport|str|"
+                     r"RemoteTool|ClientTool|BuiltinTool|SpecializedAgent|AgentSpecializationParameters|"
                      r"PluginNode|Agent|ServerTool|OpenAiConfig|OpenAiCompatibleConfig|VllmConfig|OllamaConfig)"
                      r"(?=\.|\[|$)", "", loc)
         parts.append(f"${loc}: {err['msg']}")
@@ -92,57 +121,120 @@ def _describe_validation_error(exc: ValidationError, source: str) -> str:
     return f"{source}: " + "; ".join(parts) + more
 
 
-def parse_flow(data: Any, *, source: str = "<flow>", node_types: Iterable[str] = ()) -> Flow:
-    """Turn a parsed document (dict) into a typed, reference-resolved `Flow`.
+def declared_version(data: Mapping[str, Any], source: str) -> str | None:
+    """The document's `agentspec_version` (or its former name, `air_version`), refused unless heddle reads it."""
+    from heddle.spec.versions import READS, parse_version, readable
 
-    `node_types` are the node component types loaded plugins declare; any other unknown
-    type is refused.
+    field = "agentspec_version" if "agentspec_version" in data else "air_version"
+    value = data.get(field)
+    if value is None:
+        return None
+    # YAML reads `26.1` as a number; the version is its text.
+    text = str(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else None
+    version = parse_version(text) if text is not None else None
+    if text is None or version is None or not readable(version):
+        raise DocumentError(f"{source}: {field} {value!r} is not supported; heddle reads {READS}")
+    return text
+
+
+def parse_components(data: Any, *, source: str) -> Components:
+    """A components file: one key, `$referenced_components`, an object of id -> component."""
+    if not isinstance(data, dict) or set(data) != {REFS}:
+        found = f"keys {', '.join(sorted(map(str, data)))}" if isinstance(data, dict) else type(data).__name__
+        raise DocumentError(f"{source}: a components file is an object with one key, {REFS} (id -> component, "
+                            f"as a disaggregated configuration is exported), not {found}")
+    table = data[REFS]
+    if not isinstance(table, dict) or not all(isinstance(k, str) for k in table):
+        raise DocumentError(f"{source}: {REFS} must be an object of id -> component")
+    return Components(table=table, source=source)
+
+
+def parse_flow(data: Any, *, source: str = "<flow>", node_types: Iterable[str] = (),
+               components: Components | None = None) -> Flow:
+    """Turn a parsed document (dict) into the typed, reference-resolved `Flow` heddle runs.
+
+    The top level may be a Flow, an Agent or a node (heddle.spec.roots), or a `$component_ref` to
+    one. `node_types` are the node component types loaded plugins declare; any other unknown
+    type is refused. `components` are shared components from a second file.
     """
     from pydantic import ValidationError
 
-    from heddle.spec.components import Flow
+    from heddle.spec.refusals import document_refusals
+    from heddle.spec.roots import build_root, document_root, remember
+    from heddle.spec.versions import newer_features
 
     if not isinstance(data, dict):
-        raise DocumentError(f"{source}: the document must be an object with component_type Flow")
-    if data.get("component_type") != "Flow":
-        raise DocumentError(
-            f"{source}: top-level component_type is {data.get('component_type')!r}; heddle runs a Flow"
-        )
-    version = data.get("agentspec_version")
-    if version is not None and not SUPPORTED_VERSIONS.match(str(version)):
-        raise DocumentError(
-            f"{source}: agentspec_version {version!r} is not supported; heddle reads 25.x and 26.x"
-        )
-    resolved = resolve_references(data, source=source)
-    _check_component_types(resolved, source, node_types=frozenset(node_types))
-    try:
-        return Flow.model_validate(resolved)
-    except ValidationError as exc:
-        raise DocumentError(_describe_validation_error(exc, source)) from None
+        raise DocumentError(f"{source}: the document must be an object: a component (a Flow, an Agent or a "
+                            "node) with its component_type")
+    version = declared_version(data, source)
+    resolved = resolve_references(data, source=source, components=components.table if components else None,
+                                  components_source=components.source if components else "--components")
+    if not isinstance(resolved, dict) or not isinstance(resolved.get("component_type"), str):
+        raise DocumentError(f"{source}: the document's top level has no component_type; give a Flow, an Agent "
+                            "or a node")
+    if version is not None and "agentspec_version" in resolved:
+        resolved["agentspec_version"] = version  # its text, though YAML read `26.1` as a number
+    types = frozenset(node_types)
+    _check_component_types(resolved, source, node_types=types)
+    refused = document_refusals(resolved)
+    if refused:
+        raise DocumentError(f"{source}: " + "; ".join(refused))
+
+    def validate(model: Any, value: Any) -> Any:
+        try:
+            if hasattr(model, "model_validate"):
+                return model.model_validate(value)
+            return model.validate_python(value)
+        except ValidationError as exc:
+            raise DocumentError(_describe_validation_error(exc, source)) from None
+
+    flow = build_root(resolved, source=source, node_types=types, validate=validate)
+    if version is not None:
+        # The Flow made for another top level (or reached by a root reference) is in the document's version.
+        flow.agentspec_version = flow.agentspec_version or version
+        warnings = newer_features(resolved, version, source=source)
+        if warnings:
+            remember(flow, dataclasses.replace(document_root(flow), warnings=tuple(warnings)))
+    return flow
 
 
-def load_flow_text(text: str, *, fmt: Format = "json", source: str = "<flow>", node_types: Iterable[str] = ()) -> Flow:
-    return parse_flow(_parse_text(text, fmt, source), source=source, node_types=node_types)
+def load_flow_text(text: str, *, fmt: Format = "json", source: str = "<flow>", node_types: Iterable[str] = (),
+                   components: Components | None = None) -> Flow:
+    return parse_flow(_parse_text(text, fmt, source), source=source, node_types=node_types, components=components)
 
 
-def load_flow(path: str | Path, *, fmt: str | None = None, node_types: Iterable[str] = ()) -> Flow:
-    """Read, resolve and type the flow at `path`."""
+def _read_text(p: Path, what: str) -> str:
     from heddle.safeparse import NotRegularFileError, ParseLimitError, read_regular
 
-    p = Path(path)
     try:
         # A FIFO or a device is refused from its stat: reading one would block or never end.
-        text = read_regular(p).decode("utf-8")
+        return read_regular(p).decode("utf-8")
     except FileNotFoundError:
         raise DocumentError(f"{p}: no such file") from None
     except NotRegularFileError as exc:
         if exc.kind == "a directory":
-            raise DocumentError(f"{p}: is a directory; give the flow document's path") from None
-        raise DocumentError(f"{p}: is {exc.kind}, not a regular file; give the path of a flow document") from None
+            raise DocumentError(f"{p}: is a directory; give the {what}'s path") from None
+        raise DocumentError(f"{p}: is {exc.kind}, not a regular file; give the path of a {what}") from None
     except ParseLimitError as exc:
         raise DocumentError(f"{p}: {exc}") from None
     except UnicodeDecodeError:
         raise DocumentError(f"{p}: is not UTF-8 text") from None
     except OSError as exc:
         raise DocumentError(f"{p}: cannot be read: {exc.strerror}") from None
-    return load_flow_text(text, fmt=detect_format(p, fmt), source=str(p), node_types=node_types)
+
+
+def load_components(path: str | Path, *, source: str | None = None) -> Components:
+    """Read the components file at `path` (JSON, or YAML by its .yaml/.yml name)."""
+    p = Path(path)
+    label = source or f"--components {p}"
+    text = _read_text(p, "components file")
+    return parse_components(_parse_text(text, detect_format(p), label), source=label)
+
+
+def load_flow(path: str | Path, *, fmt: str | None = None, node_types: Iterable[str] = (),
+              components: str | Path | Components | None = None) -> Flow:
+    """Read, resolve and type the document at `path`; `components` is a components file (or one read)."""
+    p = Path(path)
+    text = _read_text(p, "flow document")
+    shared = components if isinstance(components, Components) or components is None else load_components(components)
+    return load_flow_text(text, fmt=detect_format(p, fmt), source=str(p), node_types=node_types, components=shared)

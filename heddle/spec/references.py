@@ -5,25 +5,33 @@ anywhere below it (including inside other referenced components) resolves agains
 all its enclosing components, nearest first. References to one id resolve to the same object, so
 a shared `llm_config` stays one config. Missing ids and cycles are errors that name the id and the
 JSON path where the reference was used.
+
+The document's top level may itself be a reference (beside its own `$referenced_components` and
+its `agentspec_version`), and a document may take its shared components from a second file, as
+disaggregated configurations do: that file's table is the outermost scope, and an id both define
+is refused rather than silently taken from one of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from heddle.errors import DocumentError
 
 REF = "$component_ref"
 REFS = "$referenced_components"
+# What may stand beside a reference at the top level of a document: its table and its version.
+ROOT_KEYS = frozenset({REFS, "agentspec_version", "air_version"})
 
 
 class _Scope:
-    __slots__ = ("parent", "resolved", "table")
+    __slots__ = ("label", "parent", "resolved", "table")
 
-    def __init__(self, parent: _Scope | None, table: dict[str, Any]) -> None:
+    def __init__(self, parent: _Scope | None, table: Mapping[str, Any], label: str = REFS) -> None:
         self.parent = parent
         self.table = table
+        self.label = label  # how a path into this table starts
         self.resolved: dict[str, Any] = {}
 
     def find(self, ref: str) -> _Scope | None:
@@ -39,8 +47,12 @@ def _short(path: str) -> str:
     return path if len(path) <= 120 else f"{path[:60]}...{path[-50:]}"
 
 
-def resolve_references(document: Any, *, source: str = "<flow>") -> Any:
-    """Return `document` with every `$component_ref` replaced by the component it names."""
+def resolve_references(document: Any, *, source: str = "<flow>", components: Mapping[str, Any] | None = None,
+                       components_source: str = "--components") -> Any:
+    """Return `document` with every `$component_ref` replaced by the component it names.
+
+    `components` is a second file's `$referenced_components` (id -> component), the scope around
+    the whole document; `components_source` names that file in errors."""
     from heddle.safeparse import DEFAULT_PARSE_LIMITS
 
     resolving: list[str] = []
@@ -66,6 +78,8 @@ def resolve_references(document: Any, *, source: str = "<flow>") -> Any:
         shape[id(out)] = (nodes, height + 1)
         return out
 
+    outer = _Scope(None, components, f"{components_source} {REFS}") if components is not None else None
+
     def walk(node: Any, scope: _Scope | None, path: str, depth: int = 0) -> Any:
         if not isinstance(node, (list, dict)):
             return node
@@ -75,13 +89,9 @@ def resolve_references(document: Any, *, source: str = "<flow>") -> Any:
         if isinstance(node, list):
             items = [walk(item, scope, f"{path}[{i}]", depth + 1) for i, item in enumerate(node)]
             return measured(items, items, path)
+        scope = enter(node, scope, path)
         if REF in node:
             return follow(node, scope, path, depth)
-        table = node.get(REFS)
-        if table is not None:
-            if not isinstance(table, dict):
-                raise DocumentError(f"{source}: {path}.{REFS} must be an object of id -> component")
-            scope = _Scope(scope, table)
         out: dict[str, Any] = {}
         for key, value in node.items():
             if key == REFS:
@@ -89,11 +99,24 @@ def resolve_references(document: Any, *, source: str = "<flow>") -> Any:
             out[key] = walk(value, scope, f"{path}.{key}", depth + 1)
         return measured(out, out.values(), path)
 
+    def enter(node: dict[str, Any], scope: _Scope | None, path: str) -> _Scope | None:
+        table = node.get(REFS)
+        if table is None:
+            return scope
+        if not isinstance(table, dict):
+            raise DocumentError(f"{source}: {path}.{REFS} must be an object of id -> component")
+        if outer is not None:
+            clash = sorted(set(table) & set(outer.table))
+            if clash:
+                raise DocumentError(f"{source}: {path}.{REFS} defines {clash[0]!r}, which {components_source} "
+                                    "also defines; keep one of them")
+        return _Scope(scope, table)
+
     def follow(node: dict[str, Any], scope: _Scope | None, path: str, depth: int) -> Any:
         ref = node[REF]
         if not isinstance(ref, str):
             raise DocumentError(f"{source}: {path}.{REF} must be a string id")
-        extra = set(node) - {REF}
+        extra = set(node) - {REF} - (ROOT_KEYS if path == "$" else set())
         if extra:
             raise DocumentError(
                 f"{source}: {path} has {REF} beside other keys ({', '.join(sorted(extra))}); "
@@ -101,9 +124,10 @@ def resolve_references(document: Any, *, source: str = "<flow>") -> Any:
             )
         owner = scope.find(ref) if scope else None
         if owner is None:
+            elsewhere = "" if outer is not None else " (or pass the file that defines it with --components FILE)"
             raise DocumentError(
                 f"{source}: {path} refers to component {ref!r}, which is not in any enclosing "
-                f"{REFS}; add it there or fix the id"
+                f"{REFS}; add it there or fix the id{elsewhere}"
             )
         if ref in owner.resolved:
             value = owner.resolved[ref]
@@ -118,10 +142,10 @@ def resolve_references(document: Any, *, source: str = "<flow>") -> Any:
         resolving.append(ref)
         try:
             # A referenced component sees the scope it was declared in (and its own table).
-            value = walk(owner.table[ref], owner, f"{REFS}[{ref!r}]", depth)
+            value = walk(owner.table[ref], owner, f"{owner.label}[{ref!r}]", depth)
         finally:
             resolving.pop()
         owner.resolved[ref] = value
         return value
 
-    return walk(document, None, "$")
+    return walk(document, outer, "$")

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 from heddle.canonical import fingerprint
 
 if TYPE_CHECKING:
-    from heddle.spec.components import ServerTool
+    from heddle.spec.components import WithIO
 
 
-def input_schema(tool: ServerTool) -> dict[str, Any]:
-    """The JSON Schema (Draft 2020-12) of a ServerTool's arguments.
+def input_schema(tool: WithIO) -> dict[str, Any]:
+    """The JSON Schema (Draft 2020-12) of a tool's arguments as its inputs declare them.
 
     Each input property becomes a property of an object; it is required unless it has a default.
     """
@@ -28,11 +28,11 @@ def input_schema(tool: ServerTool) -> dict[str, Any]:
     return schema
 
 
-def input_fingerprint(tool: ServerTool) -> str:
+def input_fingerprint(tool: WithIO) -> str:
     return fingerprint(input_schema(tool))
 
 
-def function_definition(tool: ServerTool) -> dict[str, Any]:
+def function_definition(tool: WithIO) -> dict[str, Any]:
     """The tool as an OpenAI function-tool definition."""
     return {
         "type": "function",

@@ -97,7 +97,8 @@ def test_tools_dir_with_a_bundle_is_refused(sandbox, keypair):
 def test_a_mount_given_at_run_time_adds_to_the_bundles(sandbox, keypair):
     (sandbox / "src").mkdir()
     flow, tools = project(sandbox / "src")
-    write_tool(tools, "work.py", "out = {'extra': open('extra/x.txt').read(), 'notes': os.listdir('notes')}")
+    write_tool(tools, "work.py", "out = {'extra': open('extra/x.txt').read(), 'notes': os.listdir('notes'), "
+                                 "'lines': []}")
     out = sandbox / "app.heddle"
     assert heddle("bundle", flow, "-t", tools, "--mount", sandbox / "src" / "notes", "--sign-key",
                   keypair.key_path, "-o", out).returncode == 0
@@ -162,7 +163,7 @@ def test_untrusted_and_tampered_bundles_never_run(sandbox, keypair):
     src = sandbox / "src"
     src.mkdir()
     flow, tools = project(src)
-    write_tool(tools, "work.py", f"open({str(sandbox / 'RAN')!r}, 'w').close()\nout = {{}}")
+    write_tool(tools, "work.py", f"open({str(sandbox / 'RAN')!r}, 'w').close()\nout = {{'notes': '', 'lines': []}}")
     out = sandbox / "app.heddle"
     assert heddle("bundle", flow, "-t", tools, "--sign-key", keypair.key_path, "-o", out).returncode == 0
     proc = heddle("run", out, "--input", '{"text": "x"}')

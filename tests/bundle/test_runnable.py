@@ -37,7 +37,7 @@ def test_a_sealed_bundle_runs_its_own_tool(sandbox: Path, keypair: KeyPair) -> N
 
     options = RunOptions(workspace=WorkspaceOptions(mounts=tuple(runnable.mounts)))
     prepared = prepare_run(runnable.flow, tools=runnable.tools, tools_dir=runnable.tools_dir, options=options)
-    state = asyncio.run(run_prepared(prepared, runnable.input))
+    state = asyncio.run(run_prepared(prepared, runnable.input)).state
     assert state["echoed"] == "sealed hello"
 
 

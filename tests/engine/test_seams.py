@@ -88,7 +88,7 @@ def test_every_step_of_a_run_goes_through_its_seams(tmp_path: Path) -> None:
     prepared = prepare_run(flow, tools=discover_tools(tools), tools_dir=tools, options=RunOptions(),
                            plugins=Recording(recorder))
     events: list[ev.Event] = []
-    state = asyncio.run(run_prepared(prepared, {"text": "hi", "query": "q"}, on_event=events.append))
+    state = asyncio.run(run_prepared(prepared, {"text": "hi", "query": "q"}, on_event=events.append)).state
     assert state["echo"] == "hi" and state["result"] == "done"
     assert recorder.calls == [
         ("node", "start"),
@@ -123,7 +123,7 @@ def test_without_plugins_the_run_passes_through_the_engines_own_seams(tmp_path: 
     monkeypatch.setattr(PassThrough, "call_model", no_model)
     prepared = prepare_run(flow, tools=discover_tools(tools), tools_dir=tools, options=RunOptions())
     assert prepared.plugins is NO_PLUGINS
-    state = asyncio.run(run_prepared(prepared, {"text": "hi", "query": "q"}))
+    state = asyncio.run(run_prepared(prepared, {"text": "hi", "query": "q"})).state
     assert state["echo"] == "hi" and state["result"] == "done"
     assert seen == ["node", "node", "call_tool", "node", "call_model"]
 

@@ -91,7 +91,7 @@ def run_in_process(flow: Path, *, tools_dir: Path | None, plugins: list[Path], i
                                options=options or RunOptions(), plugins=host)
         rendering = Rendering(protocol, written.append) if protocol is not None else None
         state: Any = asyncio.run(run_prepared(prepared, inputs, on_event=lambda e: events.append(e.to_dict()),
-                                              rendering=rendering, transport=transport))
+                                              rendering=rendering, transport=transport)).state
     except Exception as exc:  # noqa: BLE001 - the test looks at it
         state = exc
     return state, events, "".join(written)

@@ -396,7 +396,7 @@ def test_plugin_files_are_in_every_workspace_like_a_ro_mount(tmp_path):
     (root / "policy" / "rules.txt").write_text("no deletes")
     plugin = make_plugin(root, files=["policy"])
     flow, tools = tool_chain_flow(tmp_path, tools=("first",))
-    write_tool(tools, "first.py", "out = {'rules': open('policy/rules.txt').read()}\n"
+    write_tool(tools, "first.py", "out = {'first': 1, 'rules': open('policy/rules.txt').read()}\n"
                                   "open('policy/rules.txt', 'w').write('anything goes')")
     state, _, _ = run_in_process(flow, tools_dir=tools, plugins=[plugin], inputs={})
     assert state["rules"] == "no deletes"

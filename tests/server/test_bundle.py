@@ -58,7 +58,9 @@ def test_a_bundle_is_served_and_described(tmp_path, private_home):
 
             response = client.post("/v1/runs", json={})
             assert response.status_code == 200, response.text
-            assert response.json() == {"flow": "three-steps", "state": {"x": "recorded"}}
+            body = response.json()  # issue 11: the outputs come beside the state
+            assert {k: body[k] for k in ("flow", "state")} == {"flow": "three-steps", "state": {"x": "recorded"}}
+            assert set(body) == {"flow", "state", "outputs"}
             response = client.post("/v1/runs", json={"inputs": {"x": "mine", "y": 2}})
             assert response.json()["state"] == {"x": "mine", "y": 2}
             assert "event: flow_complete" in client.post("/v1/runs?stream=true", content=b"").text

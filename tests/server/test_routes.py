@@ -61,7 +61,8 @@ def test_a_run_by_flow_path_and_inline(served):
     _, client, root = served
     response = client.post("/v1/runs", json={"flowPath": "echo.json", "inputs": {"x": "héllo"}})
     assert response.status_code == 200, response.text
-    assert response.json() == {"flow": "echo-flow", "state": {"x": "héllo"}}
+    # issue 11: the flow's outputs come beside its final state
+    assert response.json() == {"flow": "echo-flow", "state": {"x": "héllo"}, "outputs": {"x": "héllo"}}
     response = client.post("/v1/runs", json={"flowPath": "sub/echo.yaml", "inputs": {"x": 1}})
     assert response.json()["flow"] == "echo-yaml"
     doc = one_tool_flow("inline", "echo").document()
@@ -81,7 +82,9 @@ def test_malformed_requests_are_400_naming_the_field(served):
         (b'{"flowPath": "echo.json", "speed": 1}', "request field 'speed' is unknown"),
         (b'{"flowPath": "echo.json", "flow": {}}', "both 'flow' and 'flowPath'"),
         (b'{"inputs": {}}', "names no flow"),
-        (b'{"flow": {"component_type": "Agent"}}', "heddle runs a Flow"),
+        # issue 11: an Agent may be the top level now; a lone tool may not
+        (b'{"flow": {"component_type": "Agent"}}', "$.llm_config: Field required"),
+        (b'{"flow": {"component_type": "ServerTool", "name": "t"}}', "heddle runs a Flow, an Agent or a single node"),
         (b'{"flow": "a: *x"}', "YAML"),
         (b'{"flow": 7}', "must be a flow document"),
         (b'{"flowPath": "echo.json", "inputs": {"x": "\\ud800"}}', "lone surrogate"),

@@ -118,13 +118,16 @@ class FlowDoc:
     def document(self) -> dict[str, Any]:
         assert self.start_id is not None, "add a start node"
         start = self.components[self.start_id]
+        # No `outputs`: the flow's are those of its EndNodes (an empty list would say it has none).
+        # No data edges added: the flow is wired by name (`data_flow_connections: null`); with an
+        # empty list an input that has a default would keep it rather than read the output of its name.
         doc: dict[str, Any] = {
             "component_type": "Flow", "agentspec_version": self.version, "id": f"flow-{uuid.uuid4().hex[:6]}",
-            "name": self.name, "inputs": start["inputs"], "outputs": [],
+            "name": self.name, "inputs": start["inputs"],
             "start_node": self._ref(self.start_id),
             "nodes": [self._ref(n) for n in self.order],
             "control_flow_connections": self.controls,
-            "data_flow_connections": self.datas,
+            "data_flow_connections": self.datas or None,
         }
         if self.use_refs:
             doc["$referenced_components"] = {**self.components, **self.extra_refs}

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from heddle.engine import events as ev
+from heddle.engine.run import RunOutcome
 from heddle.model.scripted import ScriptedModel
 from heddle.settings import RunSettings
 
@@ -50,27 +51,48 @@ def served_model(script: list[dict[str, Any]], *, loop: bool = False) -> Iterato
     yield ServedModel(ScriptedModel(script, loop=loop, log=logged.append))
 
 
-async def arun_doc(flow: Path, tools_dir: Path | None = None, inputs: dict[str, Any] | None = None, *,
-                   settings: RunSettings | None = None, transport: httpx.AsyncBaseTransport | None = None,
-                   events: list[ev.Event] | None = None) -> dict[str, Any]:
+async def arun_outcome(flow: Path, tools_dir: Path | None = None, inputs: dict[str, Any] | None = None, *,
+                       settings: RunSettings | None = None, transport: httpx.AsyncBaseTransport | None = None,
+                       events: list[ev.Event] | None = None, message: str | None = None,
+                       components: Path | None = None) -> RunOutcome:
+    """The final state and the outputs (what `heddle run` and `heddle run --outputs` print)."""
     from heddle.engine.run import prepare_run, run_prepared
     from heddle.spec import load_flow
     from heddle.tools.registry import discover_tools
 
     settings = settings or RunSettings()
-    loaded = load_flow(flow)
+    loaded = load_flow(flow, components=components)
     tools = discover_tools(tools_dir)
     prepared = prepare_run(loaded, tools=tools, tools_dir=tools_dir.absolute() if tools_dir is not None else None,
                            options=settings.run_options(), sandbox_flags=settings.sandbox_flags)
     sink = events.append if events is not None else ev.ignore
-    return await run_prepared(prepared, dict(inputs or {}), on_event=sink, transport=transport)
+    return await run_prepared(prepared, dict(inputs or {}), on_event=sink, transport=transport, message=message)
+
+
+async def arun_doc(flow: Path, tools_dir: Path | None = None, inputs: dict[str, Any] | None = None, *,
+                   settings: RunSettings | None = None, transport: httpx.AsyncBaseTransport | None = None,
+                   events: list[ev.Event] | None = None, message: str | None = None,
+                   components: Path | None = None) -> dict[str, Any]:
+    return (await arun_outcome(flow, tools_dir, inputs, settings=settings, transport=transport, events=events,
+                               message=message, components=components)).state
 
 
 def run_doc(flow: Path, tools_dir: Path | None = None, inputs: dict[str, Any] | None = None, *,
             settings: RunSettings | None = None, transport: httpx.AsyncBaseTransport | None = None,
-            events: list[ev.Event] | None = None) -> dict[str, Any]:
+            events: list[ev.Event] | None = None, message: str | None = None,
+            components: Path | None = None) -> dict[str, Any]:
     """Run `flow` to its end and return the final state (what `heddle run` prints)."""
-    return asyncio.run(arun_doc(flow, tools_dir, inputs, settings=settings, transport=transport, events=events))
+    return asyncio.run(arun_doc(flow, tools_dir, inputs, settings=settings, transport=transport, events=events,
+                                message=message, components=components))
+
+
+def run_outcome(flow: Path, tools_dir: Path | None = None, inputs: dict[str, Any] | None = None, *,
+                settings: RunSettings | None = None, transport: httpx.AsyncBaseTransport | None = None,
+                events: list[ev.Event] | None = None, message: str | None = None,
+                components: Path | None = None) -> RunOutcome:
+    """`arun_outcome` to the end, for a test without an event loop."""
+    return asyncio.run(arun_outcome(flow, tools_dir, inputs, settings=settings, transport=transport, events=events,
+                                    message=message, components=components))
 
 
 def refusal(flow: Path, tools_dir: Path | None = None, inputs: dict[str, Any] | None = None, *,

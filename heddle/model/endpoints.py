@@ -1,0 +1,113 @@
+"""Where each llm config of a run sends its requests, and with which key: decided once, at run start.
+
+An llm config's `url` is either written in the document or `$VAR`, read from the environment
+when the run is prepared (as `api_key: $VAR` is), so one sealed bundle can be pointed at another
+endpoint without re-sealing it. `--model-url NAME=URL` replaces one config's URL for one run; NAME
+is the config's name or id. Every refusal names the config and what to do, before any node runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from heddle.errors import UsageError
+
+if TYPE_CHECKING:
+    from heddle.model.client import ModelEndpoint
+    from heddle.spec.components import LlmConfig
+
+FLAG = "--model-url"
+
+
+def resolve_url(value: str, *, where: str) -> str:
+    """The config's `url`: as written, or the value of the variable a `$NAME` (or `${NAME}`) names."""
+    from heddle.model.client import _ENV_REF, endpoint_url
+
+    if not value.startswith("$"):
+        return value
+    match = _ENV_REF.match(value)
+    if match is None:
+        raise UsageError(f"{where}: url {value!r} is not a valid environment variable reference; write it as $NAME")
+    name = match.group(1) or match.group(2)
+    url = os.environ.get(name)
+    if url is None or not url.strip():
+        state = "is not set" if url is None else "is empty"
+        raise UsageError(f"{where}: url names environment variable {name}, which {state}; "
+                         f"export {name}=http://HOST[:PORT][/PATH] before running")
+    endpoint_url(url, where=f"{where} (url from ${name})")
+    return url
+
+
+def parse_model_urls(specs: Iterable[str]) -> dict[str, str]:
+    """`NAME=URL` flags as {NAME: URL}; each URL must be an http(s) URL, each NAME given once."""
+    from heddle.model.client import endpoint_url
+
+    out: dict[str, str] = {}
+    for spec in specs:
+        name, sep, url = spec.partition("=")
+        name, url = name.strip(), url.strip()
+        if not sep or not name or not url:
+            raise UsageError(f"{FLAG} {spec!r}: give NAME=URL, NAME an llm config's name or id "
+                             "(e.g. --model-url gpt=http://127.0.0.1:8000/v1)")
+        if name in out:
+            raise UsageError(f"{FLAG} {name}: given twice; give each llm config one URL")
+        endpoint_url(url, where=f"{FLAG} {name}")
+        out[name] = url
+    return out
+
+
+def _label(config: LlmConfig) -> str:
+    shown = repr(config.name) if config.name else "(unnamed)"
+    return f"{shown} (id {config.id!r})" if config.id and config.id != config.name else shown
+
+
+def _overrides(configs: Sequence[LlmConfig], model_urls: Mapping[str, str]) -> dict[int, tuple[str, str]]:
+    """{id(config): (NAME, URL)} for each config a `--model-url` names; refuses a NAME that names
+    none, or two configs that are not the same one."""
+    chosen: dict[int, tuple[str, str]] = {}
+    for name, url in model_urls.items():
+        matched = [cfg for cfg in configs if name in (cfg.name, cfg.id)]
+        if not matched:
+            known = ", ".join(sorted({_label(cfg) for cfg in configs})) or "none (it calls no model)"
+            raise UsageError(f"{FLAG} {name}: the document has no llm config of that name or id; its llm configs "
+                             f"are: {known}")
+        if len({cfg.id or cfg.name for cfg in matched}) > 1:
+            ids = ", ".join(sorted({repr(cfg.id) for cfg in matched}))
+            raise UsageError(f"{FLAG} {name}: names several llm configs (ids {ids}); give the id of one")
+        for cfg in matched:
+            if id(cfg) in chosen and chosen[id(cfg)][0] != name:
+                raise UsageError(f"{FLAG} {name} and {FLAG} {chosen[id(cfg)][0]} both name llm config "
+                                 f"{_label(cfg)}; give it one URL")
+            chosen[id(cfg)] = (name, url)
+    return chosen
+
+
+def flow_endpoints(configs: Sequence[tuple[str, LlmConfig]], model_urls: Mapping[str, str]) -> dict[int, ModelEndpoint]:
+    """{id(config): endpoint} for the (label, config) pairs of a flow (heddle.graph.llm_configs)."""
+    from heddle.model.client import ModelEndpoint, resolve_api_key
+
+    overrides = _overrides([cfg for _, cfg in configs], model_urls)
+    endpoints: dict[int, ModelEndpoint] = {}
+    for label, config in configs:
+        if id(config) in endpoints:
+            continue
+        where = f"llm_config {config.name!r} of {label}"
+        override = overrides.get(id(config))
+        url = override[1] if override is not None else resolve_url(config.url, where=where)
+        key = resolve_api_key(config.api_key, config_type=config.component_type, where=where)
+        endpoints[id(config)] = ModelEndpoint(base_url=url, model_id=config.model_id, api_key=key,
+                                              params=dict(config.default_generation_parameters or {}))
+    return endpoints
+
+
+def describe_overrides(configs: Sequence[tuple[str, LlmConfig]], model_urls: Mapping[str, str]) -> list[str]:
+    """One line per llm config a `--model-url` redirects, for `--verbose`."""
+    overrides = _overrides([cfg for _, cfg in configs], model_urls)
+    lines: dict[int, str] = {}
+    for _, config in configs:
+        if id(config) in overrides and id(config) not in lines:
+            name, url = overrides[id(config)]
+            lines[id(config)] = f"llm_config {_label(config)}: {url} ({FLAG} {name}; the document says {config.url})"
+    return list(lines.values())

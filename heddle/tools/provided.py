@@ -1,0 +1,71 @@
+"""Tools a document brings itself, beside the tools folder's executables: a RemoteTool's HTTP
+request, an MCP server's tools. Each kind is a `ToolKind` that knows its components; a run opens
+them all once (`open_document_tools`), so an MCP server starts and lists its tools before the
+first node and stops when the run ends, however it ended.
+
+The engine looks a tool up here by name after the seams' tools and before the tools folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from heddle.engine.context import RunContext
+    from heddle.engine.seams import ProvidedTool
+    from heddle.spec import components as c
+
+
+class ToolKind(Protocol):
+    """One kind of document tool (RemoteTool, MCP): what it needs started for a run."""
+
+    def wants(self, flow: c.Flow) -> bool:
+        """Whether `flow` (or a subflow, an agent of it) uses a tool of this kind."""
+        ...
+
+    def open(self, ctx: RunContext, flow: c.Flow) -> contextlib.AbstractAsyncContextManager[DocumentTools]:
+        """Start what the tools of `flow` need for one run and yield them; leaving stops it."""
+        ...
+
+
+@dataclass
+class DocumentTools:
+    """The document's own tools of one run, by name, and the agents' extra tool definitions.
+
+    `by_agent` holds, per agent id, the tools it is offered that its document does not list
+    one by one (an MCP toolbox's, known only once its server answered).
+    """
+
+    tools: dict[str, ProvidedTool] = field(default_factory=dict)
+    by_agent: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def merge(self, other: DocumentTools) -> None:
+        self.tools.update(other.tools)
+        for agent, definitions in other.by_agent.items():
+            self.by_agent.setdefault(agent, []).extend(definitions)
+
+
+# Each module names its kind `KIND`; they are imported when a run starts, not when heddle does.
+_KIND_MODULES: tuple[str, ...] = ("heddle.tools.mcp", "heddle.tools.remote", "heddle.tools.client")
+
+
+def kinds() -> Sequence[ToolKind]:
+    """Every kind of document tool heddle runs."""
+    import importlib
+
+    return tuple(importlib.import_module(name).KIND for name in _KIND_MODULES)
+
+
+@contextlib.asynccontextmanager
+async def open_document_tools(ctx: RunContext, flow: c.Flow) -> AsyncIterator[Mapping[str, ProvidedTool]]:
+    """Every document tool of `flow`, open for the run."""
+    found = DocumentTools()
+    async with contextlib.AsyncExitStack() as stack:
+        for kind in kinds():
+            if kind.wants(flow):
+                found.merge(await stack.enter_async_context(kind.open(ctx, flow)))
+        ctx.document_tools = found
+        yield found.tools

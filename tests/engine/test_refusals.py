@@ -1,0 +1,213 @@
+"""What heddle does not run is refused before anything runs, in one line naming the component,
+its path in the document and what would run it: requires_confirmation, human_in_the_loop inside
+a flow, ClientTools in flows (and a ClientTool call), Swarm, ManagerWorkers, BuiltinTools no
+plugin provides, one tool name for two tools."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from heddle.errors import DocumentError, NeedsSessionError
+from tests.plugins.support import make_plugin, run_in_process
+from tests.support.cli import error_line, heddle
+from tests.support.flows import FlowDoc, llm_config, prop, server_tool
+from tests.support.inproc import URL, check_doc, run_doc, served_model
+
+
+def agent(name: str = "helper", *, tools=(), **fields: Any) -> dict[str, Any]:
+    return {"component_type": "Agent", "id": f"agent-{name}", "name": name, "llm_config": llm_config(URL),
+            "system_prompt": "You help.", "tools": list(tools), **fields}
+
+
+def write(tmp_path: Path, doc: dict[str, Any], name: str = "doc.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps({"agentspec_version": "26.1.0", **doc}), encoding="utf-8")
+    return path
+
+
+def agent_node_flow(tmp_path: Path, the_agent: dict[str, Any]) -> Path:
+    f = FlowDoc("with-agent", use_refs=False)
+    s = f.start(["query"])
+    a = f._node("AgentNode", "ask", ["query"], ["result"], agent=the_agent)
+    e = f.end(["result"])
+    f.control(s, a)
+    f.control(a, e)
+    return f.write(tmp_path / "flow.json")
+
+
+def refused(path: Path) -> str:
+    from heddle.spec import load_flow
+
+    with pytest.raises(DocumentError) as err:
+        load_flow(path)
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def test_requires_confirmation_is_refused_wherever_it_is(tmp_path):
+    tool = {**server_tool("get_weather", ["city"]), "requires_confirmation": True}
+    message = refused(write(tmp_path, agent("weather", tools=[tool])))
+    assert "$.tools[0]: ServerTool 'get_weather' has requires_confirmation: true, which needs a session" in message
+    f = FlowDoc("confirm")
+    s = f.start(["city"])
+    t = f.tool_node("ask", tool)
+    e = f.end()
+    f.control(s, t)
+    f.control(t, e)
+    message = refused(f.write(tmp_path / "flow.json"))
+    assert "$.nodes[1].tool: ServerTool 'get_weather' has requires_confirmation: true" in message
+    # false, or not written, is what heddle does: run the tool.
+    from heddle.spec import load_flow
+
+    load_flow(write(tmp_path, agent(tools=[{**tool, "requires_confirmation": False}])))
+
+
+def test_human_in_the_loop_inside_a_flow_is_refused_a_top_level_agent_runs(tmp_path):
+    message = refused(agent_node_flow(tmp_path, agent(human_in_the_loop=True)))
+    assert message.endswith("$.nodes[1].agent: Agent 'helper' has human_in_the_loop: true inside a flow, which needs "
+                            "a session (the agent may stop to ask the user, and the flow would wait for the answer); "
+                            "a later heddle version, with sessions, runs it (as a top-level agent, one turn per "
+                            "--message, it runs today)")
+    for allowed in (agent(human_in_the_loop=False), agent()):
+        assert check_doc(agent_node_flow(tmp_path, allowed)) == (0, "")
+    top = write(tmp_path, agent(human_in_the_loop=True))
+    with served_model([{"content": "hello"}]) as model:
+        assert run_message(top, "hi", model.transport).outputs == {"result": "hello"}
+
+
+def run_message(path: Path, message: str, transport: Any) -> Any:
+    """One turn of an agent document, as `heddle run DOC --message TEXT` takes it."""
+    from heddle.engine.options import RunOptions
+    from heddle.engine.run import prepare_run, run_prepared
+    from heddle.spec import load_flow
+
+    prepared = prepare_run(load_flow(path), tools={}, tools_dir=None, options=RunOptions())
+    return asyncio.run(run_prepared(prepared, {}, transport=transport, message=message))
+
+
+def test_a_specialisation_decides_human_in_the_loop(tmp_path):
+    def specialised(base: Any, override: Any) -> dict[str, Any]:
+        return {"component_type": "SpecializedAgent", "id": "sa", "name": "special",
+                "agent": agent(human_in_the_loop=base),
+                "agent_specialization_parameters": {"component_type": "AgentSpecializationParameters", "id": "p",
+                                                    "name": "p", "human_in_the_loop": override}}
+
+    assert "$.nodes[1].agent: SpecializedAgent 'special' has human_in_the_loop: true" in refused(
+        agent_node_flow(tmp_path, specialised(True, None)))
+    assert "SpecializedAgent 'special' has human_in_the_loop" in refused(
+        agent_node_flow(tmp_path, specialised(False, True)))
+    assert check_doc(agent_node_flow(tmp_path, specialised(True, False))) == (0, "")
+
+
+def test_a_client_tool_waits_in_a_tool_node_and_ends_an_agents_run_when_called(tmp_path):
+    client = {"component_type": "ClientTool", "id": "ct", "name": "get_weather", "inputs": [prop("city")],
+              "outputs": [prop("forecast")]}
+    f = FlowDoc("client")
+    s = f.start(["city"])
+    t = f.tool_node("ask", client)
+    e = f.end(["forecast"])
+    f.control(s, t)
+    f.control(t, e)
+    message = refused(f.write(tmp_path / "flow.json"))
+    assert "$.nodes[1].tool: ClientTool 'get_weather' of ToolNode 'ask' is a ClientTool" in message
+    assert "needs a session" in message
+    # Offered to an agent (the model sees it); a call ends the run, the tool not run.
+    flow = agent_node_flow(tmp_path, agent(tools=[client]))
+    script = [{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Bern"}}]}, {"content": "never"}]
+    with served_model(script) as model:
+        with pytest.raises(NeedsSessionError) as err:
+            run_doc(flow, inputs={"query": "weather?"}, transport=model.transport)
+        sent = model.requests()
+    assert len(sent) == 1 and sent[0]["body"]["tools"][0]["function"]["name"] == "get_weather"
+    assert str(err.value).startswith("ClientTool 'get_weather' at $.nodes[1].agent.tools[0]: the model called it "
+                                     'with {"city": "Bern"}')
+    assert "needs a session" in str(err.value) and err.value.exit_code == 1
+
+
+@pytest.mark.parametrize("kind", ["Swarm", "ManagerWorkers"])
+def test_multi_agent_components_are_refused(tmp_path, kind):
+    doc = {"component_type": kind, "id": "team", "name": "team", "first_agent": agent("a"),
+           "relationships": [], "group_manager": agent("m"), "workers": []}
+    message = refused(write(tmp_path, doc))
+    assert message.startswith(f"{tmp_path / 'doc.json'}: $: {kind} 'team' cannot run in heddle")
+    assert "session" in message
+    message = refused(agent_node_flow(tmp_path, doc))
+    assert f"$.nodes[1].agent: {kind} 'team' cannot run in heddle" in message
+
+
+def builtin_flow(tmp_path: Path) -> Path:
+    tool = {"component_type": "BuiltinTool", "id": "bt", "name": "web_search", "tool_type": "search",
+            "inputs": [prop("q")], "outputs": [prop("hits")]}
+    f = FlowDoc("builtin")
+    s = f.start(["q"])
+    t = f.tool_node("search", tool)
+    e = f.end(["hits"])
+    f.control(s, t)
+    f.control(t, e)
+    return f.write(tmp_path / "flow.json")
+
+
+def test_a_builtin_tool_runs_only_when_a_plugin_provides_it(tmp_path):
+    flow = builtin_flow(tmp_path)
+    code, line = check_doc(flow)
+    assert code == 2 and ("$.nodes[1].tool: BuiltinTool 'web_search' (tool_type 'search') is a BuiltinTool, and "
+                          "heddle has no built-in tools of its own: a plugin that provides a tool named 'web_search' "
+                          "runs it (--plugin MANIFEST)") in line
+    # At the top level, an agent's paths are the document's own.
+    builtin = {"component_type": "BuiltinTool", "id": "bt", "name": "web_search", "tool_type": "search"}
+    assert "$.tools[0]: BuiltinTool 'web_search'" in check_doc(write(tmp_path, agent(tools=[builtin])))[1]
+    # A tools-folder executable of that name is not a built-in tool.
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    script = tools / "web_search.py"
+    script.write_text("#!/usr/bin/env python3\nprint('{\"hits\": \"folder\"}')\n", encoding="utf-8")
+    script.chmod(0o755)
+    assert check_doc(flow, tools)[0] == 2
+    plugin_root = tmp_path / "p"
+    (plugin_root / "bin").mkdir(parents=True)
+    search = plugin_root / "bin" / "search.py"
+    search.write_text("#!/usr/bin/env python3\nimport json, sys\nq = json.load(sys.stdin)['q']\n"
+                      "print(json.dumps({'hits': 'plugin found ' + q}))\n", encoding="utf-8")
+    search.chmod(0o755)
+    schema = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+    manifest = make_plugin(plugin_root, tools=[{"name": "web_search", "description": "searches",
+                                                "path": "bin/search.py", "inputSchema": schema}])
+    state, _, _ = run_in_process(flow, tools_dir=None, plugins=[manifest], inputs={"q": "otters"})
+    assert state["hits"] == "plugin found otters"
+    # What the plugin's tool would never see is not accepted.
+    doc = json.loads(flow.read_text())
+    next(n for n in doc["$referenced_components"].values() if n["component_type"] == "ToolNode")["tool"][
+        "configuration"] = {"top_k": 3}
+    flow.write_text(json.dumps(doc))
+    state, _, _ = run_in_process(flow, tools_dir=None, plugins=[manifest], inputs={"q": "otters"})
+    assert "gives configuration, which heddle cannot pass to the plugin tool" in str(state)
+
+
+def test_one_name_for_two_tools_is_refused(tmp_path):
+    remote = {"component_type": "RemoteTool", "id": "rt", "name": "lookup", "url": "https://example.com/x",
+              "http_method": "GET", "inputs": [], "outputs": [prop("result")]}
+    f = FlowDoc("clash")
+    s = f.start(["query"])
+    a = f.agent("agent", llm_config(URL), tools=[server_tool("lookup", ["query"]), remote])
+    e = f.end(["result"])
+    f.control(s, a)
+    f.control(a, e)
+    code, line = check_doc(f.write(tmp_path / "flow.json"))
+    assert code == 2 and ("$.nodes[1].agent.tools[1]: RemoteTool 'lookup' has the name of the ServerTool at "
+                          "$.nodes[1].agent.tools[0], another tool") in line
+
+
+def test_the_cli_refuses_in_one_line(tmp_path):
+    tool = {**server_tool("get_weather", ["city"]), "requires_confirmation": True}
+    doc = write(tmp_path, agent("weather", tools=[tool]))
+    proc = heddle("run", doc, "--message", "Weather in Paris?")
+    assert proc.returncode == 2 and proc.stdout == ""
+    line = error_line(proc)
+    assert "requires_confirmation: true, which needs a session" in line and str(doc) in line
+    assert len([x for x in proc.stderr.splitlines() if x.strip()]) == 1

@@ -1,0 +1,114 @@
+"""heddle's own documents (`heddle init`'s starter, every flow in examples/) are valid Agent Spec for
+pyagentspec 26.3.1, the specification's own reader.
+
+pyagentspec is never a dependency: it is installed into a scratch virtualenv once per machine
+(under $XDG_CACHE_HOME/heddle-tests, keyed by its version and the interpreter's) and run there as
+a subprocess. Where it cannot be installed (no package index), the test skips and says why.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from heddle.starter import FLOW
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+VERSION = "26.3.1"
+# A flow whose node type comes from a plugin is Agent Spec only to a reader that has the plugin.
+PLUGIN_TYPED = {"plugins/custom-node/flow.yaml": "its TextStats node is a plugin's node type"}
+
+# Run in the scratch virtualenv: every problem pyagentspec finds in each document, as JSON. Its
+# partial loader gives the messages (its strict loader cannot format some of them with the
+# pydantic it installs); the strict loader gives the verdict.
+CHECK = r"""
+import json, sys, yaml
+from pyagentspec.serialization import AgentSpecDeserializer
+out = {}
+for path in sys.argv[1:]:
+    data = yaml.safe_load(open(path, encoding="utf-8"))
+    problems = []
+    try:
+        _, errors = AgentSpecDeserializer().from_partial_dict(data)
+        problems = sorted({f"{'.'.join(map(str, e.loc))}: {e.msg}" for e in errors})
+        if not problems:
+            AgentSpecDeserializer().from_dict(data)
+    except Exception as exc:
+        problems = problems or [f"{type(exc).__name__}: {exc}"]
+    out[path] = problems
+print(json.dumps(out))
+"""
+
+
+def _cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "heddle-tests"
+
+
+def _pyagentspec_python() -> Path:
+    """The scratch virtualenv's python with pyagentspec installed: made once, then reused; skips the
+    test with pip's own words when the package cannot be installed."""
+    root = _cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    venv = root / f"pyagentspec-{VERSION}-py{sys.version_info.major}.{sys.version_info.minor}"
+    python = venv / "bin" / "python"
+    done = venv / ".installed"
+    # Two test workers may get here at once: one installs, the other waits for it.
+    with open(root / f"{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.is_file() and python.is_file():
+            return python
+        shutil.rmtree(venv, ignore_errors=True)
+        # Built aside and renamed into place: an interrupted install never looks finished.
+        staging = Path(tempfile.mkdtemp(prefix=f"{venv.name}.", dir=root))
+        try:
+            subprocess.run([sys.executable, "-m", "venv", str(staging)], check=True, capture_output=True)
+            pip = subprocess.run(
+                [str(staging / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                 "--retries", "0", "--timeout", "15", f"pyagentspec=={VERSION}"],
+                check=False, capture_output=True, text=True, timeout=100, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            shutil.rmtree(staging, ignore_errors=True)
+            pytest.skip(f"pyagentspec {VERSION} could not be installed: pip found no index within 100 s")
+        if pip.returncode != 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            said = [line for line in pip.stderr.splitlines() if line.strip() and "WARNING: Location" not in line]
+            pytest.skip(f"pyagentspec {VERSION} could not be installed: {said[-1] if said else 'pip failed'}")
+        # The venv's scripts name the folder it was made in; only its python is used (`python -m`,
+        # `python -c`), which finds its packages relative to itself wherever the folder is.
+        staging.rename(venv)
+        done.write_text(VERSION, encoding="utf-8")
+    return python
+
+
+def _documents(tmp_path: Path) -> dict[str, Path]:
+    starter = tmp_path / "starter.yaml"
+    starter.write_text(FLOW % {"port": 4321}, encoding="utf-8")
+    docs = {"heddle init's starter": starter}
+    for flow in sorted(EXAMPLES.rglob("flow.yaml")):
+        name = flow.relative_to(EXAMPLES).as_posix()
+        if name not in PLUGIN_TYPED:
+            docs[f"examples/{name}"] = flow
+    return docs
+
+
+def test_the_starter_and_every_example_are_valid_agent_spec(tmp_path: Path) -> None:
+    assert set(PLUGIN_TYPED) <= {p.relative_to(EXAMPLES).as_posix() for p in EXAMPLES.rglob("flow.yaml")}
+    python = _pyagentspec_python()
+    docs = _documents(tmp_path)
+    proc = subprocess.run([str(python), "-c", CHECK, *map(str, docs.values())], check=False, capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    problems = {name: found[str(path)] for name, path in docs.items() if found[str(path)]}
+    assert problems == {}, json.dumps(problems, indent=2)
+    assert len(docs) >= 6  # the starter, the three examples and the plugin examples but one
