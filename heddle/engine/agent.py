@@ -14,7 +14,7 @@ from heddle.engine import structured
 from heddle.engine.context import RunContext
 from heddle.engine.seams import AgentRound, ModelRequest, RoundResult, ToolRequest
 from heddle.engine.templates import render
-from heddle.errors import LimitError, ToolError
+from heddle.errors import LimitError, NeedsSessionError, ToolError
 from heddle.safeparse import loads_json
 from heddle.spec import components as c
 
@@ -129,6 +129,8 @@ async def run_agent(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) 
                         top.answer = answer
                     return outputs
                 except structured.AnswerMismatch as problem:
+                    if top is None and agent.human_in_the_loop and not _looks_like_json(answer):
+                        raise _talks_to_the_user(node) from None
                     if retried:
                         shape = answer_shape(node)
                         assert shape is not None, "only structured outputs can mismatch"
@@ -136,6 +138,23 @@ async def run_agent(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) 
                     retried = True
                     messages += [{"role": "assistant", "content": answer},
                                  {"role": "user", "content": structured.retry_message(problem)}]
+
+
+def _looks_like_json(answer: str) -> bool:
+    text = answer.strip()
+    if text.startswith("```"):
+        text = text.strip("`").removeprefix("json").strip()
+    return text[:1] in ("{", "[")
+
+
+def _talks_to_the_user(node: c.AgentNode) -> NeedsSessionError:
+    # Prose where JSON outputs were asked for is, with human_in_the_loop, the agent speaking to the
+    # person; without a session there is no one to answer, and asking the model again would turn
+    # the conversation into something the document did not say.
+    return NeedsSessionError(
+        f"agent {node.agent.name!r} of AgentNode {node.name!r} answered the user instead of giving its outputs "
+        "(human_in_the_loop is true unless the document sets it false): waiting for the user's reply needs a "
+        "session, which a later heddle adds; set human_in_the_loop: false to have it always give its outputs")
 
 
 def _ask_for_outputs(node: c.AgentNode, messages: list[dict[str, Any]], *, offers_tools: bool) -> dict[str, Any] | None:

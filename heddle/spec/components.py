@@ -312,6 +312,8 @@ class Agent(WithIO):
     system_prompt: str = ""
     tools: list[Tool] = Field(default_factory=list)
     toolboxes: list[MCPToolBox] = Field(default_factory=list)
+    # The specification's default: the agent may answer the user instead of giving its outputs.
+    human_in_the_loop: bool = True
 
 
 # --------------------------------------------------------------------------- SpecializedAgent

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from heddle.errors import NeedsSessionError, ToolError
+from heddle.errors import NeedsSessionError
 from heddle.tools.provided import DocumentTools
 
 if TYPE_CHECKING:
@@ -39,12 +39,9 @@ class ClientCall:
     where: str
 
     def check(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        from heddle.tools.schema import check_arguments, input_schema
+        from heddle.tools.schema import checked_arguments
 
-        filled, problem = check_arguments(input_schema(self.tool), arguments)
-        if problem is not None or filled is None:
-            raise ToolError(self.tool.name, f"the arguments do not match its inputs: {problem}")
-        return filled
+        return checked_arguments(self.tool, arguments)
 
     async def run(self, request: ToolRequest) -> dict[str, Any]:
         arguments = json.dumps(request.arguments, ensure_ascii=False)

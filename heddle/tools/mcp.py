@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from pydantic import BaseModel
 
 from heddle.errors import RunError, ToolError, ToolInputError, UsageError
-from heddle.secret_env import SECRET_ENV
+from heddle.secret_env import header_from_env
 from heddle.spec import components as c
 from heddle.tools.provided import DocumentTools
 
@@ -431,14 +431,7 @@ def _header_values(transport: c.SSETransport | c.StreamableHTTPTransport, label:
         if variable is None:
             headers[name] = value
             continue
-        if variable in SECRET_ENV:
-            raise UsageError(f"{label}: header {name!r} names {variable}, heddle's own secret, which no tool or "
-                             "server is given; put the value in another variable")
-        found = os.environ.get(variable)
-        if not found:
-            raise UsageError(f"{label}: header {name!r} names environment variable {variable}, which is "
-                             f"{'empty' if found == '' else 'not set'}; export {variable} before running")
-        headers[name] = found
+        headers[name] = header_from_env(label, name, variable, os.environ)
     return headers
 
 

@@ -38,7 +38,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from heddle.engine.templates import as_text, placeholders, render
 from heddle.errors import ToolError, UsageError
-from heddle.secret_env import SECRET_ENV
+from heddle.secret_env import header_from_env
 from heddle.tools.provided import DocumentTools
 
 if TYPE_CHECKING:
@@ -368,12 +368,9 @@ class RemoteCall:
     surface: Surface
 
     def check(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        from heddle.tools.schema import check_arguments, input_schema
+        from heddle.tools.schema import checked_arguments
 
-        filled, problem = check_arguments(input_schema(self.tool), arguments)
-        if problem is not None or filled is None:
-            raise ToolError(self.tool.name, f"the arguments do not match its inputs: {problem}")
-        return filled
+        return checked_arguments(self.tool, arguments)
 
     async def run(self, request: ToolRequest) -> dict[str, Any]:
         outgoing = build_request(self.tool, request.arguments, self.secrets)
@@ -480,15 +477,7 @@ def header_secrets(tool: c.RemoteTool, where: str) -> dict[str, str]:
             name = env_reference(value) if isinstance(value, str) else None
             if name is None:
                 continue
-            if name in SECRET_ENV:
-                raise UsageError(f"{_label(tool)} at {where}: header {header!r} names {name}, heddle's own secret, "
-                                 "which no tool is given; put the value in another variable")
-            text = os.environ.get(name)
-            if not text:
-                state = "is not set" if text is None else "is empty"
-                raise UsageError(f"{_label(tool)} at {where}: header {header!r} reads environment variable {name}, "
-                                 f"which {state}; export {name} before running")
-            found[header] = text
+            found[header] = header_from_env(f"{_label(tool)} at {where}", header, name, os.environ)
     return found
 
 

@@ -63,3 +63,13 @@ def check_arguments(schema: dict[str, Any], arguments: Any) -> tuple[dict[str, A
         if name not in filled and isinstance(prop, dict) and "default" in prop:
             filled[name] = copy.deepcopy(prop["default"])
     return filled, None
+
+
+def checked_arguments(tool: WithIO, arguments: dict[str, Any]) -> dict[str, Any]:
+    """`arguments` with defaults filled in, or ToolError naming `tool` when they break its inputs."""
+    from heddle.errors import ToolError
+
+    filled, problem = check_arguments(input_schema(tool), arguments)
+    if problem is not None or filled is None:
+        raise ToolError(tool.name, f"the arguments do not match its inputs: {problem}")
+    return filled

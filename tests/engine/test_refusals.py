@@ -211,3 +211,38 @@ def test_the_cli_refuses_in_one_line(tmp_path):
     line = error_line(proc)
     assert "requires_confirmation: true, which needs a session" in line and str(doc) in line
     assert len([x for x in proc.stderr.splitlines() if x.strip()]) == 1
+
+
+def _typed_agent_flow(tmp_path: Path, **fields: Any) -> Path:
+    f = FlowDoc("typed-agent")
+    s = f.start(["query"])
+    a = f.agent("triage", URL, inputs=("query",), outputs=("topic", "summary"))
+    f.components[a]["agent"].update(fields)
+    e = f.end(["topic", "summary"])
+    f.control(s, a)
+    f.control(a, e)
+    return f.write(tmp_path / "flow.json")
+
+
+def test_an_agent_in_a_flow_that_answers_the_user_needs_a_session(tmp_path):
+    # human_in_the_loop is true unless the document says otherwise: prose where its JSON outputs
+    # were asked for is the agent talking to the person, and nobody is there to answer it.
+    with served_model([{"content": "Which laptop do you use?"}]) as model:
+        with pytest.raises(NeedsSessionError) as err:
+            run_doc(_typed_agent_flow(tmp_path), None, {"query": "my wifi drops"}, transport=model.transport)
+        assert len(model.requests()) == 1  # not asked again: the answer was meant for the user
+    assert "answered the user instead of giving its outputs" in str(err.value)
+    assert "human_in_the_loop: false" in str(err.value)
+
+
+def test_an_agent_that_never_waits_is_asked_again_then_fails_naming_its_outputs(tmp_path):
+    from heddle.errors import HeddleError
+
+    script = [{"content": "Which laptop do you use?"}, {"content": "Still prose."}]
+    with served_model(script) as model:
+        with pytest.raises(HeddleError) as err:
+            run_doc(_typed_agent_flow(tmp_path, human_in_the_loop=False), None, {"query": "x"},
+                    transport=model.transport)
+        assert len(model.requests()) == 2
+    assert not isinstance(err.value, NeedsSessionError)
+    assert "topic (string), summary (string)" in str(err.value)

@@ -91,12 +91,13 @@ def test_an_answer_that_does_not_fit_is_asked_again_once_then_fails_naming_the_o
     assert "output 'legs' must be integer" in line and "legs (integer)" in line
 
 
-def agent_flow(tmp_path: Path, url: str, tools: list[dict[str, Any]]) -> Path:
+def agent_flow(tmp_path: Path, url: str, tools: list[dict[str, Any]], **agent_fields: Any) -> Path:
     outputs = [prop("weather", default="unknown"), prop("rating", "integer", default=1)]
     f = FlowDoc("weather")
     s = f.start(["city"])
     a = f.agent("agent", llm_config(url), tools=tools, system_prompt="You report the weather in {{city}}.",
                 inputs=["city"], outputs=outputs)
+    f.components[a]["agent"].update(agent_fields)
     e = f.end(["weather", "rating"])
     f.control(s, a)
     f.control(a, e)
@@ -127,7 +128,10 @@ def test_an_agent_with_tools_is_told_the_shape_and_asked_again_after_plain_text(
         {"content": '{"weather": "hot", "rating": 5.0}'},
     ]
     with served_model(script) as model:
-        flow = agent_flow(tmp_path, model.url, [server_tool("get_weather", ["city"], ["report"])])
+        # An agent that may not talk to the user (a prose answer from one that may is its question to
+        # the user: tests/engine/test_refusals.py)
+        flow = agent_flow(tmp_path, model.url, [server_tool("get_weather", ["city"], ["report"])],
+                          human_in_the_loop=False)
         outcome = run_outcome(flow, tools, {"city": "Agadir"}, transport=model.transport)
         reqs = model.requests()
     assert outcome.outputs == {"weather": "hot", "rating": 5} and type(outcome.outputs["rating"]) is int
