@@ -23,4 +23,7 @@ ensure_venv() {
   # Every `heddle` a test or a user starts reads heddle's bytecode; where PYTHONDONTWRITEBYTECODE is
   # set nothing would write it, and each process would compile the package again.
   "$VENV/bin/python" -m compileall -q -j 0 "$ROOT/heddle" >/dev/null
+  # Tools written as `#!/usr/bin/env python3` find this interpreter first: a version manager's
+  # shim in front of it costs a shell and a dozen processes on every tool call.
+  export PATH="$VENV/bin:$PATH"
 }

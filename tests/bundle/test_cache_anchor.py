@@ -61,6 +61,16 @@ def run(bundle: Path, keypair: KeyPair, **kw: object) -> subprocess.CompletedPro
     return heddle("run", bundle, "--trust", keypair.pub_path, **kw)  # type: ignore[arg-type]
 
 
+def run_in_process(bundle: Path, keypair: KeyPair) -> tuple[dict[str, object], str]:
+    """What `heddle run BUNDLE --trust KEY` prints, and why it says the cached copy was verified
+    again ("" when it was not): the re-open proof is the library's, so most checks of it need no
+    process (one real run per test file says it on stderr)."""
+    import heddle
+
+    with heddle.open_bundle(bundle, trust=heddle.TrustPolicy.keys(keypair.pub_path)) as opened:
+        return heddle.run(opened).state, opened.repaired or ""
+
+
 def warm(bundle: Path, keypair: KeyPair) -> Path:
     """Open the bundle once into the sandbox's cache; where its cached tree is."""
     return open_bundle(bundle, trusted_keys=[keypair.public]).root
@@ -112,8 +122,8 @@ def test_an_entry_planted_before_the_first_run_is_not_trusted(sandbox: Path, key
     bundle = seal(sandbox, keypair)
     # No snapshot at all.
     entry = _planted(sandbox, bundle, keypair)
-    proc = run(bundle, keypair)
-    assert state_of(proc)["who"] == "sealed" and "no snapshot" in proc.stderr
+    state, repaired = run_in_process(bundle, keypair)
+    assert state["who"] == "sealed" and "no snapshot" in repaired
     # A snapshot in the right format, checksum and all, describing the planted tree: the
     # tool is re-hashed on every open, so the snapshot's say-so is not enough.
     shutil.rmtree(sandbox / "cache")
@@ -123,8 +133,8 @@ def test_an_entry_planted_before_the_first_run_is_not_trusted(sandbox: Path, key
     entry = _planted(sandbox, bundle, keypair)
     forged = record(entry / "payload", key=entry.name, name="anchor")
     (entry / "snapshot").write_bytes(forged.to_bytes())
-    proc = run(bundle, keypair)
-    assert state_of(proc)["who"] == "sealed" and "tools/who.py" in proc.stderr
+    state, repaired = run_in_process(bundle, keypair)
+    assert state["who"] == "sealed" and "tools/who.py" in repaired
     # A snapshot that does not belong to its entry is no better.
     (entry / "snapshot").chmod(0o600)
     (entry / "snapshot").write_bytes(b"heddle-snapshot 1 " + b"0" * 64 + b"\n{}")
@@ -147,8 +157,8 @@ def test_a_data_file_swapped_with_its_mtime_put_back_is_caught(sandbox: Path, ke
     os.replace(fresh, notes)
     os.chmod(notes.parent, 0o555)
     assert os.stat(notes).st_mtime_ns == before.st_mtime_ns and os.stat(notes).st_size == before.st_size
-    proc = run(bundle, keypair)
-    assert state_of(proc)["notes"] == NOTES and "mounts/notes/readme.md" in proc.stderr
+    state, repaired = run_in_process(bundle, keypair)
+    assert state["notes"] == NOTES and "mounts/notes/readme.md" in repaired
     # In place this time (same inode, size and mtime): ctime gives it away.
     before = os.stat(notes)
     unseal(notes)
@@ -156,7 +166,8 @@ def test_a_data_file_swapped_with_its_mtime_put_back_is_caught(sandbox: Path, ke
     reseal(notes)
     os.utime(notes, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert os.stat(notes).st_ino == before.st_ino
-    assert state_of(run(bundle, keypair))["notes"] == NOTES
+    state, repaired = run_in_process(bundle, keypair)
+    assert state["notes"] == NOTES and "mounts/notes/readme.md" in repaired
 
 
 def test_a_cache_or_trust_store_others_can_write_is_refused(sandbox: Path, keypair: KeyPair) -> None:
@@ -167,17 +178,23 @@ def test_a_cache_or_trust_store_others_can_write_is_refused(sandbox: Path, keypa
     proc = heddle("verify", bundle, "--trust", keypair.pub_path, env={"HEDDLE_CACHE_DIR": str(shared)})
     assert proc.returncode == 2 and f"run `chmod go-w {shared}`" in error_line(proc)
     assert os.listdir(shared) == []
+    # The same check on a cache owned by another user, and on one inside a folder others can
+    # write, in-process (the message is the command's error line, as shown above).
+    from heddle.errors import UsageError
+
     shared.chmod(0o700)
     os.chown(shared, 65534, 65534)
-    proc = heddle("verify", bundle, "--trust", keypair.pub_path, "--cache-dir", shared)
-    assert proc.returncode == 2 and f"`chown {os.geteuid()} {shared}`" in error_line(proc)
+    with pytest.raises(UsageError, match=f"`chown {os.geteuid()} {shared}`") as caught:
+        open_bundle(bundle, trusted_keys=[keypair.public], cache_root=shared)
+    assert caught.value.exit_code == 2
     # Above a cache of our own, a world-writable folder must be sticky (as /tmp, where every
     # other test's cache lives, is), or another user could swap the cache for theirs.
     parent = sandbox / "open-parent"
     parent.mkdir()
     parent.chmod(0o777)
-    proc = heddle("verify", bundle, "--trust", keypair.pub_path, "--cache-dir", parent / "mine")
-    assert proc.returncode == 2 and f"`chmod go-w {parent}`" in error_line(proc)
+    with pytest.raises(UsageError, match=f"`chmod go-w {parent}`") as caught:
+        open_bundle(bundle, trusted_keys=[keypair.public], cache_root=parent / "mine")
+    assert caught.value.exit_code == 2
     assert not (parent / "mine").exists()
     # The trust store: a run trusting the store refuses to read one anyone can add a key to.
     TrustStore().add(keypair.pub_path)
@@ -210,10 +227,15 @@ def test_verify_proves_the_file_even_when_its_digest_is_cached(sandbox: Path, ke
     tampered = sandbox / "copy.heddle"
     _flip(bundle, tampered, b"'sealed'")
     assert peek(tampered).digest == peek(bundle).digest
-    for extra in ((), ("--deep",)):
-        proc = heddle("verify", tampered, "--trust", keypair.pub_path, *extra)
-        assert proc.returncode == 6, proc.stdout + proc.stderr
-        assert "tools/who.py" in error_line(proc) and str(tampered) in error_line(proc)
+    proc = heddle("verify", tampered, "--trust", keypair.pub_path)
+    assert proc.returncode == 6, proc.stdout + proc.stderr
+    assert "tools/who.py" in error_line(proc) and str(tampered) in error_line(proc)
+    # --deep (re-hash the cached tree too) proves the file all the same: what `verify --deep` opens with.
+    from heddle.errors import HeddleError
+
+    with pytest.raises(HeddleError, match=r"tools/who\.py") as caught:
+        open_bundle(tampered, trusted_keys=[keypair.public], deep=True, prove_file=True)
+    assert caught.value.exit_code == 6 and str(tampered) in caught.value.message
     proc = heddle("verify", bundle, "--trust", keypair.pub_path)
     assert proc.returncode == 0 and "(already verified)" in proc.stdout
 
@@ -243,7 +265,7 @@ def test_dead_staging_is_swept_and_the_cache_is_listed_and_pruned(sandbox: Path,
     young = cache / ".staging-young"
     young.mkdir()
     try:
-        assert heddle("verify", bundle, "--trust", keypair.pub_path).returncode == 0
+        warm(bundle, keypair)  # an open sweeps the staging nobody holds (the library's, as the commands')
         left = sorted(n for n in os.listdir(cache) if n.startswith("."))
         assert left == [".staging-live", ".staging-young"]
         digest = str(peek(bundle).digest)
@@ -265,8 +287,6 @@ def test_dead_staging_is_swept_and_the_cache_is_listed_and_pruned(sandbox: Path,
         os.utime(young, (time.time() - 120,) * 2)
         assert "1 staging folders" in heddle("cache", "prune", "--all").stdout
         assert os.listdir(cache) == [".staging-live"]
-        proc = heddle("cache", "prune", "--older-than", "soon")
-        assert proc.returncode == 2 and "30d, 12h, 90m or 45s" in error_line(proc)
     finally:
         os.close(held)
     proc = heddle("cache", "--help")
@@ -325,8 +345,7 @@ def test_a_run_leaves_nothing_in_tmpdir(sandbox: Path, keypair: KeyPair) -> None
 
 def test_a_cached_format_1_bundle_is_not_unpacked_again(sandbox: Path) -> None:
     legacy = VECTORS / "legacy-gzip.heddle"
-    first = heddle("verify", legacy, "--allow-unsigned", "--json")
-    assert first.returncode == 0 and not json.loads(first.stdout)["cached"]
+    assert not open_bundle(legacy, trusted_keys=[], allow_unsigned=True).cached  # unpacked into the cache
 
     def no_file_writes() -> None:
         # Any write of file data fails (EFBIG) instead of killing the process.
@@ -392,8 +411,8 @@ def test_a_snapshot_belongs_to_one_entry_and_parses_only_as_written(sandbox: Pat
 
 
 def test_cache_folders_are_made_private_whatever_the_umask(sandbox: Path) -> None:
-    from heddle.format.private import make_private_dir
     from heddle.cli.bundle import parse_duration
+    from heddle.format.private import make_private_dir
 
     old = os.umask(0)
     try:
@@ -404,3 +423,9 @@ def test_cache_folders_are_made_private_whatever_the_umask(sandbox: Path) -> Non
         assert os.stat(folder).st_mode & 0o777 == 0o700
     assert [parse_duration(t) for t in ("30d", "12h", "90m", "45s", "1d12h")] == [
         30 * 86400, 12 * 3600, 90 * 60, 45, 36 * 3600]
+    # What `heddle cache prune --older-than soon` refuses with (exit 2, on its error line).
+    from heddle.errors import UsageError
+
+    with pytest.raises(UsageError, match="30d, 12h, 90m or 45s") as caught:
+        parse_duration("soon")
+    assert caught.value.exit_code == 2

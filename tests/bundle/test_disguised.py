@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from heddle import canonical
-from heddle.format.errors import BundleError, MalformedBundleError
-from heddle.format.signing import PAYLOAD_TYPE
 from heddle.cli.target import resolve_flow, resolve_target
 from heddle.errors import DocumentError, UsageError
+from heddle.format.errors import BundleError, MalformedBundleError
+from heddle.format.signing import PAYLOAD_TYPE
 from tests.bundle.conftest import load_make_vectors, write_agent
 from tests.support.cli import error_line, heddle, state_of
 
@@ -100,7 +100,6 @@ def test_a_fifo_a_folder_or_a_device_is_refused_without_blocking(sandbox):
     folder.mkdir()
     refused(heddle("run", pipe_bundle, timeout=TIMEOUT), 7, f"{pipe_bundle}: not a heddle bundle (it is a FIFO)")
     refused(heddle("verify", pipe_bundle, timeout=TIMEOUT), 7, f"{pipe_bundle}: not a heddle bundle (it is a FIFO)")
-    refused(heddle("run", folder, timeout=TIMEOUT), 7, f"{folder}: not a heddle bundle (it is a directory)")
     refused(heddle("run", pipe_flow, timeout=TIMEOUT), 2, f"{pipe_flow}: is a FIFO, not a regular file")
     # The rest of the same rule, in-process: the verifier's one open and the flow reader.
     for path, kind in ((pipe_bundle, "a FIFO"), (folder, "a directory"), (Path(os.devnull), "a character device")):
@@ -108,6 +107,11 @@ def test_a_fifo_a_folder_or_a_device_is_refused_without_blocking(sandbox):
             peek(path)
         with pytest.raises(MalformedBundleError, match=f"it is {kind}"):
             resolve_target(path, None, bundle_options=["--trust"])
+    # What `heddle run folder.heddle` gives (the command's path for a bundle that is no file: the FIFO above).
+    with pytest.raises(MalformedBundleError,
+                       match=r"folder\.heddle: not a heddle bundle \(it is a directory\)") as caught:
+        resolve_target(folder, None)
+    assert caught.value.exit_code == 7
     for path in (pipe_flow, pipe_bundle, Path(os.devnull)):
         with pytest.raises(DocumentError, match="not a regular file"):
             load_flow(path)
@@ -136,8 +140,14 @@ def test_a_deeply_nested_signatures_file_is_malformed_before_trust(sandbox):
     bundle = sandbox / "deep-signatures.heddle"
     bundle.write_bytes(_crafted(signatures=b'{"payloadType":"%s","signatures":%s}' % (PAYLOAD_TYPE.encode(), DEEP)))
     assert bundle.stat().st_size < 2048
-    for command in ("verify", "inspect", "run"):
+    for command in ("inspect", "run"):
         refused(heddle(command, bundle, timeout=TIMEOUT), 7, f"{bundle} signatures {NEEDLE}")
+    # `heddle verify` reads it with the same one peek (its refusal of a malformed bundle through
+    # the command: test_a_fifo_a_folder_or_a_device_is_refused_without_blocking).
+    from heddle.format.verify import peek
+
+    with pytest.raises(MalformedBundleError, match=f"signatures {NEEDLE}"):
+        peek(bundle)
 
 
 def test_a_deeply_nested_manifest_or_flow_is_malformed(sandbox):

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
-from tests.bundle.conftest import VECTORS
+import pytest
+
+from heddle import HeddleError
+from heddle import seal as seal_in_process
+from heddle.format.verify import peek
+from tests.bundle.conftest import VECTORS, KeyPair, make_keypair
 from tests.support.cli import error_line, heddle, state_of
 from tests.support.flows import FlowDoc, server_tool, write_tool
 
@@ -44,32 +49,59 @@ def seal(sandbox: Path, keypair, *extra: str) -> Path:
     return out
 
 
+@dataclass(frozen=True)
+class Sealed:
+    """The project from `project`, sealed once for the module as `seal` does, in-process: the
+    tests sharing it are about running a bundle (`heddle bundle` itself has its own tests)."""
+
+    bundle: Path
+    src: Path
+    keypair: KeyPair
+
+
+@pytest.fixture(scope="module")
+def sealed(tmp_path_factory: pytest.TempPathFactory) -> Sealed:
+    root = tmp_path_factory.mktemp("sealed")
+    (root / "keys").mkdir()
+    keypair = make_keypair(root / "keys", "me")
+    src = root / "src"
+    src.mkdir()
+    flow, tools = project(src)
+    out = root / "app.heddle"
+    seal_in_process(flow, tools_dir=tools, mounts=[str(src / "notes"), f"{src / 'data'}:data:rw"],
+                    input={"text": "recorded"}, sign_key=keypair.signing, output=out)
+    out.chmod(0o444)  # shared by every test of the module: none may change it
+    return Sealed(out, src, keypair)
+
+
 def test_bundle_then_run_exactly_what_was_sealed(sandbox, keypair):
     (sandbox / "src").mkdir()
     out = seal(sandbox, keypair)
     proc = heddle("bundle", "--help")
     assert "--sign-key" in proc.stdout
+    # Editing the source after sealing changes nothing; the recorded input is the one used.
+    (sandbox / "src" / "notes" / "readme.md").write_text("changed\n")
     state = state_of(heddle("run", out, "--trust", keypair.pub_path))
     assert state["notes"] == "sealed notes ✓" and state["lines"] == ["seed", "recorded"]
     # --input replaces the recorded input
     state = state_of(heddle("run", out, "--trust", keypair.pub_path, "--input", '{"text": "given"}'))
     assert state["lines"] == ["seed", "given"]
-    # editing the source after sealing changes nothing
-    (sandbox / "src" / "notes" / "readme.md").write_text("changed\n")
-    assert state_of(heddle("run", out, "--trust", keypair.pub_path))["notes"] == "sealed notes ✓"
     report = heddle("validate", out, "--trust", keypair.pub_path)
     assert report.returncode == 0 and "graph     valid" in report.stdout
 
 
-def test_rw_mounts_are_seeded_into_a_data_dir_never_the_cache(sandbox, keypair):
-    (sandbox / "src").mkdir()
-    out = seal(sandbox, keypair)
+def test_rw_mounts_are_seeded_into_a_data_dir_never_the_cache(sandbox, sealed):
+    out, keypair = sealed.bundle, sealed.keypair
     data = sandbox / "data-dir"
-    for expected in (["seed", "one"], ["seed", "one", "two"]):
-        proc = heddle("run", out, "--trust", keypair.pub_path, "--data-dir", data, "--input",
-                      json.dumps({"text": expected[-1]}))
-        assert state_of(proc)["lines"] == expected
-        assert f"rw mounts are seeded in {data}" in proc.stderr
+    proc = heddle("run", out, "--trust", keypair.pub_path, "--data-dir", data, "--input", '{"text": "one"}')
+    assert state_of(proc)["lines"] == ["seed", "one"]
+    assert f"rw mounts are seeded in {data}" in proc.stderr
+    # The next run in the same data dir (what --data-dir opens with) goes on from there.
+    import heddle as library
+
+    with library.open_bundle(out, trust=library.TrustPolicy.keys(keypair.pub_path), data_dir=data) as bundle:
+        assert bundle.data_dir == data
+        assert library.run(bundle, inputs={"text": "two"}).state["lines"] == ["seed", "one", "two"]
     assert (data / "data" / "log.txt").read_text().split() == ["seed", "one", "two"]
     # without --data-dir each run starts from the sealed seed, in a folder it names
     proc = heddle("run", out, "--trust", keypair.pub_path)
@@ -83,15 +115,12 @@ def test_rw_mounts_are_seeded_into_a_data_dir_never_the_cache(sandbox, keypair):
                 assert Path(top, name).read_text() == "seed\n"
 
 
-def test_tools_dir_with_a_bundle_is_refused(sandbox, keypair):
-    (sandbox / "src").mkdir()
-    out = seal(sandbox, keypair)
-    proc = heddle("run", out, "--trust", keypair.pub_path, "--tools-dir", sandbox / "src" / "tools")
+def test_tools_dir_with_a_bundle_is_refused(sandbox, sealed):
+    proc = heddle("run", sealed.bundle, "--trust", sealed.keypair.pub_path, "--tools-dir", sealed.src / "tools")
     assert proc.returncode == 2
     assert "--tools-dir cannot be used with the bundle" in error_line(proc)
-    proc = heddle("run", sandbox / "src" / "flow.json", "--trust", keypair.pub_path)
-    # With --trust the path must be a bundle: a flow document given with it is not one (exit 7).
-    assert proc.returncode == 7 and "apply to bundles" in error_line(proc)
+    # A flow document given with --trust (exit 7, "apply to bundles"): see
+    # tests/bundle/test_disguised.py::test_a_flow_named_heddle_or_given_with_trust_is_refused_not_run.
 
 
 def test_a_mount_given_at_run_time_adds_to_the_bundles(sandbox, keypair):
@@ -100,8 +129,8 @@ def test_a_mount_given_at_run_time_adds_to_the_bundles(sandbox, keypair):
     write_tool(tools, "work.py", "out = {'extra': open('extra/x.txt').read(), 'notes': os.listdir('notes'), "
                                  "'lines': []}")
     out = sandbox / "app.heddle"
-    assert heddle("bundle", flow, "-t", tools, "--mount", sandbox / "src" / "notes", "--sign-key",
-                  keypair.key_path, "-o", out).returncode == 0
+    seal_in_process(flow, tools_dir=tools, mounts=[str(sandbox / "src" / "notes")], sign_key=keypair.signing,
+                    output=out)
     (sandbox / "extra").mkdir()
     (sandbox / "extra" / "x.txt").write_text("added")
     state = state_of(heddle("run", out, "--trust", keypair.pub_path, "--mount", sandbox / "extra",
@@ -120,8 +149,8 @@ def test_git_folders_are_left_out_and_listed(sandbox, keypair):
                   "--sign-key", keypair.key_path, "-o", out)
     assert proc.returncode == 0, proc.stderr
     assert f"left out {src / 'notes' / '.git'}" in proc.stderr
-    listing = heddle("inspect", out).stdout
-    assert "readme.md" in listing and ".git" not in listing
+    listing = [f.path for f in peek(out).manifest.files]
+    assert "mounts/notes/readme.md" in listing and not any(".git" in path for path in listing)
 
 
 def test_a_failed_bundle_leaves_nothing_at_the_output(sandbox, keypair):
@@ -136,8 +165,10 @@ def test_a_failed_bundle_leaves_nothing_at_the_output(sandbox, keypair):
     (src / "notes" / "link").unlink()
     out.write_bytes(b"previous bundle")
     (tools / "work.py").unlink()
-    proc = heddle("bundle", flow, "-t", tools, "--sign-key", keypair.key_path, "-o", out)
-    assert proc.returncode == 2 and "ServerTool 'work' has no executable" in error_line(proc)
+    # The same atomic write under another refusal, in-process (the CLI's error line is checked above).
+    with pytest.raises(HeddleError, match="ServerTool 'work' has no executable") as caught:
+        seal_in_process(flow, tools_dir=tools, sign_key=keypair.signing, output=out)
+    assert caught.value.exit_code == 2
     assert out.read_bytes() == b"previous bundle"
     assert sorted(p.name for p in sandbox.iterdir() if p.name.startswith("app")) == ["app.heddle"]
 
@@ -152,7 +183,7 @@ def test_packing_twice_gives_the_same_bytes_and_digest(sandbox, keypair):
         old = os.umask(umask)
         try:
             out = sandbox / f"app{i}.heddle"
-            assert heddle("bundle", flow, "-t", tools, "--sign-key", keypair.key_path, "-o", out).returncode == 0
+            seal_in_process(flow, tools_dir=tools, sign_key=keypair.key_path, output=out)
         finally:
             os.umask(old)
         outs.append(out.read_bytes())
@@ -165,15 +196,20 @@ def test_untrusted_and_tampered_bundles_never_run(sandbox, keypair):
     flow, tools = project(src)
     write_tool(tools, "work.py", f"open({str(sandbox / 'RAN')!r}, 'w').close()\nout = {{'notes': '', 'lines': []}}")
     out = sandbox / "app.heddle"
-    assert heddle("bundle", flow, "-t", tools, "--sign-key", keypair.key_path, "-o", out).returncode == 0
+    seal_in_process(flow, tools_dir=tools, sign_key=keypair.signing, output=out)
     proc = heddle("run", out, "--input", '{"text": "x"}')
     assert proc.returncode == 4 and keypair.public.keyid in error_line(proc)
     data = bytearray(out.read_bytes())
     data[len(data) // 2] ^= 0x01
     tampered = sandbox / "tampered.heddle"
     tampered.write_bytes(bytes(data))
-    proc = heddle("run", tampered, "--trust", keypair.pub_path, "--input", '{"text": "x"}')
-    assert proc.returncode in (6, 7), proc.stderr
+    # Refused when opened, before anything runs (the command's refusal of a tampered bundle is
+    # tests/bundle/test_mutations.py::test_the_cli_refuses_a_mutant_in_one_line).
+    import heddle as library
+
+    with pytest.raises(HeddleError) as caught:
+        library.open_bundle(tampered, trust=library.TrustPolicy.keys(keypair.pub_path))
+    assert caught.value.exit_code in (6, 7), caught.value
     assert not (sandbox / "RAN").exists()
     assert state_of(heddle("run", out, "--trust", keypair.pub_path, "--input", '{"text": "x"}')) is not None
     assert (sandbox / "RAN").exists()
@@ -193,13 +229,13 @@ def test_an_unsigned_bundle_runs_only_with_allow_unsigned(sandbox):
 
 
 def test_recorded_tool_round_proposal_and_command_line_override(sandbox, keypair):
-    from tests.support.scripted_model import scripted_model
+    from tests.support.threaded_model import threaded_model
 
     src = sandbox / "src"
     src.mkdir()
     write_tool(src / "tools", "echo.py", "out = args")
     calls = [{"tool_calls": [{"name": "echo", "arguments": {"m": str(i)}}]} for i in range(3)]
-    with scripted_model([*calls, {"content": "done"}, *calls, {"content": "done"}], sandbox) as model:
+    with threaded_model([*calls, {"content": "done"}, *calls, {"content": "done"}]) as model:
         f = FlowDoc("rounds")
         s = f.start(["query"])
         a = f.agent("agent", model.url, tools=[server_tool("echo", ["m"])])
@@ -208,8 +244,7 @@ def test_recorded_tool_round_proposal_and_command_line_override(sandbox, keypair
         f.control(a, e)
         flow = f.write(src / "flow.json")
         out = sandbox / "app.heddle"
-        assert heddle("bundle", flow, "-t", src / "tools", "--max-tool-rounds", "2", "--sign-key",
-                      keypair.key_path, "-o", out).returncode == 0
+        seal_in_process(flow, tools_dir=src / "tools", max_tool_rounds=2, sign_key=keypair.signing, output=out)
         proc = heddle("run", out, "--trust", keypair.pub_path, "--input", '{"query": "q"}')
         assert proc.returncode == 1 and "--max-tool-rounds 2" in error_line(proc)
         proc = heddle("run", out, "--trust", keypair.pub_path, "--input", '{"query": "q"}', "--max-tool-rounds", "5")
@@ -220,5 +255,9 @@ def test_a_format_1_bundle_runs_only_with_allow_unsigned(sandbox):
     legacy = VECTORS / "legacy-gzip.heddle"
     proc = heddle("run", legacy)
     assert proc.returncode == 3
-    state = state_of(heddle("run", legacy, "--allow-unsigned"))
-    assert state == {"text": "hi", "echoed": "hi"}
+    # With --allow-unsigned it runs (through the command in
+    # tests/bundle/test_cache_anchor.py::test_a_cached_format_1_bundle_is_not_unpacked_again).
+    import heddle as library
+
+    with library.open_bundle(legacy, trust=library.TrustPolicy.allow_unsigned()) as bundle:
+        assert library.run(bundle).state == {"text": "hi", "echoed": "hi"}

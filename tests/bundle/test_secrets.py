@@ -9,9 +9,10 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+from heddle import seal
 from heddle.bundle.collect import secret_by_name
-from heddle.format.errors import PackError
 from heddle.bundle.flowenv import env_reads, literal_keys
+from heddle.format.errors import PackError
 from tests.support.cli import error_line, heddle
 from tests.support.flows import FlowDoc, llm_config
 
@@ -53,8 +54,9 @@ def test_secret_files_are_refused_by_name_and_content_and_nothing_is_written(san
     mount = _secret_mount(src / "secret")
     out = sandbox / "out"
     out.mkdir()
-    args = ["bundle", flow, "-t", tools, "--mount", src / "notes", "--mount", f"{src / 'data'}:data:rw",
-            "--mount", f"{mount}:more", "--sign-key", keypair.key_path, "-o", out / "app.heddle"]
+    mounts = [str(src / "notes"), f"{src / 'data'}:data:rw", f"{mount}:more"]
+    args = ["bundle", flow, "-t", tools, *(a for m in mounts for a in ("--mount", m)),
+            "--sign-key", keypair.key_path, "-o", out / "app.heddle"]
     proc = heddle(*args)
     assert proc.returncode == 2, proc.stderr
     line = error_line(proc)
@@ -64,23 +66,34 @@ def test_secret_files_are_refused_by_name_and_content_and_nothing_is_written(san
     assert "--include-secret PATH" in line and "3 files look like secrets" in line
     assert os.listdir(out) == []
 
-    # Each one allowed by name, or all of them by their folder: sealed, and listed by inspect.
-    for allow in ([mount / ".env", mount / "id_ed25519", mount / "notes.txt"], [mount]):
-        flags = [a for path in allow for a in ("--include-secret", path)]
-        proc = heddle(*args, *flags)
-        assert proc.returncode == 0, proc.stderr
-        listing = heddle("inspect", out / "app.heddle").stdout
-        assert all(f"mounts/more/{name}" in listing for name in (".env", "id_ed25519", "notes.txt"))
+    # All of them allowed by their folder (through the command), or each one by name (the same
+    # rule, in-process): sealed, and in the manifest.
+    proc = heddle(*args, "--include-secret", mount)
+    assert proc.returncode == 0, proc.stderr
+    from heddle.format.verify import peek
+
+    for allow in ([mount], [mount / ".env", mount / "id_ed25519", mount / "notes.txt"]):
+        if allow != [mount]:
+            seal(flow, tools_dir=tools, mounts=mounts, sign_key=keypair.signing, include_secrets=allow,
+                 output=out / "app.heddle")
+        listing = {f.path for f in peek(out / "app.heddle").manifest.files}
+        assert {f"mounts/more/{name}" for name in (".env", "id_ed25519", "notes.txt")} <= listing
 
     # Allowing one but not the others still names the others; an allowance that matches no
-    # secret is refused rather than ignored.
-    proc = heddle(*args, "--include-secret", mount / ".env")
-    assert proc.returncode == 2 and "2 files look like secrets" in error_line(proc)
-    assert f"{mount / '.env'} (as" not in error_line(proc)
-    proc = heddle(*args, "--include-secret", mount, "--include-secret", src / "notes" / "readme.md")
-    assert proc.returncode == 2
+    # secret is refused rather than ignored. The rule is the packer's: checked in-process, the
+    # exit code and message being what the command prints on its error line.
+    def refusal(*allow: Path) -> str:
+        with pytest.raises(PackError) as caught:
+            seal(flow, tools_dir=tools, mounts=mounts, sign_key=keypair.signing, include_secrets=allow,
+                 output=out / "other.heddle")
+        assert caught.value.exit_code == 2 and not (out / "other.heddle").exists()
+        return caught.value.message
+
+    message = refusal(mount / ".env")
+    assert "2 files look like secrets" in message and f"{mount / '.env'} (as" not in message
+    message = refusal(mount, src / "notes" / "readme.md")
     assert f"--include-secret {src / 'notes' / 'readme.md'}: no file sealed from there looks like a secret" \
-        in error_line(proc)
+        in message
 
 
 def test_secrets_in_the_tools_folder_and_plugin_folders_are_refused_too(sandbox: Path) -> None:
@@ -126,7 +139,8 @@ def test_a_literal_api_key_is_refused_at_seal(sandbox: Path) -> None:
     assert not out.exists()
     # With the key in the environment instead, it seals.
     _llm_flow(flow, llm_config("http://127.0.0.1:9/v1", name="gpt", api_key="$MODEL_KEY"))
-    assert heddle("bundle", flow, "-o", out).returncode == 0
+    seal(flow, output=out)
+    assert out.exists()
 
 
 def test_literal_keys_are_found_wherever_the_document_holds_them() -> None:
@@ -150,7 +164,7 @@ def test_literal_keys_are_found_wherever_the_document_holds_them() -> None:
 def test_doctor_lists_the_variables_the_flow_reads(sandbox: Path) -> None:
     flow = _llm_flow(sandbox / "flow.json", llm_config("http://127.0.0.1:9/v1", name="gpt", api_key="$HEDDLE_TEST_MODEL_KEY"))
     bundle = sandbox / "app.heddle"
-    assert heddle("bundle", flow, "-o", bundle).returncode == 0
+    seal(flow, output=bundle)
 
     proc = heddle("doctor", bundle, env={"HEDDLE_TEST_MODEL_KEY": ""})
     assert proc.returncode == 9, proc.stdout + proc.stderr

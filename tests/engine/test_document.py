@@ -11,6 +11,7 @@ from heddle.spec import load_flow, load_flow_text
 from heddle.spec.references import resolve_references
 from tests.support.cli import error_line, heddle, state_of
 from tests.support.flows import FlowDoc
+from tests.support.inproc import check_doc, run_doc
 
 
 def passthrough(tmp_path, suffix=".json", **kw):
@@ -22,9 +23,10 @@ def passthrough(tmp_path, suffix=".json", **kw):
 
 
 def test_json_and_yaml_run_the_same(tmp_path):
+    # The reading by suffix is the document loader's, in-process; `--flow`/`--format` below are the CLI's.
     for suffix in (".json", ".yaml", ".yml"):
         path = passthrough(tmp_path, suffix)
-        assert state_of(heddle("run", path, "--input", '{"text": "héllo"}')) == {"text": "héllo"}
+        assert run_doc(path, None, {"text": "héllo"}) == {"text": "héllo"}
 
 
 def test_format_flag_forces_yaml(tmp_path):
@@ -40,7 +42,7 @@ def test_format_flag_forces_yaml(tmp_path):
 def test_inline_components_without_references(tmp_path):
     path = passthrough(tmp_path, use_refs=False)
     assert "$component_ref" not in path.read_text()
-    assert state_of(heddle("run", path, "--input", '{"text": "x"}')) == {"text": "x"}
+    assert run_doc(path, None, {"text": "x"}) == {"text": "x"}
 
 
 def test_nested_references_resolve_at_any_depth_and_share_one_object():
@@ -79,9 +81,8 @@ def test_unknown_component_type_lists_the_known_ones(tmp_path):
     first = doc["nodes"][0]["$component_ref"]
     doc["$referenced_components"][first]["component_type"] = "TeleportNode"
     path.write_text(json.dumps(doc))
-    proc = heddle("validate", path)
-    assert proc.returncode == 2
-    line = error_line(proc)
+    code, line = check_doc(path)
+    assert code == 2
     assert "TeleportNode" in line and "StartNode" in line and "OllamaConfig" in line
 
 
@@ -112,6 +113,6 @@ def test_field_errors_name_the_path(tmp_path):
     start = doc["start_node"]["$component_ref"]
     doc["$referenced_components"][start]["inputs"] = [{"type": "string"}]
     path.write_text(json.dumps(doc))
-    proc = heddle("validate", path)
-    assert proc.returncode == 2
-    assert "title" in error_line(proc) and "start_node.inputs" in error_line(proc)
+    code, line = check_doc(path)
+    assert code == 2
+    assert "title" in line and "start_node.inputs" in line

@@ -17,9 +17,10 @@ import pytest
 
 from heddle.settings import RunSettings
 from tests.support.cli import error_line, heddle, state_of
+from tests.support.cli_inproc import heddle_inproc
 from tests.support.flows import FlowDoc, llm_config, server_tool, write_script, write_tool
 from tests.support.inproc import refusal, run_doc, served_model
-from tests.support.scripted_model import scripted_model
+from tests.support.threaded_model import threaded_model
 
 
 def chain(tmp_path: Path) -> tuple[Path, Path]:
@@ -41,19 +42,17 @@ def chain(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_tool_chain_with_a_renaming_data_edge(tmp_path: Path) -> None:
     flow, tools = chain(tmp_path)
-    state = state_of(heddle("run", flow, "--tools-dir", tools, "--input", '{"a": 2, "b": 3}'))
-    assert state == {"a": 2, "b": 3, "sum": 5, "doubled": 10}
+    assert run_doc(flow, tools, {"a": 2, "b": 3}) == {"a": 2, "b": 3, "sum": 5, "doubled": 10}
 
 
-def test_input_from_a_file_and_stdin(tmp_path: Path) -> None:
+def test_input_that_is_not_a_json_object_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `--input @FILE` and `--input -` are read by the --verbose and --protocol heddle runs below.
     flow, tools = chain(tmp_path)
-    (tmp_path / "in.json").write_text('{"a": 1, "b": 1}')
-    assert state_of(heddle("run", flow, "-t", tools, "--input", f"@{tmp_path / 'in.json'}"))["doubled"] == 4
-    assert state_of(heddle("run", flow, "-t", tools, "--input", "-", input='{"a": 2, "b": 2}'))["doubled"] == 8
     proc = heddle("run", flow, "-t", tools, "--input", "[1]")
     assert proc.returncode == 2 and "--input must be a JSON object, not list" in error_line(proc)
-    proc = heddle("run", flow, "-t", tools, "--input", "{nope")
-    assert proc.returncode == 2 and "--input is not valid JSON" in error_line(proc)
+    # The second refusal: the same command in this process.
+    rc, _, err = heddle_inproc(capsys, "run", flow, "-t", tools, "--input", "{nope")
+    assert rc == 2 and "--input is not valid JSON" in err.splitlines()[-1], err
 
 
 def test_missing_flow_input_is_named(tmp_path: Path) -> None:
@@ -156,8 +155,8 @@ def test_five_mebibytes_through_a_tool_both_ways(tmp_path: Path) -> None:
     f.control(s, t)
     f.control(t, e)
     blob = "x" * (5 * 2**20)
-    (tmp_path / "in.json").write_text(json.dumps({"blob": blob}))
-    state = state_of(heddle("run", f.write(tmp_path / "f.json"), "-t", tools, "--input", f"@{tmp_path / 'in.json'}"))
+    # The tool's pipes are the engine's: in-process, the tool still a real subprocess.
+    state = run_doc(f.write(tmp_path / "f.json"), tools, {"blob": blob})
     assert state["size"] == len(blob) and state["back"] == blob + "é"
 
 
@@ -214,8 +213,8 @@ def test_the_run_timeout_stops_everything(tmp_path: Path) -> None:
 
 def test_protocol_heddle_prints_events_as_json_lines(tmp_path: Path) -> None:
     flow, tools = chain(tmp_path)
-    proc = heddle("run", flow, "-t", tools, "--input", '{"a": 1, "b": 2}', "--protocol", "heddle")
-    assert proc.returncode == 0
+    proc = heddle("run", flow, "-t", tools, "--input", "-", "--protocol", "heddle", input='{"a": 1, "b": 2}')
+    assert proc.returncode == 0, proc.stderr
     events = [json.loads(line) for line in proc.stdout.splitlines()]
     types = [e["type"] for e in events]
     assert types[0] == "flow_start" and types[-1] == "flow_complete"
@@ -226,8 +225,9 @@ def test_protocol_heddle_prints_events_as_json_lines(tmp_path: Path) -> None:
 
 def test_verbose_shows_nodes_and_tools_on_stderr_only(tmp_path: Path) -> None:
     flow, tools = chain(tmp_path)
-    proc = heddle("run", flow, "-t", tools, "--input", '{"a": 1, "b": 2}', "--verbose")
-    assert json.loads(proc.stdout)["doubled"] == 6
+    (tmp_path / "in.json").write_text('{"a": 1, "b": 1}')
+    proc = heddle("run", flow, "-t", tools, "--input", f"@{tmp_path / 'in.json'}", "--verbose")
+    assert state_of(proc) == {"a": 1, "b": 1, "sum": 2, "doubled": 4}
     assert "> ToolNode adder" in proc.stderr and "tool add ok" in proc.stderr
 
 
@@ -321,7 +321,7 @@ def test_non_ascii_end_to_end(tmp_path: Path) -> None:
     text = "日本語 ✓ naïve — ünïcödé"
     script: list[dict[str, Any]] = [{"tool_calls": [{"name": "rev", "arguments": {"text": text}}]},
                                     {"content": f"Réponse: {text}"}]
-    with scripted_model(script, tmp_path) as model:
+    with threaded_model(script) as model:
         flow = agent_flow(tmp_path, model.url, tools=[rev])
         state = state_of(heddle("run", flow, "-t", tools, "--input", json.dumps({"query": text})))
         reqs = model.requests()

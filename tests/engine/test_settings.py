@@ -24,6 +24,7 @@ from heddle.settings import (
 )
 from tests.server.support import SERVER
 from tests.support.cli import error_line, heddle
+from tests.support.cli_inproc import heddle_inproc
 from tests.support.flows import FlowDoc, server_tool, write_script
 
 
@@ -73,9 +74,18 @@ def _normal(text: str) -> str:
     return re.sub(r"\s+", " ", text)
 
 
-def test_every_shared_setting_is_in_both_helps_with_one_default():
+HELPS = (("--help",), ("run", "--help"), ("validate", "--help"), ("bundle", "--help"), ("init", "--help"))
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict[tuple[str, ...], str]:
+    """Each help text, printed once by a real `heddle` for the module's tests (they only read it)."""
+    return {args: heddle(*args).stdout for args in HELPS}
+
+
+def test_every_shared_setting_is_in_both_helps_with_one_default(helps: dict[tuple[str, ...], str]) -> None:
     cli, server = _cli_options("run"), _server_options()
-    cli_help = _normal(heddle("run", "--help").stdout)
+    cli_help = _normal(helps[("run", "--help")])
     server_help = _normal(subprocess.run([str(SERVER), "--help"], capture_output=True, text=True, timeout=30,
                                          check=True).stdout)
     for spec in (*SETTINGS, *SHELL_SETTINGS):
@@ -104,9 +114,9 @@ def test_every_shared_setting_is_in_both_helps_with_one_default():
     assert "[default: 5m]" in cli_help and "[default: 5m]" in server_help
 
 
-def test_help_shows_no_python_types_and_no_cut_summaries():
-    for args in (["--help"], ["run", "--help"], ["validate", "--help"], ["bundle", "--help"], ["init", "--help"]):
-        text = heddle(*args).stdout
+def test_help_shows_no_python_types_and_no_cut_summaries(helps: dict[tuple[str, ...], str]) -> None:
+    for args in HELPS:
+        text = helps[args]
         assert not re.search(r"<(str|int|float|path|bool|list\[\w+\]|\w+ range)>|INTEGER|FLOAT|RANGE|x>=", text), \
             (args, text)
         assert "..." not in text.replace("COMMAND [ARGS]...", ""), (args, text)
@@ -161,7 +171,7 @@ def test_run_options_carry_every_setting():
     assert options.surface is SERVER and settings.sandbox_flags == ("--sandbox",)
 
 
-def test_cli_durations_with_a_unit_and_plain_seconds_behave_the_same(tmp_path):
+def test_cli_durations_with_a_unit_and_plain_seconds_behave_the_same(tmp_path, capsys):
     tools = tmp_path / "tools"
     write_script(tools, "nap.sh", "#!/bin/sh\nexec sleep 30\n")
     f = FlowDoc()
@@ -176,7 +186,8 @@ def test_cli_durations_with_a_unit_and_plain_seconds_behave_the_same(tmp_path):
     assert "note:" not in with_unit.stderr
     assert ("note: --tool-timeout 0.3: a plain number is read as seconds, which is deprecated; write it with its "
             "unit: --tool-timeout 300ms") in plain.stderr
-    bad = heddle("run", flow, "-t", tools, "--tool-timeout", "soon")
-    assert bad.returncode == 2 and error_line(bad).startswith("error: --tool-timeout: 'soon' is not a duration")
-    zero = heddle("run", flow, "-t", tools, "--tool-timeout", "0s")
-    assert zero.returncode == 2 and error_line(zero) == "error: --tool-timeout 0s: must be at least 1ms"
+    # The refused values: the same command in this process (the two runs above are real processes).
+    rc, _, err = heddle_inproc(capsys, "run", flow, "-t", tools, "--tool-timeout", "soon")
+    assert rc == 2 and err.splitlines()[-1].startswith("error: --tool-timeout: 'soon' is not a duration"), err
+    rc, _, err = heddle_inproc(capsys, "run", flow, "-t", tools, "--tool-timeout", "0s")
+    assert rc == 2 and err.splitlines()[-1] == "error: --tool-timeout 0s: must be at least 1ms", err

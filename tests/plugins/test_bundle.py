@@ -7,21 +7,26 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from heddle.format.keys import generate
-from tests.support.cli import error_line, heddle, state_of
+from tests.support.cli import heddle, state_of
+from tests.support.cli_inproc import heddle_inproc
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plugins"
 
 
-def seal(tmp_path: Path, example: str, *extra: str) -> tuple[Path, Path]:
+def seal(tmp_path: Path, capsys: pytest.CaptureFixture[str], example: str, *extra: str) -> tuple[Path, Path]:
     """Seal the example in a checkout of its own; return (bundle, public key) copied to a clean
     place, with the checkout removed."""
     src = tmp_path / "checkout"
     shutil.copytree(EXAMPLES / example, src)
     generate(src / "me", None)  # `heddle keygen` itself is tests/bundle/test_cli.py's
-    proc = heddle("bundle", src / "flow.yaml", "-t", src / "tools", "--plugin", src / "plugin" / "plugin.json",
-                  "--sign-key", src / "me.key", "-o", src / "app.heddle", *extra)
-    assert proc.returncode == 0, proc.stderr
+    # Setup: the command in this process (the last test seals through the real process).
+    rc, _, err = heddle_inproc(capsys, "bundle", src / "flow.yaml", "-t", src / "tools", "--plugin",
+                               src / "plugin" / "plugin.json", "--sign-key", src / "me.key", "-o", src / "app.heddle",
+                               *extra)
+    assert rc == 0, err
     other = tmp_path / "elsewhere"
     other.mkdir()
     shutil.copy(src / "app.heddle", other / "app.heddle")
@@ -36,27 +41,36 @@ def elsewhere(tmp_path: Path) -> dict[str, str]:
     return {"HOME": str(home), "HEDDLE_CACHE_DIR": str(tmp_path / "cache")}
 
 
-def test_a_bundle_with_a_plugin_node_type_runs_from_the_file_alone(tmp_path):
-    bundle, key = seal(tmp_path, "custom-node")
+def test_a_bundle_with_a_plugin_node_type_runs_from_the_file_alone(tmp_path, capsys, monkeypatch):
+    bundle, key = seal(tmp_path, capsys, "custom-node")
     env = elsewhere(tmp_path)
     proc = heddle("run", bundle, "--trust", key, "--input", '{"text": "Short. Sweet."}', env=env, cwd=bundle.parent)
     assert state_of(proc) == {"text": "Short. Sweet.", "words": 2, "sentences": 2, "reading_seconds": 1}
-    proc = heddle("validate", bundle, "--trust", key, "--json", env=env, cwd=bundle.parent)
-    assert proc.returncode == 0, proc.stderr
-    [row] = json.loads(proc.stdout)["plugins"]
+    # What the bundle reports, read by the same commands in this process, in the same elsewhere.
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(bundle.parent)
+    rc, out, err = heddle_inproc(capsys, "validate", bundle, "--trust", key, "--json")
+    assert rc == 0, err
+    [row] = json.loads(out)["plugins"]
     assert row["name"] == "text-stats" and str(tmp_path / "cache") in row["manifest"]
-    inspected = heddle("inspect", bundle, env=env, cwd=bundle.parent)
-    assert "text-stats" in inspected.stdout
+    rc, out, err = heddle_inproc(capsys, "inspect", bundle)
+    assert rc == 0 and "text-stats" in out, err
 
 
-def test_a_bundle_installs_its_middleware_and_takes_settings_where_it_runs(tmp_path):
-    bundle, key = seal(tmp_path, "audit-log", "--requires", '{"bins": ["node"]}')
+def test_a_bundle_installs_its_middleware_and_takes_settings_where_it_runs(tmp_path, capsys, monkeypatch):
+    bundle, key = seal(tmp_path, capsys, "audit-log", "--requires", '{"bins": ["node"]}')
     env = elsewhere(tmp_path)
     log = tmp_path / "audit.jsonl"
-    proc = heddle("run", bundle, "--trust", key, "--input", '{"title": "a b c"}', env=env)
-    assert proc.returncode == 2
-    assert "--plugin-config AuditLog: the settings do not match the schema of plugin 'audit' (AuditLog): " \
-           "'path' is a required property" in error_line(proc)
+    with monkeypatch.context() as m:
+        # The refusal in this process (the same command and error line); the run below is real.
+        for name, value in env.items():
+            m.setenv(name, value)
+        rc, _, err = heddle_inproc(capsys, "run", bundle, "--trust", key, "--input", '{"title": "a b c"}')
+    assert rc == 2
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert errors and "--plugin-config AuditLog: the settings do not match the schema of plugin 'audit' " \
+                      "(AuditLog): 'path' is a required property" in errors[-1], err
     proc = heddle("run", bundle, "--trust", key, "--input", '{"title": "a b c"}',
                   "--plugin-config", f'AuditLog={{"path": "{log}"}}', env=env)
     assert state_of(proc)["words"] == 3

@@ -8,10 +8,11 @@ import sys
 import time
 
 from tests.plugins.support import make_plugin, middleware, tool_chain_flow
-from tests.support.cli import env_with, error_line, heddle, state_of
+from tests.support.cli import env_with, error_line, heddle
+from tests.support.cli_inproc import heddle_inproc
 
 
-def test_a_silent_plugin_is_given_up_after_plugin_timeout(tmp_path):
+def test_a_silent_plugin_is_given_up_after_plugin_timeout(tmp_path, capsys):
     flow, tools = tool_chain_flow(tmp_path, tools=("first",))
     make_plugin(tmp_path / "p", components=[middleware("Hang", "toolCall.before")],
                          code='import time\n@plugin.before("Hang", "toolCall")\ndef h(call):\n    time.sleep(60)\n')
@@ -21,8 +22,10 @@ def test_a_silent_plugin_is_given_up_after_plugin_timeout(tmp_path):
     assert proc.returncode == 1
     assert error_line(proc) == ("error: plugin 'p': call 'before' was silent for more than 0.5 s (--plugin-timeout); "
                                 "it was cancelled and the process killed")
-    proc = heddle("run", flow, "-t", tools, "--plugin", tmp_path / "p" / "plugin.json", "--plugin-timeout", "0")
-    assert proc.returncode == 2
+    # A refused flag value: the same command in this process.
+    rc, _, err = heddle_inproc(capsys, "run", flow, "-t", tools, "--plugin", tmp_path / "p" / "plugin.json",
+                               "--plugin-timeout", "0")
+    assert rc == 2, err
 
 
 def test_protocol_heddle_streams_plugin_events_too(tmp_path):
@@ -34,14 +37,15 @@ def h(call):
     call.emit("seen", {"tool": call.params["tool"]})
 '''
     plugin = make_plugin(tmp_path / "p", components=[middleware("Loud", "toolCall.before")], code=code)
-    proc = heddle("run", flow, "-t", tools, "--plugin", plugin, "--protocol", "heddle")
+    # One run: the events on stdout, --verbose's lines on stderr.
+    proc = heddle("run", flow, "-t", tools, "--plugin", plugin, "--protocol", "heddle", "--verbose")
     assert proc.returncode == 0, proc.stderr
-    types = [json.loads(line)["type"] for line in proc.stdout.splitlines()]
+    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    types = [e["type"] for e in events]
     assert types.index("plugin_log") < types.index("plugin_event") < types.index("tool_call")
-    proc = heddle("run", flow, "-t", tools, "--plugin", plugin, "--verbose")
     assert "  plugin p debug: about to call first" in proc.stderr
     assert '  plugin p event seen: {"tool":"first"}' in proc.stderr
-    assert state_of(proc) == {"n": 0, "first": 1}
+    assert events[-1]["type"] == "flow_complete" and events[-1]["state"] == {"n": 0, "first": 1}
 
 
 def test_validate_reports_plugins_with_fingerprints(tmp_path):
@@ -83,9 +87,11 @@ done
 """
 
 
-def test_the_shell_plugin_of_the_docs_lets_everything_through(tmp_path):
+def test_the_shell_plugin_of_the_docs_lets_everything_through(tmp_path, capsys):
     flow, tools = tool_chain_flow(tmp_path)
     plugin = make_plugin(tmp_path / "noop", command=["sh", "plugin.sh"], program=SHELL_PLUGIN, capabilities=(),
                          components=[middleware("Noop", "node", "toolCall")])
-    proc = heddle("run", flow, "-t", tools, "--plugin", plugin, "--input", '{"n": 4}')
-    assert state_of(proc) == {"n": 4, "first": 5, "second": 5}
+    # The plugin is the real shell process; the command runs in this process.
+    rc, out, err = heddle_inproc(capsys, "run", flow, "-t", tools, "--plugin", plugin, "--input", '{"n": 4}')
+    assert rc == 0, err
+    assert json.loads(out) == {"n": 4, "first": 5, "second": 5}

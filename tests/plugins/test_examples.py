@@ -7,8 +7,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tests.support.cli import error_line, heddle, state_of
-from tests.support.scripted_model import scripted_model
+import pytest
+
+import heddle as library
+from tests.support.cli import heddle, state_of
+from tests.support.cli_inproc import heddle_inproc
+from tests.support.inproc import check_doc
+from tests.support.threaded_model import threaded_model
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plugins"
 
@@ -32,15 +37,19 @@ def test_retry_policy_runs_a_flaky_tool_again(tmp_path):
     assert len(retried) == 2 and retried[0].startswith("warning: plugin 'retry-policy' (RetryPolicy) retried node "
                                                        "'fetch' (attempt 2 of 3, after 0.2 s)")
     (root / "state" / "calls").unlink()
-    proc = heddle(*args, "--max-node-attempts", "2")
-    assert proc.returncode == 1
-    assert error_line(proc) == ("error: tool 'fetch_quote': exited with status 75: quote service unavailable "
-                                "(call 2), try again")
+    # The same run through the library: --max-node-attempts is one of the shared settings.
+    settings = library.RunSettings(mounts=(f"{root / 'state'}:state:rw",), plugins=(root / "plugin" / "plugin.json",),
+                                   max_node_attempts=2)
+    with pytest.raises(library.HeddleError) as failed:
+        library.run(root / "flow.yaml", inputs={"symbol": "ACME"}, tools_dir=root / "tools", settings=settings)
+    assert failed.value.exit_code == 1
+    assert f"error: {failed.value.message}" == ("error: tool 'fetch_quote': exited with status 75: quote service "
+                                                "unavailable (call 2), try again")
 
 
 def test_approval_gate_refuses_a_dangerous_call_and_the_model_sees_why(tmp_path):
     script = EXAMPLES / "approval-gate" / "model.yaml"
-    with scripted_model(script, tmp_path) as model:
+    with threaded_model(script) as model:
         root = copy_example("approval-gate", tmp_path, model.url)
         proc = heddle("run", root / "flow.yaml", "-t", root / "tools", "--plugin", root / "plugin" / "plugin.json",
                       "--input", '{"request": "free some disk space"}', "--protocol", "heddle")
@@ -60,11 +69,14 @@ def test_approval_gate_refuses_a_dangerous_call_and_the_model_sees_why(tmp_path)
 
 def test_the_operator_can_approve_a_call(tmp_path):
     script = EXAMPLES / "approval-gate" / "model.yaml"
-    with scripted_model(script, tmp_path) as model:
+    with threaded_model(script) as model:
         root = copy_example("approval-gate", tmp_path, model.url)
-        state = state_of(heddle("run", root / "flow.yaml", "-t", root / "tools", "--plugin", root / "plugin" / "plugin.json",
-                                "--plugin-config", 'ApprovalGate={"approved": ["rm -rf build"]}',
-                                "--input", '{"request": "free some disk space"}'))
+        # The plugin's settings through the library; `--plugin-config` on the command line is the
+        # audit-log and encoder tests'.
+        settings = library.RunSettings(plugins=(root / "plugin" / "plugin.json",),
+                                       plugin_configs=('ApprovalGate={"approved": ["rm -rf build"]}',))
+        state = library.run(root / "flow.yaml", inputs={"request": "free some disk space"}, tools_dir=root / "tools",
+                            settings=settings).state
         first_result = [m for m in model.requests()[1]["body"]["messages"] if m["role"] == "tool"][0]["content"]
     assert json.loads(first_result)["command"] == "rm -rf build" and state["result"]
 
@@ -76,7 +88,12 @@ def test_audit_log_in_javascript_keeps_a_hash_chain(tmp_path):
             "--plugin-config", json.dumps({"path": str(log)}).join(["AuditLog=", ""]),
             "--input", '{"title": "Hello, Heddle World"}']
     assert state_of(heddle(*args)) == {"title": "Hello, Heddle World", "slug": "hello-heddle-world", "words": 3}
-    assert state_of(heddle(*args))["words"] == 3
+    # A second run appends to the same chain; the library starts the same plugin process.
+    settings = library.RunSettings(plugins=(root / "plugin" / "plugin.json",),
+                                   plugin_configs=(json.dumps({"path": str(log)}).join(["AuditLog=", ""]),))
+    again = library.run(root / "flow.yaml", inputs={"title": "Hello, Heddle World"}, tools_dir=root / "tools",
+                        settings=settings)
+    assert again.state["words"] == 3
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(r["node"], r["phase"]) for r in records[:6]] == [
         ("start", "before"), ("start", "after"), ("slug", "before"), ("slug", "after"), ("count", "before"),
@@ -98,16 +115,19 @@ def test_a_custom_node_type_routes_by_its_branches(tmp_path):
     short = state_of(heddle(*base, "--input", '{"text": "Short. Sweet."}'))
     assert short == {"text": "Short. Sweet.", "words": 2, "sentences": 2, "reading_seconds": 1}
     text = "This text is long enough to take the long branch of the flow, and so it is shortened by a tool."
-    long = state_of(heddle(*base, "--input", json.dumps({"text": text}),
-                           "--plugin-config", 'TextStats={"words_per_minute": 60}'))
+    # The other branch, with the node's settings, through the library (the same plugin process).
+    settings = library.RunSettings(plugins=(root / "plugin" / "plugin.json",),
+                                   plugin_configs=('TextStats={"words_per_minute": 60}',))
+    long = library.run(root / "flow.yaml", inputs={"text": text}, tools_dir=root / "tools", settings=settings).state
     assert long["summary"] == "This text is long enough to take the ..." and long["reading_seconds"] == 21
     proc = heddle("validate", root / "flow.yaml", "-t", root / "tools", "--plugin", root / "plugin" / "plugin.json")
     assert proc.returncode == 0 and "1 TextStats" in proc.stdout and "plugin    text-stats 1.0.0: TextStats (node)" in proc.stdout
-    proc = heddle("validate", root / "flow.yaml", "-t", root / "tools")
-    assert proc.returncode == 2 and "unknown component_type 'TextStats'" in error_line(proc)
+    # Without the plugin the type is unknown: the document check, in-process.
+    code, line = check_doc(root / "flow.yaml", root / "tools")
+    assert code == 2 and "unknown component_type 'TextStats'" in line
 
 
-def test_an_encoder_renders_the_run_as_markdown(tmp_path):
+def test_an_encoder_renders_the_run_as_markdown(tmp_path, capsys):
     root = EXAMPLES / "custom-node"
     text = "This text is long enough to take the long branch of the flow, and so it is shortened by a tool."
     proc = heddle("run", root / "flow.yaml", "-t", root / "tools", "--plugin", root / "plugin" / "plugin.json",
@@ -120,9 +140,11 @@ def test_an_encoder_renders_the_run_as_markdown(tmp_path):
     assert "- tool `shorten` called with" in out and "## 2. shorten (ToolNode)" in out
     assert out.rstrip().endswith("```") and '"summary": "This text is long enough to take the ..."' in out
     assert " ms)" not in out
-    failed = heddle("run", root / "flow.yaml", "-t", root / "tools", "--plugin", root / "plugin" / "plugin.json",
-                    "--plugin", EXAMPLES / "markdown-encoder" / "plugin" / "plugin.json", "--protocol", "markdown",
-                    "--input", '{"txt": "typo"}')
-    assert failed.returncode == 1 and failed.stdout.rstrip().endswith(
+    # A failed run, rendered by the same encoder process: the same command in this process.
+    rc, failed_out, _ = heddle_inproc(capsys, "run", root / "flow.yaml", "-t", root / "tools", "--plugin",
+                                      root / "plugin" / "plugin.json", "--plugin",
+                                      EXAMPLES / "markdown-encoder" / "plugin" / "plugin.json",
+                                      "--protocol", "markdown", "--input", '{"txt": "typo"}')
+    assert rc == 1 and failed_out.rstrip().endswith(
         "**The run failed:** the flow needs input 'text' (declared by StartNode 'start'); pass it with --input "
         "'{\"text\": ...}'")

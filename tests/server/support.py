@@ -162,11 +162,13 @@ def fuzz(server: Server, tmp_path: Path, token: str, examples: int = 15,
     """Run schemathesis against the server's own /openapi.json (bounded, seeded).
 
     15 examples an operation, in both modes, keep the property checked on every suite run at a
-    bounded cost; a longer search passes `examples`.
+    bounded cost; a longer search passes `examples`. One worker: with two, the generator's own
+    threads now and then crash inside CPython's parser while describing a strategy (an
+    "AST constructor recursion depth mismatch" SystemError), a failure of the tool, not of heddle.
     """
     argv = [str(BIN / "schemathesis"), "run", f"{server.url}/openapi.json", "--header",
             f"Authorization: Bearer {token}", "--checks", CHECKS, "--phases", "examples,fuzzing",
             "--mode", "all", "--max-examples", str(examples), "--seed", "20240601", "--no-shrink",
-            "--workers", "2", "--request-timeout", "30", "--report-dir", str(tmp_path / "report"), *extra]
+            "--workers", "1", "--request-timeout", "30", "--report-dir", str(tmp_path / "report"), *extra]
     return subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=tmp_path,
                           stdin=subprocess.DEVNULL)

@@ -1,17 +1,24 @@
 """`heddle-server --bundle`: verified before the port opens, then served and nothing else.
 
-Bundles are made with the real CLI (`heddle keygen`, `heddle bundle`), as a user makes them.
+The bundles and keys are made once per module through the library (`heddle.seal`, the key
+generation `heddle keygen` calls): the `heddle bundle` and `heddle keygen` commands have their
+own tests in tests/bundle. What a test reads from `heddle inspect`, `validate` or `verify` to
+compare with the server comes from those commands run in this process (tests/support/cli_inproc.py).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+import heddle
+from heddle.format.keys import generate
 from tests.server.flows import ECHO, tool_chain, write_tools
 from tests.server.support import fuzz, metric, run_server_to_exit, start_server
-from tests.support.cli import heddle
+from tests.support.cli_inproc import heddle_inproc
 
 
 @pytest.fixture
@@ -26,24 +33,32 @@ def private_home(tmp_path, monkeypatch):
     return env
 
 
-def sealed(tmp_path, *, sign: bool = True):
-    tools = write_tools(tmp_path / "tools", {"fetch": ECHO, "shape": ECHO, "store": ECHO})
-    flow = tool_chain("three-steps", ["fetch", "shape", "store"]).write(tmp_path / "flow.json")
-    made = heddle("keygen", "--out", tmp_path / "me", "--no-passphrase")
-    assert made.returncode == 0, made.stderr
-    out = tmp_path / ("app.heddle" if sign else "unsigned.heddle")
-    args = ["bundle", flow, "--tools-dir", tools, "--input", '{"x": "recorded"}', "-o", out]
-    if sign:
-        args += ["--sign-key", tmp_path / "me.key"]
-    proc = heddle(*args)
-    assert proc.returncode == 0, proc.stderr
-    return out, tmp_path / "me.pub", flow, tools, made.stdout.strip()
+@dataclass(frozen=True)
+class Sealed:
+    bundle: Path  # signed by `pub`'s key; no test changes it (a tampered copy is a new file)
+    unsigned: Path
+    pub: Path
+    flow: Path
+    tools: Path
+    keyid: str
 
 
-def test_a_bundle_is_served_and_described(tmp_path, private_home):
-    bundle, pub, flow, tools, keyid = sealed(tmp_path)
-    info = json.loads(heddle("inspect", bundle, "--json", "--trust", pub).stdout)
-    report = json.loads(heddle("validate", flow, "--tools-dir", tools, "--json").stdout)
+@pytest.fixture(scope="module")
+def sealed(tmp_path_factory) -> Sealed:
+    root = tmp_path_factory.mktemp("sealed")
+    tools = write_tools(root / "tools", {"fetch": ECHO, "shape": ECHO, "store": ECHO})
+    flow = tool_chain("three-steps", ["fetch", "shape", "store"]).write(root / "flow.json")
+    made = generate(root / "me", None)
+    signed = heddle.seal(flow, tools_dir=tools, input={"x": "recorded"}, sign_key=made.private_path,
+                         output=root / "app.heddle")
+    unsigned = heddle.seal(flow, tools_dir=tools, input={"x": "recorded"}, output=root / "unsigned.heddle")
+    return Sealed(signed.path, unsigned.path, made.public_path, flow, tools, made.keyid)
+
+
+def test_a_bundle_is_served_and_described(tmp_path, private_home, sealed, capsys):
+    bundle, pub, flow, tools, keyid = sealed.bundle, sealed.pub, sealed.flow, sealed.tools, sealed.keyid
+    info = json.loads(heddle_inproc(capsys, "inspect", bundle, "--json", "--trust", pub)[1])
+    report = json.loads(heddle_inproc(capsys, "validate", flow, "--tools-dir", tools, "--json")[1])
     server = start_server(tmp_path, "--bundle", bundle, "--trust", pub)
     try:
         with server.client() as client:
@@ -80,15 +95,15 @@ def test_a_bundle_is_served_and_described(tmp_path, private_home):
         assert server.stop() == 0
 
 
-def test_a_tampered_or_untrusted_bundle_never_serves(tmp_path, private_home):
-    bundle, pub, *_ = sealed(tmp_path)
+def test_a_tampered_or_untrusted_bundle_never_serves(tmp_path, private_home, sealed, capsys):
+    bundle, pub = sealed.bundle, sealed.pub
     tampered = tmp_path / "tampered.heddle"
     data = bytearray(bundle.read_bytes())
     data[len(data) // 2] ^= 0xFF
     tampered.write_bytes(bytes(data))
-    assert heddle("keygen", "--out", tmp_path / "other", "--no-passphrase").returncode == 0
-    for target, trust in ((tampered, pub), (bundle, tmp_path / "other.pub")):
-        expected = heddle("verify", target, "--trust", trust).returncode
+    other = generate(tmp_path / "other", None)
+    for target, trust in ((tampered, pub), (bundle, other.public_path)):
+        expected = heddle_inproc(capsys, "verify", target, "--trust", trust)[0]
         assert expected not in (0, 1, 2)
         proc = run_server_to_exit(tmp_path, "--bundle", target, "--trust", trust)
         assert proc.returncode == expected, proc.stderr
@@ -99,10 +114,10 @@ def test_a_tampered_or_untrusted_bundle_never_serves(tmp_path, private_home):
     assert proc.returncode != 0 and "listening" not in proc.stdout
 
 
-def test_an_unsigned_bundle_needs_allow_unsigned(tmp_path, private_home):
-    bundle, *_ = sealed(tmp_path, sign=False)
+def test_an_unsigned_bundle_needs_allow_unsigned(tmp_path, private_home, sealed, capsys):
+    bundle = sealed.unsigned
     proc = run_server_to_exit(tmp_path, "--bundle", bundle)
-    assert proc.returncode == heddle("verify", bundle).returncode == 3
+    assert proc.returncode == heddle_inproc(capsys, "verify", bundle)[0] == 3
     server = start_server(tmp_path, "--bundle", bundle, "--allow-unsigned")
     try:
         with server.client() as client:
@@ -113,8 +128,8 @@ def test_an_unsigned_bundle_needs_allow_unsigned(tmp_path, private_home):
         server.stop()
 
 
-def test_fuzzing_a_bundle_server_finds_no_500(tmp_path, private_home):
-    bundle, pub, *_ = sealed(tmp_path)
+def test_fuzzing_a_bundle_server_finds_no_500(tmp_path, private_home, sealed):
+    bundle, pub = sealed.bundle, sealed.pub
     work = tmp_path / "work"
     server = start_server(tmp_path, "--bundle", bundle, "--trust", pub, "--auth-token", "fuzz", "--work-dir", work)
     try:
@@ -138,15 +153,12 @@ def test_an_unlimited_tool_round_proposal_is_served(tmp_path, private_home):
     # The limit is compared after every round that calls a tool: one is enough.
     script = [{"tool_calls": [{"name": "echo", "arguments": {"message": "hi"}}]}, {"content": "done"}]
     tools = write_tools(tmp_path / "tools", {"echo": ECHO})
-    made = heddle("keygen", "--out", tmp_path / "me", "--no-passphrase")
-    assert made.returncode == 0, made.stderr
+    made = generate(tmp_path / "me", None)
     with scripted_model(script, tmp_path, ["--loop"]) as model:
         flow = agent_flow("agent", model.url, tools=[server_tool("echo", ["message"])]).write(tmp_path / "flow.json")
-        bundle = tmp_path / "agent.heddle"
-        proc = heddle("bundle", flow, "--tools-dir", tools, "--max-tool-rounds", "unlimited",
-                      "--sign-key", tmp_path / "me.key", "-o", bundle)
-        assert proc.returncode == 0, proc.stderr
-        server = start_server(tmp_path, "--bundle", bundle, "--trust", tmp_path / "me.pub")
+        bundle = heddle.seal(flow, tools_dir=tools, max_tool_rounds="unlimited", sign_key=made.private_path,
+                             output=tmp_path / "agent.heddle").path
+        server = start_server(tmp_path, "--bundle", bundle, "--trust", made.public_path)
         try:
             with server.client() as client:
                 assert client.get("/v1/capabilities").json()["limits"]["maxToolRounds"] is None

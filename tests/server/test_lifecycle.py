@@ -8,6 +8,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from tests.server.flows import ECHO, agent_flow, napper, one_tool_flow, sleeper, write_tools
 from tests.server.support import (
@@ -23,23 +24,36 @@ from tests.support.flows import server_tool
 from tests.support.scripted_model import scripted_model
 
 
-def test_sse_frames_of_a_tool_calling_agent_come_in_engine_order(tmp_path):
-    tools = write_tools(tmp_path / "tools", {"echo": ECHO})
-    flows = tmp_path / "flows"
-    flows.mkdir()
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One server with default settings for the tests that neither stop it nor change its
+    limits (a start costs ~0.7 s of CPU); each reads the counters it checks before and after."""
+    root = tmp_path_factory.mktemp("lifecycle")
+    server, pidfile = _sleeping_server(root)
+    yield server, pidfile, root / "flows"
+    server.stop()
+
+
+def _disconnected(server) -> float:
+    with server.client() as client:
+        text = client.get("/metrics").text
+    try:
+        return metric(text, "heddle_run_duration_seconds_count", 'outcome="disconnected"')
+    except AssertionError:  # no run has ended that way yet: the sample is not written
+        return 0.0
+
+
+def test_sse_frames_of_a_tool_calling_agent_come_in_engine_order(tmp_path, shared):
+    server, _, flows = shared
     script = [{"tool_calls": [{"name": "echo", "arguments": {"m": "ping"}}]}, {"content": "pong"}]
     with scripted_model(script, tmp_path) as model:
         agent_flow("agentic", model.url, tools=[server_tool("echo", ["m"])]).write(flows / "agent.json")
-        server = start_server(tmp_path, "--tools-dir", tools, "--flows-root", flows)
-        try:
-            with server.client() as client, client.stream(
-                    "POST", "/v1/runs", params={"stream": "true"},
-                    json={"flowPath": "agent.json", "inputs": {"query": "q"}}) as response:
-                assert response.status_code == 200
-                assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
-                text = "".join(response.iter_text())
-        finally:
-            server.stop()
+        with server.client() as client, client.stream(
+                "POST", "/v1/runs", params={"stream": "true"},
+                json={"flowPath": "agent.json", "inputs": {"query": "q"}}) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
+            text = "".join(response.iter_text())
     frames = sse_frames(text)
     order = [(e, d.get("node") or d.get("tool")) for e, d in frames if e != "token_delta"]
     assert order == [
@@ -76,28 +90,27 @@ def _sleeping_server(tmp_path, *extra):
 SLEEPY = json.dumps({"flowPath": "sleepy.json", "inputs": {"x": 1}}).encode()
 
 
-def test_a_client_that_hangs_up_cancels_its_run_and_kills_the_tool(tmp_path):
-    server, pidfile = _sleeping_server(tmp_path)
-    try:
-        for path in ("/v1/runs", "/v1/runs?stream=true"):
-            pidfile.unlink(missing_ok=True)
-            sock = raw_request(server.port, "POST", path, SLEEPY)
-            pid = int(wait_for_file(pidfile))
-            assert not process_gone(pid)
-            sock.close()
-            hung_up = time.monotonic()
-            assert wait_gone(pid, 1.0), f"the tool (pid {pid}) outlived its client ({path})"
-            assert time.monotonic() - hung_up < 1.0
-        with server.client() as client:
-            deadline = time.monotonic() + 5
-            while metric(client.get("/metrics").text, "heddle_active_runs") and time.monotonic() < deadline:
-                time.sleep(0.02)
-            text = client.get("/metrics").text
-            assert metric(text, "heddle_active_runs") == 0
-            assert metric(text, "heddle_run_duration_seconds_count", 'outcome="disconnected"') == 2
-            assert client.post("/v1/runs", json={"flowPath": "echo.json", "inputs": {"x": 5}}).json()["state"] == {"x": 5}
-    finally:
-        server.stop()
+def test_a_client_that_hangs_up_cancels_its_run_and_kills_the_tool(shared):
+    server, pidfile, _ = shared
+    disconnected_before = _disconnected(server)
+    for path in ("/v1/runs", "/v1/runs?stream=true"):
+        pidfile.unlink(missing_ok=True)
+        sock = raw_request(server.port, "POST", path, SLEEPY)
+        pid = int(wait_for_file(pidfile))
+        assert not process_gone(pid)
+        sock.close()
+        hung_up = time.monotonic()
+        assert wait_gone(pid, 1.0), f"the tool (pid {pid}) outlived its client ({path})"
+        assert time.monotonic() - hung_up < 1.0
+    with server.client() as client:
+        deadline = time.monotonic() + 5
+        while metric(client.get("/metrics").text, "heddle_active_runs") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        text = client.get("/metrics").text
+        assert metric(text, "heddle_active_runs") == 0
+        assert metric(text, "heddle_run_duration_seconds_count", 'outcome="disconnected"') == \
+            disconnected_before + 2
+        assert client.post("/v1/runs", json={"flowPath": "echo.json", "inputs": {"x": 5}}).json()["state"] == {"x": 5}
 
 
 def test_runs_past_max_concurrent_are_refused_not_queued(tmp_path):

@@ -16,19 +16,22 @@ LOAD = Path(__file__).resolve().parents[2] / "scripts" / "load.py"
 
 def load(*args) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(LOAD), *[str(a) for a in args]],
-                          capture_output=True, text=True, timeout=300, env=env_with(), stdin=subprocess.DEVNULL)
+                          capture_output=True, text=True, timeout=300, env=env_with(), stdin=subprocess.DEVNULL,
+                          check=False)
 
 
 def test_load_reports_a_table_and_finds_nothing_left(tmp_path):
     tools = write_tools(tmp_path / "tools", {"a": ECHO, "b": ECHO, "c": ECHO})
     flow = tool_chain("three", ["a", "b", "c"]).write(tmp_path / "three.json")
-    proc = load("--runs", 8, "--concurrency", "1,4", "--max-concurrent", 2, "--flow", flow, "--tools-dir", tools)
+    # Four callers start at once on two slots, so the refusals come in the first round: four runs
+    # show them as well as more would (each run costs the server ~0.15 s of CPU).
+    proc = load("--runs", 4, "--concurrency", "1,4", "--max-concurrent", 2, "--flow", flow, "--tools-dir", tools)
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert len(rows) == 2
     cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
     assert [c[0] for c in cells] == ["1", "4"]
-    assert all(c[1] == "8" and c[2] == "8" and c[4] == "0" and c[-1] == "nothing" for c in cells)
+    assert all(c[1] == "4" and c[2] == "4" and c[4] == "0" and c[-1] == "nothing" for c in cells)
     assert cells[0][3] == "0" and int(cells[1][3]) > 0  # four callers, two slots: refusals
     assert float(cells[1][8]) > 10  # peak RSS in MiB
 
@@ -68,8 +71,9 @@ def test_load_is_bounded():
 
 
 def test_load_seals_and_serves_the_demo_bundle(tmp_path):
-    proc = load("--runs", 6, "--concurrency", "1,3", "--max-concurrent", 2)
+    # One level (a server start each): a table of several levels is test_load_reports_a_table_...'s.
+    proc = load("--runs", 3, "--concurrency", "3", "--max-concurrent", 2)
     assert proc.returncode == 0, proc.stderr
     assert "the sealed 3-ToolNode demo bundle" in proc.stdout
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
-    assert len(rows) == 2 and all(row.endswith("| nothing |") for row in rows)
+    assert len(rows) == 1 and all(row.endswith("| nothing |") for row in rows)

@@ -37,7 +37,7 @@ def coded(tmp_path_factory):
 
 
 def test_request_tools_run_and_their_folder_is_removed(coded):
-    client, work, server = coded
+    client, work, _ = coded
     body = {"flow": shout_flow(), "inputs": {"text": "ça"},
             "tools": [{"name": "shout", "source": SHOUT_PY, "interpreter": "python3"},
                       {"name": "count", "source": COUNT_SH}]}
@@ -115,7 +115,8 @@ def test_request_flows_cannot_read_the_servers_environment(coded):
 def test_allow_net_and_the_default_model(tmp_path):
     script = [{"content": "one"}, {"content": "two"}, {"content": "three"}]
     with scripted_model(script, tmp_path) as model:
-        server = start_server(tmp_path, "--allow-net", "127.0.0.1", "--allow-net", "LocalHost", "--llm-default-url", model.url.replace("/v1", ""),
+        server = start_server(tmp_path, "--allow-net", "127.0.0.1", "--allow-net", "LocalHost",
+                              "--llm-default-url", model.url.replace("/v1", ""),
                               env={"HEDDLE_LLM_DEFAULT_KEY": "lent-key", "OPENAI_API_KEY": "server-secret",
                                    "HEDDLE_STREAM": "0"})
         try:
@@ -166,9 +167,7 @@ def test_request_code_under_the_sandbox_sees_only_its_workspace(tmp_path):
         server.stop()
 
 
-def test_without_the_flag_request_code_is_refused_and_flagged_at_start(tmp_path):
-    server = start_server(tmp_path, "--allow-request-code")
-    try:
-        assert "warning: --allow-request-code without --safe" in server.stderr()
-    finally:
-        server.stop()
+def test_without_the_flag_request_code_is_refused_and_flagged_at_start(coded):
+    # The module's server was started with --allow-request-code and without --safe.
+    _, _, server = coded
+    assert "warning: --allow-request-code without --safe" in server.stderr()

@@ -9,8 +9,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from heddle.settings import RunSettings
 from tests.support.cli import BIN, error_line, heddle, state_of
+from tests.support.cli_inproc import heddle_inproc
 from tests.support.flows import FlowDoc, server_tool
 from tests.support.inproc import run_doc, served_model
 from tests.workspace.tooling import PROBE, PYTHON_READ, write_tool
@@ -51,7 +54,8 @@ def run_ops(
     return {name: json.loads(state[f"report_{name}"]) for name in ops}, proc.stderr
 
 
-def test_safe_run_confines_the_tool(tmp_path: Path, tcp_server: int) -> None:
+def test_safe_run_confines_the_tool(tmp_path: Path, tcp_server: int, capsys: pytest.CaptureFixture[str],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
     marker = Path.home() / f".heddle-cli-marker-{uuid.uuid4().hex}"
     marker.write_text("private")
     data = tmp_path / "data"
@@ -92,14 +96,15 @@ def test_safe_run_confines_the_tool(tmp_path: Path, tcp_server: int) -> None:
     assert not (tmp_path / "tools" / "planted").exists()
     assert (data / "in.txt").read_text() == "input"
 
-    # Any name not on the sandbox's short list needs --allow-env.
-    reports, _ = run_ops(
-        tmp_path,
-        {"tool": [{"op": "env", "arg": "SECRET_TOKEN"}, connect]},
-        "--safe", *ALLOW_PYTHON,
-        env={"SECRET_TOKEN": "leaked"},
-    )
-    assert reports["tool"] == [{"ok": False, "value": None}, {"ok": True, "value": "pong"}]
+    # Any name not on the sandbox's short list needs --allow-env: the same command in this
+    # process (the tool still in bwrap), the variable set in the environment it inherits.
+    monkeypatch.setenv("SECRET_TOKEN", "leaked")
+    flow = tool_flow(tmp_path, "tool")
+    ops_in = {"ops_tool": json.dumps([{"op": "env", "arg": "SECRET_TOKEN"}, connect])}
+    rc, out, err = heddle_inproc(capsys, "run", flow, "-t", tmp_path / "tools", "--input", json.dumps(ops_in),
+                                 "--safe", *ALLOW_PYTHON)
+    assert rc == 0, err
+    assert json.loads(json.loads(out)["report_tool"]) == [{"ok": False, "value": None}, {"ok": True, "value": "pong"}]
 
 
 def test_rw_mounts_and_kept_workspaces(tmp_path: Path) -> None:
@@ -193,6 +198,19 @@ def refused(tmp_path: Path, *flags: Any, env: dict[str, str] | None = None) -> s
     return error_line(proc)
 
 
+def refused_inproc(tmp_path: Path, capsys: pytest.CaptureFixture[str], *flags: Any) -> str:
+    """`refused`, the command run by the CLI's entry function in this process."""
+    flow = tool_flow(tmp_path, "tool")
+    write_tool(tmp_path / "tools", "probe.py", PROBE)
+    rc, out, err = heddle_inproc(capsys, "run", flow, "-t", tmp_path / "tools", "--input",
+                                 json.dumps({"ops_tool": "[]"}), *flags)
+    assert rc == 2, err
+    assert out == ""
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert lines, f"no error line on stderr: {err!r}"
+    return lines[-1]
+
+
 def test_safe_only_flags_without_safe(tmp_path: Path) -> None:
     assert refused(tmp_path, "--deny-net", "--allow-env", "X", "--sandbox", "auto") == (
         "error: --sandbox, --allow-env, --deny-net only work with --safe and would be ignored; "
@@ -200,14 +218,15 @@ def test_safe_only_flags_without_safe(tmp_path: Path) -> None:
     )
 
 
-def test_missing_bwrap(tmp_path: Path) -> None:
-    assert refused(tmp_path, "--safe", env={"PATH": str(BIN)}) == (
+def test_missing_bwrap(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(BIN))
+    assert refused_inproc(tmp_path, capsys, "--safe") == (
         "error: --safe needs bubblewrap and 'bwrap' is not on PATH; install bubblewrap "
         "(Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap)"
     )
 
 
-def test_bad_mounts_refused_before_anything_is_written(tmp_path: Path) -> None:
+def test_bad_mounts_refused_before_anything_is_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "link").symlink_to(tmp_path)
@@ -219,18 +238,19 @@ def test_bad_mounts_refused_before_anything_is_written(tmp_path: Path) -> None:
     assert not keep.exists()
     assert [p.name for p in out.iterdir()] == ["link"]
     (out / "link").unlink()
-    assert refused(tmp_path, "--mount", f"{out}:.heddle/out") == (
+    # The other refusals of --mount: the same command in this process.
+    assert refused_inproc(tmp_path, capsys, "--mount", f"{out}:.heddle/out") == (
         f"error: mount {out}:.heddle/out:ro: DEST '.heddle/out' is inside .heddle, which heddle "
         "reserves; choose another DEST"
     )
-    assert refused(tmp_path, "--mount", f"{tmp_path / 'nope'}") == (
+    assert refused_inproc(tmp_path, capsys, "--mount", f"{tmp_path / 'nope'}") == (
         f"error: mount {tmp_path / 'nope'}:nope:ro: {tmp_path / 'nope'} does not exist; "
         "check the path"
     )
-    assert refused(tmp_path, "--mount", f"{out}:x", "--mount", f"{out}:x/y") == (
+    assert refused_inproc(tmp_path, capsys, "--mount", f"{out}:x", "--mount", f"{out}:x/y") == (
         f"error: mount {out}:x/y:ro: DEST 'x/y' is inside the DEST 'x' of mount {out}:x:ro; "
         "mounts cannot nest, give it a DEST beside the other"
     )
-    assert refused(tmp_path, "--mount", f"{out}:x:rx") == (
+    assert refused_inproc(tmp_path, capsys, "--mount", f"{out}:x:rx") == (
         f"error: --mount '{out}:x:rx': unknown mode 'rx'; use ro or rw (SRC[:DEST][:ro|:rw])"
     )

@@ -18,6 +18,7 @@ from heddle.workspace import SandboxPolicy, check_policy
 from heddle.workspace.sandbox import HEDDLE_SET_ENV, KEPT_ENV
 from tests.plugins.support import make_plugin, node_type
 from tests.support.cli import heddle, state_of
+from tests.support.cli_inproc import heddle_inproc
 from tests.support.flows import FlowDoc, server_tool
 from tests.workspace.tooling import PYTHON_READ, write_tool
 
@@ -88,8 +89,10 @@ def report(call):
 '''
 
 
-def plugin_env(tmp_path: Path, *flags: str) -> list[str]:
-    """The names in a plugin process's environment, run by `heddle run` with `flags`."""
+def plugin_env(tmp_path: Path, *flags: str, inproc: tuple[pytest.CaptureFixture[str], pytest.MonkeyPatch] | None = None,
+               ) -> list[str]:
+    """The names in a plugin process's environment, run by `heddle run` with `flags` (with `inproc`,
+    by the CLI's entry function in this process, HOST_ENV set in the environment it inherits)."""
     plugin = make_plugin(tmp_path / "envplugin", components=[node_type("EnvReport", [], ["env"])], code=PLUGIN)
     f = FlowDoc("plugin-env")
     start = f.start()
@@ -98,15 +101,25 @@ def plugin_env(tmp_path: Path, *flags: str) -> list[str]:
     f.control(start, node)
     f.control(node, end)
     f.data(node, "env", end, "env")
-    proc = heddle("run", f.write(tmp_path / "flow.json"), "--plugin", plugin, "--input", "{}", *flags,
-                  env=HOST_ENV)
-    names: list[Any] = json.loads(state_of(proc)["env"])
+    argv = ["run", f.write(tmp_path / "flow.json"), "--plugin", plugin, "--input", "{}", *flags]
+    if inproc is None:
+        out = json.dumps(state_of(heddle(*argv, env=HOST_ENV)))
+    else:
+        capsys, monkeypatch = inproc
+        for name, value in HOST_ENV.items():
+            monkeypatch.setenv(name, value)
+        rc, out, err = heddle_inproc(capsys, *argv)
+        assert rc == 0, err
+    names: list[Any] = json.loads(json.loads(out)["env"])
     return [str(n) for n in names]
 
 
 @pytest.mark.parametrize("flags", [(), ("--safe",)], ids=["plain", "safe"])
-def test_plugin_processes_never_get_heddles_secrets(tmp_path: Path, flags: tuple[str, ...]) -> None:
-    names = plugin_env(tmp_path, *flags)
+def test_plugin_processes_never_get_heddles_secrets(tmp_path: Path, flags: tuple[str, ...],
+                                                    capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # The plain run is a real `heddle` process; the --safe one the same command in this process.
+    names = plugin_env(tmp_path, *flags, inproc=(capsys, monkeypatch) if flags else None)
     assert set(SECRETS) & set(names) == set()
     assert {"HEDDLE_PLUGIN_NAME", "HEDDLE_PLUGIN_DIR", "HEDDLE_PLUGIN_HOME"} <= set(names)
     assert ("FOO" in names) is not bool(flags)
