@@ -3,8 +3,8 @@
 Each file's blocks run in order in one bash process (so `cd`, variables and background jobs carry
 from one block to the next), under `set -euo pipefail`, in a scratch folder that holds a copy of
 examples/ as a checkout does, with HOME, the XDG folders, the cache and the trust store inside it
-and this virtualenv first on PATH. A block that needs a real vendor key has a
-`<!-- needs: NAME -->` line just above it and is reported as skipped, with the reason; output
+and this virtualenv first on PATH. A block that cannot run there (a real vendor key, a checkout of
+heddle) has a `<!-- needs: WHAT -->` line just above it and is reported as skipped, with the reason; output
 that is not a command is fenced as `text` (every fence names its language, so none hides).
 A file must stop every background job it starts.
 """
@@ -168,7 +168,8 @@ def test_shell_blocks_run_as_written(path: Path, scratch: Path) -> None:
 
 
 @pytest.mark.parametrize("block", _skipped() or [None], ids=lambda b: b.where if b else "none")
-def test_blocks_that_need_a_vendor_key_are_skipped_with_the_reason(block: Block | None) -> None:
+def test_blocks_that_need_more_than_a_scratch_folder_are_skipped_with_the_reason(block: Block | None) -> None:
     if block is None:
         return
-    pytest.skip(f"{block.where} needs {block.needs} (a real vendor key); the suite never calls a vendor")
+    pytest.skip(f"{block.where} needs {block.needs}; the suite runs blocks in a scratch folder and never calls a "
+                "vendor")
