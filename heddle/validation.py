@@ -28,9 +28,12 @@ def validation_report(flow: Flow, *, tools: Mapping[str, Path] | None, source: s
     kinds: dict[str, int] = {}
     for node in flow.nodes:
         kinds[node.component_type] = kinds.get(node.component_type, 0) + 1
+    from heddle.spec.roots import document_root
+
     return {
         "source": source,
         "flow": flow.name,
+        "top_level": document_root(flow).component_type,
         "agentspec_version": flow.agentspec_version,
         "nodes": kinds,
         "edges": {"control": len(flow.control_flow_connections), "data": len(flow.data_flow_connections or [])},

@@ -11,6 +11,8 @@ def print_validation(report: dict[str, Any]) -> None:
     out = sys.stdout.write
     nodes = ", ".join(f"{n} {k}" for k, n in sorted(report["nodes"].items()))
     out(f"flow      {report['flow']!r} from {report['source']} (agentspec {report['agentspec_version']})\n")
+    if report["top_level"] != "Flow":
+        out(f"top level {report['top_level']}, run as the flow below\n")
     out(f"nodes     {nodes}\n")
     out(f"edges     {report['edges']['control']} control, {report['edges']['data']} data\n")
     if report["tools"]:

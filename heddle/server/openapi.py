@@ -83,6 +83,8 @@ def _schemas() -> dict[str, Any]:
             "properties": {
                 "source": {"type": "string"},
                 "flow": {"type": "string"},
+                "top_level": {"type": "string", "description": "The document's top-level component type (a "
+                              "Flow, or an Agent or node heddle runs as a flow)."},
                 "agentspec_version": {"type": "string", "nullable": True},
                 "nodes": {"type": "object", "additionalProperties": {"type": "integer"}},
                 "edges": {"type": "object"},

@@ -192,8 +192,6 @@ def node_root(data: dict[str, Any], validate: Validate) -> Built:
     return Built(flow)
 
 
-# Agentic components at the top level, by component type: each takes a user message. Another
-# such component adds its builder here (`agentic_root(Model)` for one whose typed model is an Agent).
 def specialized_root(data: dict[str, Any], validate: Validate) -> Built:
     """A SpecializedAgent at the top: it is an Agent (heddle.spec.components), run like one."""
     from heddle.spec import components as c
@@ -201,6 +199,8 @@ def specialized_root(data: dict[str, Any], validate: Validate) -> Built:
     return agentic_root(c.SpecializedAgent)(data, validate)
 
 
+# Agentic components at the top level, by component type: each takes a user message. Another
+# such component adds its builder here (`agentic_root(Model)` for one whose typed model is an Agent).
 BUILDERS: dict[str, Builder] = {
     "Agent": agent_root,
     "SpecializedAgent": specialized_root,
