@@ -13,6 +13,7 @@ import signal
 import subprocess
 import time
 import zlib
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ import pytest
 from heddle.format.trust import TrustStore
 from heddle.format.verify import open_bundle, peek
 from tests.support.cli import BIN, env_with, error_line, heddle, state_of
+from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc, server_tool, write_tool
 
 from .conftest import VECTORS, KeyPair
@@ -118,7 +120,8 @@ def _planted(sandbox: Path, bundle: Path, keypair: KeyPair) -> Path:
     return entry
 
 
-def test_an_entry_planted_before_the_first_run_is_not_trusted(sandbox: Path, keypair: KeyPair) -> None:
+def test_an_entry_planted_before_the_first_run_is_not_trusted(sandbox: Path, keypair: KeyPair,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
     bundle = seal(sandbox, keypair)
     # No snapshot at all.
     entry = _planted(sandbox, bundle, keypair)
@@ -138,7 +141,7 @@ def test_an_entry_planted_before_the_first_run_is_not_trusted(sandbox: Path, key
     # A snapshot that does not belong to its entry is no better.
     (entry / "snapshot").chmod(0o600)
     (entry / "snapshot").write_bytes(b"heddle-snapshot 1 " + b"0" * 64 + b"\n{}")
-    proc = heddle("verify", bundle, "--trust", keypair.pub_path, "--json")
+    proc = heddle_here(capsys, "verify", bundle, "--trust", keypair.pub_path, "--json")
     assert proc.returncode == 0 and "checksum" in json.loads(proc.stdout)["repaired"], proc.stderr
 
 
@@ -170,7 +173,8 @@ def test_a_data_file_swapped_with_its_mtime_put_back_is_caught(sandbox: Path, ke
     assert state["notes"] == NOTES and "mounts/notes/readme.md" in repaired
 
 
-def test_a_cache_or_trust_store_others_can_write_is_refused(sandbox: Path, keypair: KeyPair) -> None:
+def test_a_cache_or_trust_store_others_can_write_is_refused(sandbox: Path, keypair: KeyPair,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
     bundle = seal(sandbox, keypair)
     shared = sandbox / "shared-cache"
     shared.mkdir()
@@ -199,13 +203,13 @@ def test_a_cache_or_trust_store_others_can_write_is_refused(sandbox: Path, keypa
     # The trust store: a run trusting the store refuses to read one anyone can add a key to.
     TrustStore().add(keypair.pub_path)
     (sandbox / "trust").chmod(0o777)
-    proc = heddle("run", bundle)
+    proc = heddle_here(capsys, "run", bundle)  # in-process: the command's refusal of a cache is shown above
     assert proc.returncode == 2
     assert f"trust store {sandbox / 'trust'}" in error_line(proc) and "chmod go-w" in error_line(proc)
     (sandbox / "trust").chmod(0o700)
     key_file = next((sandbox / "trust").glob("*.pub"))
     key_file.chmod(0o666)
-    proc = heddle("trust", "list")
+    proc = heddle_here(capsys, "trust", "list")  # the same check, in-process
     assert proc.returncode == 2 and f"chmod go-w {key_file}" in error_line(proc)
 
 
@@ -221,7 +225,8 @@ def _flip(src: Path, dst: Path, needle: bytes) -> None:
     dst.write_bytes(compressor.compress(bytes(data)))
 
 
-def test_verify_proves_the_file_even_when_its_digest_is_cached(sandbox: Path, keypair: KeyPair) -> None:
+def test_verify_proves_the_file_even_when_its_digest_is_cached(sandbox: Path, keypair: KeyPair,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
     bundle = seal(sandbox, keypair)
     warm(bundle, keypair)
     tampered = sandbox / "copy.heddle"
@@ -236,7 +241,7 @@ def test_verify_proves_the_file_even_when_its_digest_is_cached(sandbox: Path, ke
     with pytest.raises(HeddleError, match=r"tools/who\.py") as caught:
         open_bundle(tampered, trusted_keys=[keypair.public], deep=True, prove_file=True)
     assert caught.value.exit_code == 6 and str(tampered) in caught.value.message
-    proc = heddle("verify", bundle, "--trust", keypair.pub_path)
+    proc = heddle_here(capsys, "verify", bundle, "--trust", keypair.pub_path)
     assert proc.returncode == 0 and "(already verified)" in proc.stdout
 
 
@@ -246,7 +251,8 @@ def _hold(path: Path) -> int:
     return fd
 
 
-def test_dead_staging_is_swept_and_the_cache_is_listed_and_pruned(sandbox: Path, keypair: KeyPair) -> None:
+def test_dead_staging_is_swept_and_the_cache_is_listed_and_pruned(sandbox: Path, keypair: KeyPair,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     bundle = seal(sandbox, keypair)
     cache = sandbox / "cache"
     old = time.time() - 3600
@@ -273,23 +279,24 @@ def test_dead_staging_is_swept_and_the_cache_is_listed_and_pruned(sandbox: Path,
         proc = heddle("cache", "ls")
         assert proc.returncode == 0
         assert f"sha256:{digest}" in proc.stdout and "anchor" in proc.stdout and "just now" in proc.stdout
-        listed = json.loads(heddle("cache", "ls", "--json", "--cache-dir", cache).stdout)
+        # `cache ls` through the process; the other readings of the same cache in-process.
+        listed = json.loads(heddle_here(capsys, "cache", "ls", "--json", "--cache-dir", cache).stdout)
         assert [(e["digest"], e["name"], e["ok"]) for e in listed] == [(f"sha256:{digest}", "anchor", True)]
         assert listed[0]["size"] == len(NOTES) + sum(
             f.size for f in peek(bundle).manifest.files if not f.path.endswith("readme.md"))
 
         os.utime(cache / digest / "used", (time.time() - 2 * 86400,) * 2)
-        assert "kept 1 entries" in heddle("cache", "prune").stdout  # 30 days by default
-        proc = heddle("cache", "prune", "--older-than", "1d12h", "--cache-dir", cache)
+        assert "kept 1 entries" in heddle_here(capsys, "cache", "prune").stdout  # 30 days by default
+        proc = heddle_here(capsys, "cache", "prune", "--older-than", "1d12h", "--cache-dir", cache)
         assert "removed 1 entries" in proc.stdout and digest in proc.stderr
         assert not (cache / digest).exists()
         # --all also takes staging nobody holds, at any age past its birth; never the one held.
         os.utime(young, (time.time() - 120,) * 2)
-        assert "1 staging folders" in heddle("cache", "prune", "--all").stdout
+        assert "1 staging folders" in heddle_here(capsys, "cache", "prune", "--all").stdout
         assert os.listdir(cache) == [".staging-live"]
     finally:
         os.close(held)
-    proc = heddle("cache", "--help")
+    proc = heddle_here(capsys, "cache", "--help")
     assert proc.returncode == 0
     for word in ("ls", "prune", "--older-than 12h", "--all", "re-hashes"):
         assert word in proc.stdout
@@ -322,14 +329,16 @@ def _gzip_bomb(path: Path, inflated: int) -> None:
                      + crc.to_bytes(4, "little") + size.to_bytes(4, "little"))
 
 
-def test_a_legacy_gzip_bomb_meets_the_same_ratio_cap(sandbox: Path) -> None:
+def test_a_legacy_gzip_bomb_meets_the_same_ratio_cap(sandbox: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bomb = sandbox / "bomb.heddle"
     _gzip_bomb(bomb, 96 << 20)
     assert zlib.decompressobj(31).decompress(bomb.read_bytes(), 4096)  # a real gzip stream
     ratio = (96 << 20) / bomb.stat().st_size
     assert 1000 < ratio and bomb.stat().st_size < 200_000
-    for command in (("inspect", bomb), ("verify", bomb, "--allow-unsigned")):
-        proc = heddle(*command)
+    # `inspect` through the process, `verify` (the same peek) in-process.
+    in_process = partial(heddle_here, capsys)
+    for command, call in ((("inspect", bomb), heddle), (("verify", bomb, "--allow-unsigned"), in_process)):
+        proc = call(*command)
         assert proc.returncode == 7, proc.stdout + proc.stderr
         assert "over the cap of 1000:1" in error_line(proc) and "Traceback" not in proc.stderr
     assert not (sandbox / "cache").exists() or os.listdir(sandbox / "cache") == []
@@ -371,17 +380,18 @@ def test_a_cached_format_1_bundle_is_not_unpacked_again(sandbox: Path) -> None:
 
 
 @pytest.mark.parametrize("where", ["root", "entry"])
-def test_a_cache_path_that_is_a_file_is_a_clear_error(sandbox: Path, keypair: KeyPair, where: str) -> None:
+def test_a_cache_path_that_is_a_file_is_a_clear_error(sandbox: Path, keypair: KeyPair, where: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
     bundle = seal(sandbox, keypair)
     if where == "root":
         path = sandbox / "not-a-folder"
         path.write_text("")
-        env = {"HEDDLE_CACHE_DIR": str(path)}
+        proc = heddle("verify", bundle, "--trust", keypair.pub_path, env={"HEDDLE_CACHE_DIR": str(path)})
     else:
         path = sandbox / "cache" / str(peek(bundle).digest)
         path.write_text("")
-        env = {}
-    proc = heddle("verify" if where == "root" else "run", bundle, "--trust", keypair.pub_path, env=env)
+        # `heddle run` opens its cache as `verify` does (through the process just above): in-process.
+        proc = heddle_here(capsys, "run", bundle, "--trust", keypair.pub_path)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and f"{path} is a file" in error_line(proc)
     assert len(proc.stderr.strip().splitlines()) == 1

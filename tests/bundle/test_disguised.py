@@ -20,6 +20,7 @@ from heddle.format.errors import BundleError, MalformedBundleError
 from heddle.format.signing import PAYLOAD_TYPE
 from tests.bundle.conftest import load_make_vectors, write_agent
 from tests.support.cli import error_line, heddle, state_of
+from tests.support.cli_inproc_proc import heddle_here
 
 TIMEOUT = 20  # a FIFO that blocked would hang the command: fail rather than wait a minute
 
@@ -36,7 +37,7 @@ def refused(proc, code: int, *needles: str) -> str:
     return line
 
 
-def test_a_flow_named_heddle_or_given_with_trust_is_refused_not_run(sandbox, keypair):
+def test_a_flow_named_heddle_or_given_with_trust_is_refused_not_run(sandbox, keypair, capsys):
     paths = write_agent(sandbox / "agent")
     flow, tools = paths["flow"], paths["tools"]
     disguised = sandbox / "app.heddle"
@@ -49,10 +50,11 @@ def test_a_flow_named_heddle_or_given_with_trust_is_refused_not_run(sandbox, key
     assert "apply to bundles" in line
     other = sandbox / "agent.txt"
     other.write_bytes(flow.read_bytes())
-    refused(heddle("run", other, "-t", tools, timeout=TIMEOUT), 2, f"{other}:", "--flow PATH", ".json, .yaml or .yml")
-    state = state_of(heddle("run", "--flow", other, "-t", tools, "--input", '{"text": "hi"}', timeout=TIMEOUT))
+    # The two refusals above through the process; the same rule's other answers in-process.
+    refused(heddle_here(capsys, "run", other, "-t", tools), 2, f"{other}:", "--flow PATH", ".json, .yaml or .yml")
+    state = state_of(heddle_here(capsys, "run", "--flow", other, "-t", tools, "--input", '{"text": "hi"}'))
     assert state["echoed"] == "hi"
-    refused(heddle("bundle", disguised, "-t", tools, timeout=TIMEOUT), 2, "seals a flow document")
+    refused(heddle_here(capsys, "bundle", disguised, "-t", tools), 2, "seals a flow document")
 
 
 def test_the_rule_every_command_shares(sandbox, keypair):
@@ -89,7 +91,7 @@ def test_the_rule_every_command_shares(sandbox, keypair):
             resolve_flow(path, None)
 
 
-def test_a_fifo_a_folder_or_a_device_is_refused_without_blocking(sandbox):
+def test_a_fifo_a_folder_or_a_device_is_refused_without_blocking(sandbox, capsys):
     from heddle.format.verify import peek
     from heddle.spec import load_flow
 
@@ -98,9 +100,10 @@ def test_a_fifo_a_folder_or_a_device_is_refused_without_blocking(sandbox):
     os.mkfifo(pipe_flow)
     folder = sandbox / "folder.heddle"
     folder.mkdir()
-    refused(heddle("run", pipe_bundle, timeout=TIMEOUT), 7, f"{pipe_bundle}: not a heddle bundle (it is a FIFO)")
     refused(heddle("verify", pipe_bundle, timeout=TIMEOUT), 7, f"{pipe_bundle}: not a heddle bundle (it is a FIFO)")
-    refused(heddle("run", pipe_flow, timeout=TIMEOUT), 2, f"{pipe_flow}: is a FIFO, not a regular file")
+    # In-process after the first: each refuses before any open of the FIFO (load_flow and peek, below).
+    refused(heddle_here(capsys, "run", pipe_bundle), 7, f"{pipe_bundle}: not a heddle bundle (it is a FIFO)")
+    refused(heddle_here(capsys, "run", pipe_flow), 2, f"{pipe_flow}: is a FIFO, not a regular file")
     # The rest of the same rule, in-process: the verifier's one open and the flow reader.
     for path, kind in ((pipe_bundle, "a FIFO"), (folder, "a directory"), (Path(os.devnull), "a character device")):
         with pytest.raises(MalformedBundleError, match=f"not a heddle bundle \\(it is {kind}\\)"):
@@ -136,12 +139,12 @@ DEEP = b"[" * 20_000 + b"]" * 20_000
 NEEDLE = "nests deeper than 64 levels"
 
 
-def test_a_deeply_nested_signatures_file_is_malformed_before_trust(sandbox):
+def test_a_deeply_nested_signatures_file_is_malformed_before_trust(sandbox, capsys):
     bundle = sandbox / "deep-signatures.heddle"
     bundle.write_bytes(_crafted(signatures=b'{"payloadType":"%s","signatures":%s}' % (PAYLOAD_TYPE.encode(), DEEP)))
     assert bundle.stat().st_size < 2048
-    for command in ("inspect", "run"):
-        refused(heddle(command, bundle, timeout=TIMEOUT), 7, f"{bundle} signatures {NEEDLE}")
+    refused(heddle("run", bundle, timeout=TIMEOUT), 7, f"{bundle} signatures {NEEDLE}")
+    refused(heddle_here(capsys, "inspect", bundle), 7, f"{bundle} signatures {NEEDLE}")  # the same peek
     # `heddle verify` reads it with the same one peek (its refusal of a malformed bundle through
     # the command: test_a_fifo_a_folder_or_a_device_is_refused_without_blocking).
     from heddle.format.verify import peek
@@ -150,14 +153,14 @@ def test_a_deeply_nested_signatures_file_is_malformed_before_trust(sandbox):
         peek(bundle)
 
 
-def test_a_deeply_nested_manifest_or_flow_is_malformed(sandbox):
+def test_a_deeply_nested_manifest_or_flow_is_malformed(sandbox, capsys):
     from heddle.bundle.fingerprints import flow_tool_fingerprints
     from heddle.format.verify import open_bundle, peek
 
     manifest = sandbox / "deep-manifest.heddle"
     manifest.write_bytes(_crafted(manifest=DEEP))
     refused(heddle("doctor", manifest, timeout=TIMEOUT), 7, f"{manifest} manifest {NEEDLE}")
-    proc = heddle("verify", "--json", "--allow-unsigned", manifest, timeout=TIMEOUT)
+    proc = heddle_here(capsys, "verify", "--json", "--allow-unsigned", manifest)  # the same peek, in-process
     assert proc.returncode == 7 and "Traceback" not in proc.stderr, proc.stderr
     error = json.loads(proc.stdout)["error"]
     assert error["kind"] == "over_cap" and NEEDLE in error["message"]

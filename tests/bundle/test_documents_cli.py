@@ -8,7 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.cli import error_line, heddle, state_of
+from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import llm_config, prop, server_tool, write_tool
 from tests.support.threaded_model import threaded_model
 
@@ -23,7 +26,7 @@ def agent(llm: dict[str, Any]) -> dict[str, Any]:
             "inputs": [prop("user")], "llm_config": llm, "system_prompt": "You help {{user}}."}
 
 
-def test_an_agent_document_takes_the_users_message(tmp_path: Path) -> None:
+def test_an_agent_document_takes_the_users_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with threaded_model([{"content": "Hello Ann!"}, {"content": "again"}]) as model:
         doc = write(tmp_path / "agent.json", agent(llm_config(model.url, name="brain")))
         proc = heddle("run", doc, "--input", '{"user": "Ann"}', "--message", "hi there", "--outputs")
@@ -33,15 +36,17 @@ def test_an_agent_document_takes_the_users_message(tmp_path: Path) -> None:
         proc = heddle("run", doc, "--input", '{"user": "Ann"}')
         assert proc.returncode == 2
         assert error_line(proc).endswith("answers a user: give the user's message with --message TEXT")
-        # --model-url sends the config's requests elsewhere for one run; --verbose says so.
+        # --model-url sends the config's requests elsewhere for one run; --verbose says so (the
+        # command in-process: the process's own path is the runs above).
         elsewhere = model.url.replace("/v1", "/elsewhere/v1")
-        proc = heddle("run", doc, "--input", '{"user": "Ann"}', "--message", "hi", "--verbose",
+        proc = heddle_here(capsys, "run", doc, "--input", '{"user": "Ann"}', "--message", "hi", "--verbose",
                       "--model-url", f"brain={elsewhere}")
         assert proc.returncode == 0, proc.stderr
         assert "model url llm_config 'brain' (id " in proc.stderr
         assert f": {elsewhere} (--model-url brain; the document says {model.url})" in proc.stderr
         assert model.requests()[1]["path"] == "/elsewhere/v1/chat/completions"
-        proc = heddle("run", doc, "--input", '{"user": "Ann"}', "--message", "hi", "--model-url", "nope=http://x")
+        proc = heddle_here(capsys, "run", doc, "--input", '{"user": "Ann"}', "--message", "hi",
+                           "--model-url", "nope=http://x")
         assert proc.returncode == 2 and "no llm config of that name or id; its llm configs are: 'brain'" in \
             error_line(proc)
         assert len(model.requests()) == 2
@@ -70,7 +75,7 @@ def test_on_a_terminal_the_message_is_asked_for(tmp_path: Path) -> None:
         assert model.requests()[0]["body"]["messages"][1] == {"role": "user", "content": "typed words"}
 
 
-def test_outputs_alone_and_a_message_for_a_flow_refused(tmp_path: Path) -> None:
+def test_outputs_alone_and_a_message_for_a_flow_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     tools = tmp_path / "tools"
     write_tool(tools, "upper", 'out = {"loud": args["text"].upper()}')
     doc = write(tmp_path / "node.json", {"component_type": "ToolNode", "id": "t", "name": "t",
@@ -81,7 +86,7 @@ def test_outputs_alone_and_a_message_for_a_flow_refused(tmp_path: Path) -> None:
     from tests.support.inproc import run_doc
 
     assert run_doc(doc, tools, {"text": "hey"}) == {"text": "hey", "loud": "HEY"}
-    proc = heddle("run", doc, "-t", tools, "--input", '{"text": "hey"}', "--message", "hello")
+    proc = heddle_here(capsys, "run", doc, "-t", tools, "--input", '{"text": "hey"}', "--message", "hello")
     assert proc.returncode == 2 and error_line(proc).startswith(f"error: --message: {doc} is not an agent")
 
 
@@ -100,31 +105,32 @@ def test_a_newer_feature_than_declared_is_warned_on_stderr(tmp_path: Path) -> No
             "declares agentspec_version 25.4.1") in proc.stderr
 
 
-def test_components_from_a_second_file_are_sealed_into_the_bundle(sandbox: Path, keypair: Any) -> None:
+def test_components_from_a_second_file_are_sealed_into_the_bundle(sandbox: Path, keypair: Any,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     with threaded_model([{"content": "one"}, {"content": "two"}]) as model:
         main = write(sandbox / "main.json", {**agent({"$component_ref": "brain"})})
         comps = write(sandbox / "shared.json", {"$referenced_components": {
             "brain": llm_config(model.url, name="brain")}})
-        proc = heddle("run", main, "--components", comps, "--input", '{"user": "Ann"}', "--message", "hi",
-                      "--outputs")
+        # The run from the two files and the reading of the bundle in-process; `heddle bundle` and
+        # the run from the bundle are the processes this test is about.
+        proc = heddle_here(capsys, "run", main, "--components", comps, "--input", '{"user": "Ann"}', "--message",
+                           "hi", "--outputs")
         assert state_of(proc) == {"result": "one"}
         out = sandbox / "app.heddle"
         proc = heddle("bundle", main, "--components", comps, "--sign-key", keypair.key_path, "-o", out)
         assert proc.returncode == 0, proc.stderr
-        assert "components components/shared.json" in heddle("inspect", out).stdout
+        assert "components components/shared.json" in heddle_here(capsys, "inspect", out).stdout
         # The sealed copy is what runs (verified first, as every run from a bundle is): editing
         # the source file afterwards changes nothing.
         comps.write_text("{}", encoding="utf-8")
         proc = heddle("run", out, "--trust", keypair.pub_path, "--input", '{"user": "Ann"}', "--message", "hi",
                       "--outputs")
         assert state_of(proc) == {"result": "two"}
-        proc = heddle("run", out, "--trust", keypair.pub_path, "--components", comps, "--message", "hi")
+        proc = heddle_here(capsys, "run", out, "--trust", keypair.pub_path, "--components", comps, "--message", "hi")
         assert proc.returncode == 2 and "--components cannot be used with the bundle" in error_line(proc)
 
 
 def test_the_manifest_names_the_components_file_only_when_there_is_one() -> None:
-    import pytest
-
     from heddle.format.errors import MalformedBundleError
     from heddle.format.manifest import FileEntry, Manifest
 
@@ -139,8 +145,6 @@ def test_the_manifest_names_the_components_file_only_when_there_is_one() -> None
 
 
 def test_a_key_written_in_the_components_file_is_never_sealed(sandbox: Path) -> None:
-    import pytest
-
     import heddle
     from heddle.format.errors import PackError
 

@@ -52,6 +52,7 @@ from heddle.format.tar import TarReader
 from heddle.format.verify import OpenedBundle, open_bundle
 from heddle.workspace.mounts import Mount
 from tests.support.cli import heddle
+from tests.support.cli_inproc import heddle_inproc
 
 from .conftest import write_agent
 
@@ -725,19 +726,22 @@ def fixed_mutant(sealed: Sealed, name: str) -> bytes:
     raise AssertionError(name)
 
 
+# `real`: through a `heddle` process, once per command; the rest through the same entry
+# function in-process (tests/support/cli_inproc.py), with the same exit codes and error lines.
 @pytest.mark.parametrize(
-    ("command", "name", "warm", "code"),
+    ("command", "name", "warm", "code", "real"),
     [
-        ("verify", "tool-swapped", False, 6),
+        ("verify", "tool-swapped", False, 6, False),
         # `heddle verify FILE` proves FILE, even when its digest is already cached.
-        ("verify", "tool-swapped", True, 6),
-        ("verify", "relabelled", True, 5),
-        ("run", "tool-swapped-resigned", False, 4),
-        ("run", "truncated", True, 7),
+        ("verify", "tool-swapped", True, 6, True),
+        ("verify", "relabelled", True, 5, False),
+        ("run", "tool-swapped-resigned", False, 4, True),
+        ("run", "truncated", True, 7, False),
     ],
 )
 def test_the_cli_refuses_a_mutant_in_one_line(sandbox: Path, sealed: Sealed, command: str, name: str, warm: bool,
-                                              code: int) -> None:
+                                              code: int, real: bool, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     pub = sandbox / "trusted.pub"
     pub.write_bytes(sealed.trusted.pem())
     cache = sandbox / "cache"
@@ -752,13 +756,18 @@ def test_the_cli_refuses_a_mutant_in_one_line(sandbox: Path, sealed: Sealed, com
     before = state_of(cache)
     bundle = sandbox / f"{name}.heddle"
     bundle.write_bytes(fixed_mutant(sealed, name))
-    if command == "verify":
-        proc = heddle("verify", bundle, "--trust", pub, env=env)
+    args: list[object] = ["verify", bundle, "--trust", pub] if command == "verify" else [
+        "run", bundle, "--trust", pub, "--input", '{"text": "hi"}']
+    if real:
+        proc = heddle(*args, env=env)
+        returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
     else:
-        proc = heddle("run", bundle, "--trust", pub, "--input", '{"text": "hi"}', env=env)
-    assert proc.returncode == code, f"exit {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
-    assert "Traceback" not in proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and str(bundle) in errors[0], proc.stderr
+        monkeypatch.setenv("TMPDIR", str(tmp))
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # the process's cached answer to TMPDIR
+        returncode, stdout, stderr = heddle_inproc(capsys, *args)
+    assert returncode == code, f"exit {returncode}\nstdout: {stdout}\nstderr: {stderr}"
+    assert "Traceback" not in stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and str(bundle) in errors[0], stderr
     assert state_of(cache) == before, "a refusal changed the cache"
     assert os.listdir(tmp) == []

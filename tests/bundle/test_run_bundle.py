@@ -14,6 +14,7 @@ from heddle import seal as seal_in_process
 from heddle.format.verify import peek
 from tests.bundle.conftest import VECTORS, KeyPair, make_keypair
 from tests.support.cli import error_line, heddle, state_of
+from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc, server_tool, write_tool
 
 
@@ -74,23 +75,24 @@ def sealed(tmp_path_factory: pytest.TempPathFactory) -> Sealed:
     return Sealed(out, src, keypair)
 
 
-def test_bundle_then_run_exactly_what_was_sealed(sandbox, keypair):
+def test_bundle_then_run_exactly_what_was_sealed(sandbox, keypair, capsys):
     (sandbox / "src").mkdir()
     out = seal(sandbox, keypair)
-    proc = heddle("bundle", "--help")
+    # The commands after the first run read the same sealed state: in-process, same entry point.
+    proc = heddle_here(capsys, "bundle", "--help")
     assert "--sign-key" in proc.stdout
     # Editing the source after sealing changes nothing; the recorded input is the one used.
     (sandbox / "src" / "notes" / "readme.md").write_text("changed\n")
     state = state_of(heddle("run", out, "--trust", keypair.pub_path))
     assert state["notes"] == "sealed notes ✓" and state["lines"] == ["seed", "recorded"]
     # --input replaces the recorded input
-    state = state_of(heddle("run", out, "--trust", keypair.pub_path, "--input", '{"text": "given"}'))
+    state = state_of(heddle_here(capsys, "run", out, "--trust", keypair.pub_path, "--input", '{"text": "given"}'))
     assert state["lines"] == ["seed", "given"]
-    report = heddle("validate", out, "--trust", keypair.pub_path)
+    report = heddle_here(capsys, "validate", out, "--trust", keypair.pub_path)
     assert report.returncode == 0 and "graph     valid" in report.stdout
 
 
-def test_rw_mounts_are_seeded_into_a_data_dir_never_the_cache(sandbox, sealed):
+def test_rw_mounts_are_seeded_into_a_data_dir_never_the_cache(sandbox, sealed, capsys):
     out, keypair = sealed.bundle, sealed.keypair
     data = sandbox / "data-dir"
     proc = heddle("run", out, "--trust", keypair.pub_path, "--data-dir", data, "--input", '{"text": "one"}')
@@ -104,10 +106,10 @@ def test_rw_mounts_are_seeded_into_a_data_dir_never_the_cache(sandbox, sealed):
         assert library.run(bundle, inputs={"text": "two"}).state["lines"] == ["seed", "one", "two"]
     assert (data / "data" / "log.txt").read_text().split() == ["seed", "one", "two"]
     # without --data-dir each run starts from the sealed seed, in a folder it names
-    proc = heddle("run", out, "--trust", keypair.pub_path)
+    proc = heddle_here(capsys, "run", out, "--trust", keypair.pub_path)
     assert state_of(proc)["lines"] == ["seed", "recorded"] and "rw mounts are seeded in " in proc.stderr
     cache = sandbox / "cache"
-    for top, dirs, files in os.walk(cache):
+    for top, _dirs, files in os.walk(cache):
         for name in files:
             st = os.stat(os.path.join(top, name))
             assert not st.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH), name
@@ -190,7 +192,7 @@ def test_packing_twice_gives_the_same_bytes_and_digest(sandbox, keypair):
     assert outs[0] == outs[1]
 
 
-def test_untrusted_and_tampered_bundles_never_run(sandbox, keypair):
+def test_untrusted_and_tampered_bundles_never_run(sandbox, keypair, capsys):
     src = sandbox / "src"
     src.mkdir()
     flow, tools = project(src)
@@ -211,24 +213,27 @@ def test_untrusted_and_tampered_bundles_never_run(sandbox, keypair):
         library.open_bundle(tampered, trust=library.TrustPolicy.keys(keypair.pub_path))
     assert caught.value.exit_code in (6, 7), caught.value
     assert not (sandbox / "RAN").exists()
-    assert state_of(heddle("run", out, "--trust", keypair.pub_path, "--input", '{"text": "x"}')) is not None
+    assert state_of(heddle_here(capsys, "run", out, "--trust", keypair.pub_path, "--input", '{"text": "x"}')) \
+        is not None
     assert (sandbox / "RAN").exists()
 
 
-def test_an_unsigned_bundle_runs_only_with_allow_unsigned(sandbox):
+def test_an_unsigned_bundle_runs_only_with_allow_unsigned(sandbox, capsys):
     src = sandbox / "src"
     src.mkdir()
     flow, tools = project(src)
     out = sandbox / "app.heddle"
-    proc = heddle("bundle", flow, "-t", tools, "--mount", src / "notes", "--mount", f"{src / 'data'}:data:rw",
-                  "-o", out)
+    # Sealing unsigned through the command is setup here (`heddle bundle`'s process: the tests above).
+    proc = heddle_here(capsys, "bundle", flow, "-t", tools, "--mount", src / "notes", "--mount",
+                       f"{src / 'data'}:data:rw", "-o", out)
     assert proc.returncode == 0 and "unsigned" in proc.stdout
     proc = heddle("run", out, "--input", '{"text": "x"}')
     assert proc.returncode == 3
-    assert state_of(heddle("run", out, "--allow-unsigned", "--input", '{"text": "x"}'))["lines"] == ["seed", "x"]
+    assert state_of(heddle_here(capsys, "run", out, "--allow-unsigned", "--input", '{"text": "x"}'))["lines"] == [
+        "seed", "x"]
 
 
-def test_recorded_tool_round_proposal_and_command_line_override(sandbox, keypair):
+def test_recorded_tool_round_proposal_and_command_line_override(sandbox, keypair, capsys):
     from tests.support.threaded_model import threaded_model
 
     src = sandbox / "src"
@@ -247,7 +252,8 @@ def test_recorded_tool_round_proposal_and_command_line_override(sandbox, keypair
         seal_in_process(flow, tools_dir=src / "tools", max_tool_rounds=2, sign_key=keypair.signing, output=out)
         proc = heddle("run", out, "--trust", keypair.pub_path, "--input", '{"query": "q"}')
         assert proc.returncode == 1 and "--max-tool-rounds 2" in error_line(proc)
-        proc = heddle("run", out, "--trust", keypair.pub_path, "--input", '{"query": "q"}', "--max-tool-rounds", "5")
+        proc = heddle_here(capsys, "run", out, "--trust", keypair.pub_path, "--input", '{"query": "q"}',
+                           "--max-tool-rounds", "5")
         assert state_of(proc)["result"] == "done"
 
 

@@ -14,6 +14,7 @@ from heddle.bundle.collect import secret_by_name
 from heddle.bundle.flowenv import env_reads, literal_keys
 from heddle.format.errors import PackError
 from tests.support.cli import error_line, heddle
+from tests.support.cli_inproc import heddle_inproc
 from tests.support.flows import FlowDoc, llm_config
 
 from .conftest import KeyPair, agent_plan, write_agent
@@ -45,7 +46,8 @@ def _secret_mount(root: Path) -> Path:
     return mount
 
 
-def test_secret_files_are_refused_by_name_and_content_and_nothing_is_written(sandbox: Path, keypair: KeyPair) -> None:
+def test_secret_files_are_refused_by_name_and_content_and_nothing_is_written(
+        sandbox: Path, keypair: KeyPair, capsys: pytest.CaptureFixture[str]) -> None:
     from tests.bundle.test_run_bundle import project
 
     src = sandbox / "src"
@@ -66,10 +68,11 @@ def test_secret_files_are_refused_by_name_and_content_and_nothing_is_written(san
     assert "--include-secret PATH" in line and "3 files look like secrets" in line
     assert os.listdir(out) == []
 
-    # All of them allowed by their folder (through the command), or each one by name (the same
-    # rule, in-process): sealed, and in the manifest.
-    proc = heddle(*args, "--include-secret", mount)
-    assert proc.returncode == 0, proc.stderr
+    # All of them allowed by their folder (through the command's entry, in-process: the refusal
+    # above is the real process), or each one by name (the same rule, by the library): sealed,
+    # and in the manifest.
+    rc, _, err = heddle_inproc(capsys, *args, "--include-secret", mount)
+    assert rc == 0, err
     from heddle.format.verify import peek
 
     for allow in ([mount], [mount / ".env", mount / "id_ed25519", mount / "notes.txt"]):
@@ -126,16 +129,18 @@ def _llm_flow(path: Path, config: dict, **extra_refs: dict) -> Path:
     return f.write(path)
 
 
-def test_a_literal_api_key_is_refused_at_seal(sandbox: Path) -> None:
+def test_a_literal_api_key_is_refused_at_seal(sandbox: Path, capsys: pytest.CaptureFixture[str]) -> None:
     flow = _llm_flow(sandbox / "flow.yaml", llm_config("http://127.0.0.1:9/v1", name="gpt", api_key="sk-live-123"))
     out = sandbox / "app.heddle"
-    proc = heddle("bundle", flow, "-o", out)
-    assert proc.returncode == 2, proc.stderr
-    line = error_line(proc)
+    # Through the command's entry in-process: a `heddle bundle` process refusing with its one
+    # error line is test_secret_files_are_refused_by_name_and_content_and_nothing_is_written.
+    rc, stdout, stderr = heddle_inproc(capsys, "bundle", flow, "-o", out)
+    assert rc == 2, stderr
+    [line] = [line for line in stderr.splitlines() if line.startswith("error: ")]
     assert f"flow {flow}: llm_config 'gpt' (id 'llm-" in line
     assert "at $.$referenced_components.answer-" in line and ".llm_config has a literal api_key" in line
     assert 'write api_key: "$VAR"' in line
-    assert "sk-live-123" not in proc.stdout + proc.stderr
+    assert "sk-live-123" not in stdout + stderr
     assert not out.exists()
     # With the key in the environment instead, it seals.
     _llm_flow(flow, llm_config("http://127.0.0.1:9/v1", name="gpt", api_key="$MODEL_KEY"))
@@ -161,7 +166,8 @@ def test_literal_keys_are_found_wherever_the_document_holds_them() -> None:
     assert (read.name, read.required) == ("OPENAI_API_KEY", False)
 
 
-def test_doctor_lists_the_variables_the_flow_reads(sandbox: Path) -> None:
+def test_doctor_lists_the_variables_the_flow_reads(sandbox: Path, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     flow = _llm_flow(sandbox / "flow.json", llm_config("http://127.0.0.1:9/v1", name="gpt", api_key="$HEDDLE_TEST_MODEL_KEY"))
     bundle = sandbox / "app.heddle"
     seal(flow, output=bundle)
@@ -171,7 +177,9 @@ def test_doctor_lists_the_variables_the_flow_reads(sandbox: Path) -> None:
     assert "MISSING env  HEDDLE_TEST_MODEL_KEY: not set; the flow reads it (api_key of llm_config 'gpt'" in proc.stdout
     assert "1 of 1 requirements missing: env HEDDLE_TEST_MODEL_KEY" in error_line(proc)
 
-    proc = heddle("doctor", bundle, env={"HEDDLE_TEST_MODEL_KEY": "very-secret-value"})
-    assert proc.returncode == 0, proc.stderr
-    assert "ok      env  HEDDLE_TEST_MODEL_KEY: set; the flow reads it" in proc.stdout
-    assert "very-secret-value" not in proc.stdout + proc.stderr
+    # Set, through the command's entry in-process (the real process is the refusal above).
+    monkeypatch.setenv("HEDDLE_TEST_MODEL_KEY", "very-secret-value")
+    rc, out, err = heddle_inproc(capsys, "doctor", bundle)
+    assert rc == 0, err
+    assert "ok      env  HEDDLE_TEST_MODEL_KEY: set; the flow reads it" in out
+    assert "very-secret-value" not in out + err

@@ -192,15 +192,15 @@ def test_parallel_map_runs_concurrently_within_max_parallel(tmp_path: Path) -> N
     log = tmp_path / "log"
     log.mkdir()
     kept = tmp_path / "kept"
-    state = run_doc(flow, tools, {"iterated_x": [0, 1, 2, 3, 4, 5, 6], "iterated_log": str(log),
-                                  "iterated_want": max_parallel, "iterated_total": 7},
+    state = run_doc(flow, tools, {"iterated_x": [0, 1, 2, 3, 4], "iterated_log": str(log),
+                                  "iterated_want": max_parallel, "iterated_total": 5},
                     settings=RunSettings(max_parallel=max_parallel, workspace=kept))
-    assert state["collected_y"] == [0, 1, 2, 3, 4, 5, 6]
+    assert state["collected_y"] == [0, 1, 2, 3, 4]
     assert max(in_flight(log)) == max_parallel
-    # one node name, seven runs at once: each had a workspace of its own
+    # one node name, five runs at once: each had a workspace of its own
     folders = sorted(p.name for p in kept.glob("gate-tool*"))
-    assert folders == ["gate-tool", *(f"gate-tool-{n}" for n in range(2, 8))]
-    assert len({(kept / f / "mine").read_text() for f in folders}) == 7
+    assert folders == ["gate-tool", *(f"gate-tool-{n}" for n in range(2, 6))]
+    assert len({(kept / f / "mine").read_text() for f in folders}) == 5
 
 
 def renaming_branch(i: int, tool: dict[str, Any], ins: list[dict[str, Any]]) -> dict[str, Any]:
@@ -331,9 +331,9 @@ def test_parallel_subflows_giving_one_output_name_are_refused(tmp_path: Path) ->
 
 def test_parallel_runs_count_towards_max_iterations(tmp_path: Path) -> None:
     flow, tools = reducer_flow(tmp_path, "ParallelMapNode", {"a": "append"})
-    # 3 outer nodes and 3 per run: four runs make 15 node executions
-    code, line = refusal(flow, tools, {"iterated_x": [1, 2, 3, 4], "iterated_factor": 1},
-                         settings=RunSettings(max_iterations=14))
-    assert code == LimitError.exit_code and "the run exceeded --max-iterations 14 node executions" in line
-    assert run_doc(flow, tools, {"iterated_x": [1, 2, 3, 4], "iterated_factor": 1},
-                   settings=RunSettings(max_iterations=15))["collected_a"] == [1, 2, 3, 4]
+    # 3 outer nodes and 3 per run: two runs make 9 node executions
+    code, line = refusal(flow, tools, {"iterated_x": [1, 2], "iterated_factor": 1},
+                         settings=RunSettings(max_iterations=8))
+    assert code == LimitError.exit_code and "the run exceeded --max-iterations 8 node executions" in line
+    assert run_doc(flow, tools, {"iterated_x": [1, 2], "iterated_factor": 1},
+                   settings=RunSettings(max_iterations=9))["collected_a"] == [1, 2]

@@ -2,34 +2,50 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
 
 from heddle.starter import MODEL, write_starter
 from tests.support.cli import heddle, state_of
-from tests.support.scripted_model import scripted_model
+from tests.support.cli_inproc import heddle_inproc
+from tests.support.threaded_model import threaded_model
 
 
 def _commands(printed: str) -> list[list[str]]:
     return [shlex.split(line) for line in printed.splitlines() if line.strip().startswith("heddle ")]
 
 
-def test_init_writes_a_starter_that_runs_twice_as_printed(tmp_path: Path) -> None:
-    # The model starts first on a port the OS picks (it prints its URL), and `init --port` takes
-    # that port: no fixed number, and no window in which another process could take it.
+def test_init_writes_a_starter_that_runs_twice_as_printed(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # The model starts first on a port the OS picks, and `init --port` takes that port: no fixed
+    # number, and no window in which another process could take it. The model is the scripted
+    # app `heddle model serve` runs, on the starter's script, served from a thread: the subject
+    # here is `heddle init` and the `heddle run` it prints.
     script = tmp_path / "model.yaml"
     script.write_text(MODEL, encoding="utf-8")
-    with scripted_model(script, tmp_path, ["--port", "0", "--loop"]) as model:
+    with threaded_model(script, loop=True) as model:
+        port = urlsplit(model.url).port
         target = tmp_path / "starter"
-        proc = heddle("init", target, "--port", model.port)
-        assert proc.returncode == 0, proc.stderr
-        serve, run = _commands(proc.stdout)
-        # The printed server command is what this test started, on the starter's own script.
+        # Through the command's entry in-process: `heddle init` as a process is the refusal below.
+        rc, printed, err = heddle_inproc(capsys, "init", target, "--port", port)
+        assert rc == 0, err
+        serve, run = _commands(printed)
+        # The printed server command serves what this test serves, on the starter's own script.
         assert serve == ["heddle", "model", "serve", "--script", f"{target}/model.yaml",
-                         "--port", str(model.port), "--loop", "&"]
+                         "--port", str(port), "--loop", "&"]
         assert (target / "model.yaml").read_text(encoding="utf-8") == MODEL
-        states = [state_of(heddle(*run[1:])) for _ in range(2)]
+        # As printed, by the real command; then again (through the same entry, in-process) on
+        # what the first run left behind.
+        states = [state_of(heddle(*run[1:]))]
+        monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # as tests/support/cli.py gives the command
+        rc, out, err = heddle_inproc(capsys, *run[1:])
+        assert rc == 0, err
+        states.append(json.loads(out))
         assert len(model.requests()) == 4
     assert [state["result"] for state in states] == ["Your text has 4 words."] * 2
 

@@ -16,6 +16,7 @@ import pytest
 
 from heddle.errors import UsageError
 from heddle.model.scripted import ScriptedModel, ScriptError, load_script
+from tests.support.cli_inproc import heddle_inproc
 from tests.support.scripted_model import (
     scripted_model,
     serve_command,
@@ -114,12 +115,20 @@ def test_sigint_stops_it_cleanly_too(tmp_path: Path) -> None:
     assert model.stderr() == ""
 
 
-def test_records_every_request_as_a_json_line(tmp_path: Path) -> None:
-    with scripted_model([{"content": "a"}, {"content": "b"}], tmp_path) as m:
-        httpx.post(m.url + "/chat/completions", json={"model": "x", "messages": [{"role": "user", "content": "é"}]},
-                   headers={"authorization": "Bearer t"})
+def test_yaml_script_fixed_port_and_every_request_recorded_as_a_json_line(tmp_path: Path) -> None:
+    # One process for the three command-line facts: --script YAML, --port N and --record FILE.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = write(tmp_path, "script.yaml", "- content: from yaml\n- content: b\n")
+    with scripted_model(script, tmp_path, ["--port", str(port)]) as m:
+        assert m.url == f"http://127.0.0.1:{port}/v1"
+        answer = httpx.post(m.url + "/chat/completions",
+                            json={"model": "x", "messages": [{"role": "user", "content": "é"}]},
+                            headers={"authorization": "Bearer t"}).json()
         httpx.post(m.url + "/chat/completions", content=b"not json")
         lines = m.record_path.read_text(encoding="utf-8").splitlines()
+    assert answer["choices"][0]["message"]["content"] == "from yaml"
     assert len(lines) == 2
     first, second = (json.loads(line) for line in lines)
     assert set(first) == {"path", "headers", "body"}
@@ -129,9 +138,14 @@ def test_records_every_request_as_a_json_line(tmp_path: Path) -> None:
     assert second["body"] == {"_unparsed": "not json"}
 
 
-def test_answers_streamed_when_asked(tmp_path: Path) -> None:
-    with scripted_model([{"content": "Hi!"}], tmp_path) as m:
-        response = httpx.post(m.url + "/chat/completions", json={"stream": True})
+def test_answers_streamed_when_asked() -> None:
+    # The stream's shape is the app's (served in-process); the process serving it is tested above.
+    async def ask() -> httpx.Response:
+        app = ScriptedModel([{"content": "Hi!"}], loop=False, log=lambda _line: None)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://model") as http:
+            return await http.post("/v1/chat/completions", json={"stream": True})
+
+    response = asyncio.run(ask())
     assert response.status_code == 200
     assert response.headers["content-type"] == "text/event-stream"
     events = response.text.split("\n\n")
@@ -173,17 +187,6 @@ def test_loop_repeats_the_script_and_request_numbers_keep_counting() -> None:
     assert empty.status_code == 500 and len(logged) == 1
 
 
-def test_yaml_script_file_and_fixed_port(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    script = write(tmp_path, "script.yaml", "- content: from yaml\n")
-    with scripted_model(script, tmp_path, ["--port", str(port)]) as m:
-        assert m.url == f"http://127.0.0.1:{port}/v1"
-        answer = httpx.post(m.url + "/chat/completions", json={}).json()
-    assert answer["choices"][0]["message"]["content"] == "from yaml"
-
-
 def run_serve(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*serve_command(), *args], check=False, capture_output=True, text=True, timeout=30,
                           stdin=subprocess.DEVNULL, cwd=tmp_path)
@@ -210,11 +213,13 @@ def test_a_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
     assert "cannot listen on 127.0.0.1:" in proc.stderr and proc.stderr.count("\n") == 1
 
 
-def test_a_record_file_that_cannot_be_written(tmp_path: Path) -> None:
+def test_a_record_file_that_cannot_be_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Through the command's entry function: the two refusals above show one from a process.
     path = write(tmp_path, "script.json", "[]")
-    proc = run_serve(["--script", str(path), "--record", str(tmp_path / "no" / "such" / "dir.jsonl")], tmp_path)
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert "dir.jsonl: cannot open the record file" in proc.stderr
+    rc, out, err = heddle_inproc(capsys, "model", "serve", "--script", path,
+                                 "--record", tmp_path / "no" / "such" / "dir.jsonl")
+    assert rc == 2 and out == ""
+    assert "dir.jsonl: cannot open the record file" in err
 
 
 def test_the_cli_module_imports_only_typer_and_the_stdlib() -> None:

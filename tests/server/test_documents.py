@@ -9,7 +9,7 @@ from pathlib import Path
 from tests.server.flows import write_tools
 from tests.server.support import start_server
 from tests.support.flows import llm_config, prop, server_tool
-from tests.support.scripted_model import scripted_model
+from tests.support.threaded_model import threaded_model
 
 UPPER = "#!/bin/sh\nread line\necho '{\"loud\": \"HEY\"}'\n"
 
@@ -17,7 +17,7 @@ UPPER = "#!/bin/sh\nread line\necho '{\"loud\": \"HEY\"}'\n"
 def test_outputs_beside_state_and_the_message_for_an_agent(tmp_path: Path) -> None:
     tool_node = {"component_type": "ToolNode", "id": "t", "name": "t", "agentspec_version": "25.4.1",
                  "tool": server_tool("upper", [prop("text")], [prop("loud")])}
-    with scripted_model([{"content": "Hello Ann!"}], tmp_path) as model:
+    with threaded_model([{"content": "Hello Ann!"}]) as model:
         agent = {"component_type": "Agent", "id": "helper", "name": "helper", "agentspec_version": "25.4.1",
                  "inputs": [prop("user")], "llm_config": llm_config(model.url, name="brain"),
                  "system_prompt": "You help {{user}}."}

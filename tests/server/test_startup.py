@@ -5,21 +5,25 @@ from __future__ import annotations
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 from tests.server.flows import ECHO, one_tool_flow, write_tools
-from tests.server.support import SERVER, run_server_to_exit, start_server
+from tests.server.support import SERVER, Server, run_server_to_exit, start_server
 from tests.support.cli import env_with
 
 
-def error_lines(proc) -> list[str]:
+def error_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
     return [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
 
 
-def test_version_and_help_name_every_setting():
+def test_version_and_help_name_every_setting() -> None:
     # Speed is scripts/bench's business; this checks what they say.
-    proc = subprocess.run([str(SERVER), "--version"], capture_output=True, text=True, timeout=10)
+    proc = subprocess.run([str(SERVER), "--version"], check=False, capture_output=True, text=True, timeout=10)
     assert proc.returncode == 0 and proc.stdout.strip() == "heddle-server 0.1.0"
-    proc = subprocess.run([str(SERVER), "--help"], capture_output=True, text=True, timeout=10)
+    proc = subprocess.run([str(SERVER), "--help"], check=False, capture_output=True, text=True, timeout=10)
     assert proc.returncode == 0
     for flag in ("--bundle", "--trust", "--allow-unsigned", "--tools-dir", "--flows-root", "--max-concurrent",
                  "--drain-timeout", "--cors-origin", "--allow-request-code", "--allow-net", "--work-dir",
@@ -30,24 +34,27 @@ def test_version_and_help_name_every_setting():
         assert flag in proc.stdout, flag
 
 
-def refused_in_process(args, env, capsys) -> tuple[int, str, str]:
+def refused_in_process(args: list[object], env: dict[str, str] | None,
+                       capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     """(status, stdout, stderr) of `heddle-server ARGS` run by its own entry point, in this process."""
     from heddle.server.cli import run
 
     try:
         status = run(["--port", "0", *[str(a) for a in args]], env_with(env))
     except SystemExit as exc:  # argparse's refusals
+        assert isinstance(exc.code, int), exc.code
         status = exc.code
     out = capsys.readouterr()
     return status, out.out, out.err
 
 
-def test_bad_start_up_settings_fail_with_one_line_and_status_2(tmp_path, capsys, monkeypatch):
+def test_bad_start_up_settings_fail_with_one_line_and_status_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "file").write_text("x")
     monkeypatch.chdir(tmp_path)
     # A refusal that got past the work-dir check would have pointed tempfile there.
     monkeypatch.setattr(tempfile, "tempdir", tempfile.tempdir)
-    cases = [
+    cases: list[tuple[tuple[list[object], dict[str, str] | None], str]] = [
         ((["--port", "http"], None), "argument --port: 'http' is not a whole number"),
         ((["--tools-dir", tmp_path / "nope"], None), f"--tools-dir {tmp_path / 'nope'}: does not exist"),
         ((["--flows-root", tmp_path / "file"], None), "is not a folder"),
@@ -90,7 +97,7 @@ def test_bad_start_up_settings_fail_with_one_line_and_status_2(tmp_path, capsys,
         assert "listening" not in stdout
 
 
-def test_a_port_in_use_is_refused(tmp_path):
+def test_a_port_in_use_is_refused(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -99,61 +106,88 @@ def test_a_port_in_use_is_refused(tmp_path):
     assert proc.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in error_lines(proc)[0]
 
 
-def test_a_non_loopback_host_warns(tmp_path):
+def test_a_non_loopback_host_warns(tmp_path: Path) -> None:
     server = start_server(tmp_path, "--host", "0.0.0.0")
     try:
         assert "warning: --host 0.0.0.0 is not a loopback address and there is no authentication" in server.stderr()
     finally:
         assert server.stop() == 0
-    server = start_server(tmp_path, "--host", "127.0.0.1")
-    try:
-        assert "warning" not in server.stderr()
-    finally:
-        server.stop()
+    # What decides the warnings, as `heddle-server` runs it before it prints them: the process
+    # above shows they reach stderr.
+    assert start_up_warnings(["--host", "0.0.0.0"], {})[0].startswith("--host 0.0.0.0 is not a loopback address")
+    assert start_up_warnings(["--host", "127.0.0.1"], {}) == []
 
 
-def test_bearer_token_guards_every_route_but_the_probes(tmp_path):
-    tools = write_tools(tmp_path / "tools", {"echo": ECHO})
-    flows = tmp_path / "flows"
+def start_up_warnings(args: list[str], environ: dict[str, str]) -> list[str]:
+    from heddle.server.cli import config_from, parser
+    from heddle.server.config import DEFAULT_MAX_CONNECTIONS, check_config
+    from heddle.server.connections import connection_cap
+
+    config = config_from(parser().parse_args(["--port", "0", *args]), environ)
+    lowered = connection_cap(config.max_connections, DEFAULT_MAX_CONNECTIONS, config.max_concurrent)[1]
+    return [*check_config(config), *([lowered] if lowered else [])]
+
+
+def _served_echo(root: Path) -> tuple[Path, Path]:
+    tools = write_tools(root / "tools", {"echo": ECHO})
+    flows = root / "flows"
     flows.mkdir()
     one_tool_flow("echo", "echo").write(flows / "echo.json")
-    for args, env in ((["--auth-token", "s3cret"], None), ([], {"HEDDLE_AUTH_TOKEN": "s3cret"})):
-        server = start_server(tmp_path, "--tools-dir", tools, "--flows-root", flows, *args, env=env)
-        try:
-            with server.client() as anonymous, server.client("s3cret") as client, \
-                    server.client("s3cret-not") as wrong:
-                assert anonymous.get("/healthz").status_code == 200
-                assert anonymous.get("/readyz").status_code == 200
-                for method, path in (("GET", "/metrics"), ("GET", "/v1/capabilities"), ("GET", "/openapi.json"),
-                                     ("POST", "/v1/validate"), ("POST", "/v1/runs"), ("GET", "/nowhere")):
-                    for who in (anonymous, wrong):
-                        response = who.request(method, path, json={"flowPath": "echo.json", "inputs": {"x": 1}})
-                        assert response.status_code == 401, (method, path)
-                        assert response.json()["error"]["type"] == "unauthorized"
-                        assert response.headers["www-authenticate"].startswith("Bearer")
-                assert anonymous.post("/v1/runs", headers={"Authorization": "Basic s3cret"}).status_code == 401
-                response = client.post("/v1/runs", json={"flowPath": "echo.json", "inputs": {"x": 1}})
-                assert response.status_code == 200 and response.json()["state"] == {"x": 1}
-                assert client.get("/metrics").status_code == 200
-                assert client.get("/nowhere").status_code == 404
-                doc = client.get("/openapi.json").json()
-                assert doc["security"] == [{"bearer": []}]
-        finally:
-            server.stop()
+    return tools, flows
 
 
-def test_cors_origins_are_answered(tmp_path):
-    server = start_server(tmp_path, "--cors-origin", "https://app.example.com", "--auth-token", "t")
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server behind the token s3cret (from HEDDLE_AUTH_TOKEN) that also answers one CORS origin:
+    the bearer and CORS tests read from it without changing it, so one process serves both."""
+    root = tmp_path_factory.mktemp("guarded")
+    tools, flows = _served_echo(root)
+    server = start_server(root, "--tools-dir", tools, "--flows-root", flows, "--cors-origin",
+                          "https://app.example.com", env={"HEDDLE_AUTH_TOKEN": "s3cret"})
     try:
-        with server.client() as client:
-            preflight = client.options("/v1/runs", headers={"Origin": "https://app.example.com",
-                                                            "Access-Control-Request-Method": "POST",
-                                                            "Access-Control-Request-Headers": "authorization"})
-            assert preflight.status_code == 200
-            assert preflight.headers["access-control-allow-origin"] == "https://app.example.com"
-            response = client.get("/healthz", headers={"Origin": "https://app.example.com"})
-            assert response.headers["access-control-allow-origin"] == "https://app.example.com"
-            response = client.get("/healthz", headers={"Origin": "https://evil.example.com"})
-            assert response.status_code == 403 and "access-control-allow-origin" not in response.headers
+        yield server
     finally:
         server.stop()
+
+
+def test_bearer_token_guards_every_route_but_the_probes(guarded: Server) -> None:
+    from heddle.server.cli import config_from, parser
+
+    # The shared server takes its token from HEDDLE_AUTH_TOKEN; the flag settles the same setting
+    # (tests/server/test_bundle.py's server is guarded by the flag, in a process).
+    def token(args: list[str], environ: dict[str, str]) -> str | None:
+        return config_from(parser().parse_args(["--port", "0", *args]), environ).auth_token
+
+    assert token(["--auth-token", "s3cret"], {}) == token([], {"HEDDLE_AUTH_TOKEN": "s3cret"}) == "s3cret"
+    server = guarded
+    with server.client() as anonymous, server.client("s3cret") as client, \
+            server.client("s3cret-not") as wrong:
+        assert anonymous.get("/healthz").status_code == 200
+        assert anonymous.get("/readyz").status_code == 200
+        for method, path in (("GET", "/metrics"), ("GET", "/v1/capabilities"), ("GET", "/openapi.json"),
+                             ("POST", "/v1/validate"), ("POST", "/v1/runs"), ("GET", "/nowhere")):
+            for who in (anonymous, wrong):
+                response = who.request(method, path, json={"flowPath": "echo.json", "inputs": {"x": 1}})
+                assert response.status_code == 401, (method, path)
+                assert response.json()["error"]["type"] == "unauthorized"
+                assert response.headers["www-authenticate"].startswith("Bearer")
+        assert anonymous.post("/v1/runs", headers={"Authorization": "Basic s3cret"}).status_code == 401
+        response = client.post("/v1/runs", json={"flowPath": "echo.json", "inputs": {"x": 1}})
+        assert response.status_code == 200 and response.json()["state"] == {"x": 1}
+        assert client.get("/metrics").status_code == 200
+        assert client.get("/nowhere").status_code == 404
+        doc = client.get("/openapi.json").json()
+        assert doc["security"] == [{"bearer": []}]
+
+
+def test_cors_origins_are_answered(guarded: Server) -> None:
+    with guarded.client() as client:
+        preflight = client.options("/v1/runs", headers={"Origin": "https://app.example.com",
+                                                        "Access-Control-Request-Method": "POST",
+                                                        "Access-Control-Request-Headers": "authorization"})
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == "https://app.example.com"
+        response = client.get("/healthz", headers={"Origin": "https://app.example.com"})
+        assert response.headers["access-control-allow-origin"] == "https://app.example.com"
+        response = client.get("/healthz", headers={"Origin": "https://evil.example.com"})
+        assert response.status_code == 403 and "access-control-allow-origin" not in response.headers

@@ -1,5 +1,7 @@
 """A tool call ends when the tool exits, and takes along everything the tool started, even
-children in sessions of their own. Through the real `heddle run`, with and without `--safe`."""
+children in sessions of their own. Through the real `heddle run`, with `--safe` and with a
+timeout; without either, through the same entry function in-process (the tool still runs under
+its own reaper process, as it does under the command)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import error_line, heddle, state_of
+from tests.support.cli import env_with, error_line, heddle, state_of
+from tests.support.cli_inproc import heddle_inproc
 from tests.support.flows import FlowDoc, server_tool
 from tests.workspace.tooling import PYTHON_READ, write_tool
 
@@ -96,7 +99,8 @@ def no_traceback(stderr: str) -> None:
 
 
 @pytest.mark.parametrize("safe", [False, True], ids=["plain", "safe"])
-def test_setsid_children_die_with_the_call(tmp_path: Path, safe: bool) -> None:
+def test_setsid_children_die_with_the_call(tmp_path: Path, safe: bool, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     tools = tmp_path / "tools"
     tool(tools, "holder", "hold")
     tool(tools, "daemon", "detach")
@@ -106,11 +110,18 @@ def test_setsid_children_die_with_the_call(tmp_path: Path, safe: bool) -> None:
     flags = ["--safe", "--allow-write", str(pids), *ALLOW_PYTHON] if safe else []
     try:
         # A generous --tool-timeout: a call that waited for the holder's pipes would end only by it.
-        proc = heddle("run", flow(tmp_path, "holder", "daemon"), "-t", tools, "--input", json.dumps(inputs),
-                      "--tool-timeout", "20", *flags)
-        state = state_of(proc)
+        args = ["run", flow(tmp_path, "holder", "daemon"), "-t", tools, "--input", json.dumps(inputs),
+                "--tool-timeout", "20", *flags]
+        if safe:
+            proc = heddle(*args)
+            state, stderr = state_of(proc), proc.stderr
+        else:
+            monkeypatch.setenv("PATH", env_with()["PATH"])  # the interpreter tools find, as the command's
+            rc, out, stderr = heddle_inproc(capsys, *args)
+            assert rc == 0, stderr
+            state = json.loads(out)
         assert (state["holder"], state["daemon"]) == ("started", "started")
-        no_traceback(proc.stderr)
+        no_traceback(stderr)
         assert survivors(tmp_path) == []
         if not safe:  # under --safe the files hold pids of the sandbox's own pid namespace
             assert pid_is_dead(pids / "holder.hold") and pid_is_dead(pids / "daemon.detach")
