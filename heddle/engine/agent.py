@@ -141,10 +141,7 @@ async def run_agent(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) 
 
 
 def _looks_like_json(answer: str) -> bool:
-    text = answer.strip()
-    if text.startswith("```"):
-        text = text.strip("`").removeprefix("json").strip()
-    return text[:1] in ("{", "[")
+    return structured.unfenced(answer)[:1] in ("{", "[")
 
 
 def _talks_to_the_user(node: c.AgentNode) -> NeedsSessionError:

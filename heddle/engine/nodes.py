@@ -12,22 +12,9 @@ from heddle.errors import RunError, ToolInputError
 from heddle.spec import components as c
 
 
-def declared_values(declared: list[dict[str, Any]], values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The values of the `declared` inputs, defaults filled in, and the titles that have neither."""
-    out: dict[str, Any] = {}
-    missing = []
-    for prop in declared:
-        title = prop["title"]
-        if title in values:
-            out[title] = values[title]
-        elif "default" in prop:
-            out[title] = prop["default"]
-        else:
-            missing.append(title)
-    return out, missing
-
-
 async def start_node(ctx: RunContext, node: c.StartNode, inputs: dict[str, Any]) -> Outcome:
+    from heddle.spec.io import declared_values
+
     out, missing = declared_values(node.inputs or node.outputs, inputs)
     if missing:
         names = ", ".join(repr(m) for m in missing)

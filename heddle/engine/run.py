@@ -158,15 +158,9 @@ class _Wiring:
         if declared is None:
             outputs = dict(produced)
         else:
-            outputs = {}
-            for prop in declared:
-                title = prop["title"]
-                if title in produced:
-                    outputs[title] = produced[title]
-                elif "default" in prop:
-                    outputs[title] = copy.deepcopy(prop["default"])
-                else:
-                    raise RunError(f"{_label(node)} gave no value for its output {title!r}")
+            outputs, missing = io.declared_values(declared, produced)
+            if missing:
+                raise RunError(f"{_label(node)} gave no value for its output {missing[0]!r}")
         self.step += 1
         self.produced[node_key(node)] = (self.step, outputs)
         self.names.update(outputs)
@@ -183,16 +177,10 @@ class FlowRun:
 
 
 def _flow_outputs(flow: c.Flow, end: c.EndNode, given: dict[str, Any]) -> dict[str, Any]:
-    outputs: dict[str, Any] = {}
-    for prop in io.flow_outputs(flow):
-        title = prop["title"]
-        if title in given:
-            outputs[title] = given[title]
-        elif "default" in prop:
-            outputs[title] = copy.deepcopy(prop["default"])
-        else:
-            raise RunError(f"flow {flow.name!r} ended at EndNode {end.name!r}, which does not give the flow's "
-                           f"output {title!r}, and that output has no default")
+    outputs, missing = io.declared_values(io.flow_outputs(flow), given)
+    if missing:
+        raise RunError(f"flow {flow.name!r} ended at EndNode {end.name!r}, which does not give the flow's "
+                       f"output {missing[0]!r}, and that output has no default")
     return outputs
 
 

@@ -103,7 +103,7 @@ class Shape:
     def read(self, text: str) -> dict[str, Any]:
         """The outputs the answer gives, each checked against its declared type (defaults filled in)."""
         try:
-            value = loads_strict_json(_unfenced(text))
+            value = loads_strict_json(unfenced(text))
         except (TypeError, ValueError) as exc:
             raise AnswerMismatch(f"the answer is not JSON ({exc})") from None
         whole = self.whole_object
@@ -134,7 +134,8 @@ def shape(outputs: list[Property], *, optional: frozenset[str] = frozenset()) ->
     return Shape(tuple(outputs), optional)
 
 
-def _unfenced(text: str) -> str:
+def unfenced(text: str) -> str:
+    """The answer without a Markdown code fence around it, if it has one."""
     stripped = text.strip()
     match = _FENCE.match(stripped)
     return match.group(1) if match else stripped

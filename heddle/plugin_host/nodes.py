@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 
 def _inputs(node: c.PluginNode, declared: list[dict[str, Any]], values: dict[str, Any]) -> dict[str, Any]:
-    from heddle.engine.nodes import declared_values
+    from heddle.spec.io import declared_values
 
     if not declared:
         return dict(values)

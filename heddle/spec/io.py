@@ -26,6 +26,24 @@ GENERATED_TEXT = "generated_text"  # an LlmNode's output when it declares none
 BRANCHING_KEY = "branching_mapping_key"  # a BranchingNode's input when it declares none
 
 
+def declared_values(declared: list[Property], values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The values of the `declared` properties (defaults filled in, each a copy), in declared
+    order, and the titles that have neither a value nor a default."""
+    import copy
+
+    out: dict[str, Any] = {}
+    missing = []
+    for prop in declared:
+        title = prop["title"]
+        if title in values:
+            out[title] = values[title]
+        elif "default" in prop:
+            out[title] = copy.deepcopy(prop["default"])
+        else:
+            missing.append(title)
+    return out, missing
+
+
 def _strings(titles: list[str]) -> list[Property]:
     return [{"title": title, "type": "string"} for title in titles]
 
