@@ -48,15 +48,24 @@ class DocumentTools:
             self.by_agent.setdefault(agent, []).extend(definitions)
 
 
-# Each module names its kind `KIND`; they are imported when a run starts, not when heddle does.
-_KIND_MODULES: tuple[str, ...] = ("heddle.tools.mcp", "heddle.tools.remote", "heddle.tools.client")
+# Each module names its kind `KIND`, by the component classes it runs: a module is imported, and
+# asked whether it `wants` the flow, only when the flow has a component of one of them.
+_KIND_MODULES: dict[str, tuple[str, ...]] = {
+    "heddle.tools.mcp": ("MCPTool", "MCPToolBox"),
+    "heddle.tools.remote": ("RemoteTool",),
+    "heddle.tools.client": ("ClientTool",),
+}
 
 
-def kinds() -> Sequence[ToolKind]:
-    """Every kind of document tool heddle runs."""
+def kinds(flow: c.Flow) -> Sequence[ToolKind]:
+    """The kinds of document tool `flow` has components of, found in one walk of it."""
     import importlib
 
-    return tuple(importlib.import_module(name).KIND for name in _KIND_MODULES)
+    from heddle.spec.walk import components
+
+    present = {type(component).__name__ for _, component in components(flow)}
+    return tuple(importlib.import_module(name).KIND for name, types in _KIND_MODULES.items()
+                 if present.intersection(types))
 
 
 @contextlib.asynccontextmanager
@@ -64,7 +73,7 @@ async def open_document_tools(ctx: RunContext, flow: c.Flow) -> AsyncIterator[Ma
     """Every document tool of `flow`, open for the run."""
     found = DocumentTools()
     async with contextlib.AsyncExitStack() as stack:
-        for kind in kinds():
+        for kind in kinds(flow):
             if kind.wants(flow):
                 found.merge(await stack.enter_async_context(kind.open(ctx, flow)))
         ctx.document_tools = found
