@@ -80,8 +80,45 @@ class LimitError(RunError):
     kind = "limit_exceeded"
 
 
-class NeedsSessionError(RunError):
-    """The run reached something only a session can do (wait for a person or a client): a
-    ClientTool the model called. Not a ToolError, so no agent hands it back to its model."""
+
+
+class SessionError(HeddleError):
+    """A session cannot be used as asked: unknown, busy, bound to another document, or answered
+    with what it does not wait for. Nothing ran and nothing was written."""
+
+    exit_code = 2
+    kind = "session_error"
+    http_status = 400
+
+
+class SessionNotFound(SessionError):
+    kind = "session_not_found"
+    http_status = 404
+
+
+class SessionConflict(SessionError):
+    """Another run changed the session first (compare-and-swap on its version): this run's turn is
+    not recorded; run it again on the session as it is now."""
+
+    kind = "session_conflict"
+    http_status = 409
+
+
+class SessionTooLarge(SessionError):
+    kind = "session_too_large"
+    http_status = 413
+
+
+class StoreUnavailable(SessionError):
+    """The session store cannot be opened or reached; named with its cause, before anything runs."""
+
+    kind = "session_store_unavailable"
+    http_status = 503
+
+
+class NeedsSessionError(SessionError):
+    """The document may wait for a person or a client (an InputMessageNode, a human_in_the_loop agent
+    in a flow, a tool with requires_confirmation, a ClientTool) and no session was given: refused
+    before it starts. Not a ToolError, so no agent hands it back to its model."""
 
     kind = "needs_session"

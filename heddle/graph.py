@@ -248,6 +248,9 @@ def check_flow(
         from heddle.spec.messages import message_problems
 
         problems.extend(message_problems(flow, warnings))
+        from heddle.engine.tool_output import truncate_problems
+
+        problems.extend(truncate_problems(flow))
         seen: set[int] = set()
         for label, config in llm_configs(flow):
             url = getattr(config, "url", None)
@@ -262,7 +265,7 @@ def check_flow(
 
 def referenced_tools(flow: Flow) -> dict[str, ServerTool]:
     """Every ServerTool the flow (and its subflows) names, by name."""
-    from heddle.spec.components import AgentNode, ToolNode
+    from heddle.spec.components import AgentNode, ToolNode, agents_of
 
     found: dict[str, ServerTool] = {}
     for node in flow.nodes:
@@ -270,7 +273,7 @@ def referenced_tools(flow: Flow) -> dict[str, ServerTool]:
             if isinstance(node.tool, ServerTool):
                 found.setdefault(node.tool.name, node.tool)
         elif isinstance(node, AgentNode):
-            for tool in node.agent.tools:
+            for tool in (t for agent in agents_of(node.agent) for t in agent.tools):
                 if isinstance(tool, ServerTool):
                     found.setdefault(tool.name, tool)
         else:
@@ -282,13 +285,19 @@ def referenced_tools(flow: Flow) -> dict[str, ServerTool]:
 
 def llm_configs(flow: Flow) -> Iterator[tuple[str, LlmConfig]]:
     """(node label, llm config) for every model the flow and its subflows call, plugin nodes included."""
-    from heddle.spec.components import AgentNode, LlmNode, PluginNode
+    from heddle.spec.components import MULTI_AGENT, AgentNode, LlmNode, PluginNode
 
     for node in flow.nodes:
         if isinstance(node, LlmNode):
             yield _label(node), node.llm_config
         elif isinstance(node, AgentNode):
-            yield _label(node), node.agent.llm_config
+            agent = node.agent
+            if isinstance(agent, MULTI_AGENT):
+                # Each agent of a Swarm or a ManagerWorkers calls its own model.
+                for _, member in agent.members():
+                    yield f"{_label(node)} agent {member.name!r}", member.llm_config
+            else:
+                yield _label(node), agent.llm_config
         elif subflows(node):
             for _, sub in subflows(node):
                 yield from llm_configs(sub)

@@ -36,12 +36,16 @@ import threading
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 PROTOCOL_VERSION = 1
+# What heddle asks a store component (heddle.sessions.plugin_store).
+STORE_METHODS = ("store.open", "store.get", "store.create", "store.replace", "store.delete", "store.list")
 
-__all__ = ["Call", "HeddleCallError", "Plugin", "fail", "modify", "proceed", "reject", "replace", "retry"]
+__all__ = ["Call", "HeddleCallError", "Plugin", "SessionBackend", "SessionExists", "SessionMissing", "StoredSession",
+           "VersionConflict", "fail", "modify", "proceed", "reject", "replace", "retry"]
 
 
 # --------------------------------------------------------------------------- verdicts
@@ -79,6 +83,101 @@ def fail(reason: str) -> dict[str, Any]:
 
 class HeddleCallError(Exception):
     """heddle answered one of the plugin's requests (runTool, callModel, ...) with an error."""
+
+
+# --------------------------------------------------------------------------- session stores
+
+
+@dataclass(frozen=True)
+class StoredSession:
+    """One session as a store keeps it. `data` is the record's JSON text: keep it verbatim."""
+
+    id: str
+    version: int  # 1 when created; each replace adds one
+    data: str
+    updated: float  # Unix seconds of the last write
+
+
+class SessionExists(Exception):
+    """Raise from `create`: a session of that id exists."""
+
+
+class SessionMissing(Exception):
+    """Raise from `replace`: there is no session of that id."""
+
+
+class VersionConflict(Exception):
+    """Raise from `replace`: the session is at `version`, not at the version asked for."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(f"the session is at version {version}")
+        self.version = version
+
+
+class SessionBackend(Protocol):
+    """What a store plugin keeps sessions in (`plugin.store(TYPE, make)`). `replace` must be a
+    compare-and-swap: write only if the session is still at `version`, atomically against every
+    other writer (other heddle processes use the same store), else raise VersionConflict."""
+
+    def get(self, session_id: str) -> StoredSession | None: ...
+
+    def create(self, session_id: str, data: str) -> StoredSession: ...
+
+    def replace(self, session_id: str, data: str, version: int) -> StoredSession: ...
+
+    def delete(self, session_id: str) -> bool: ...
+
+    def list(self) -> list[StoredSession]: ...
+
+
+def _stored(s: StoredSession) -> dict[str, Any]:
+    return {"id": s.id, "version": s.version, "data": s.data, "updated": s.updated}
+
+
+class _StoreServer:
+    """Answers store.* requests for one store component: one backend per distinct config, each
+    called by one thread at a time (so a backend need not be thread-safe)."""
+
+    def __init__(self, make: Callable[[Any], SessionBackend]) -> None:
+        self._make = make
+        self._lock = threading.Lock()
+        self._backends: dict[str, SessionBackend] = {}
+
+    def answer(self, call: Call) -> Any:
+        key = json.dumps(call.config, sort_keys=True)
+        with self._lock:
+            backend = self._backends.get(key)
+            if backend is None:
+                backend = self._backends[key] = self._make(call.config)
+            return self._dispatch(backend, call.method, call.params)
+
+    @staticmethod
+    def _dispatch(backend: SessionBackend, method: str, params: dict[str, Any]) -> Any:
+        sid = params.get("id", "")
+        if method == "store.open":
+            return {}
+        if method == "store.get":
+            found = backend.get(sid)
+            return {"session": None if found is None else _stored(found)}
+        if method == "store.create":
+            try:
+                made = backend.create(sid, params["data"])
+            except SessionExists:
+                return {"exists": True}
+            return {"created": {"version": made.version, "updated": made.updated}}
+        if method == "store.replace":
+            try:
+                done = backend.replace(sid, params["data"], params["version"])
+            except VersionConflict as exc:
+                return {"conflict": {"version": exc.version}}
+            except SessionMissing:
+                return {"missing": True}
+            return {"replaced": {"version": done.version, "updated": done.updated}}
+        if method == "store.delete":
+            return {"deleted": bool(backend.delete(sid))}
+        if method == "store.list":
+            return {"sessions": [_stored(s) for s in backend.list()]}
+        raise ValueError(f"unknown store method {method!r}")
 
 
 # --------------------------------------------------------------------------- one call
@@ -179,6 +278,7 @@ class Plugin:
 
     def __init__(self, *, workers: int = 8) -> None:
         self._handlers: dict[tuple[str, ...], Handler] = {}
+        self._listed: dict[str, dict[str, Any]] = {}  # the tools listTools answers with (--discover-tools)
         self._workers = workers
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -199,9 +299,23 @@ class Plugin:
         """Execute a node type: return its output dict, or (output, branch)."""
         return self._register(("execute", component_type))
 
-    def tool(self, name: str) -> Callable[[Handler], Handler]:
-        """Answer a tool declared with `componentType`: return its output dict (`call.arguments` in)."""
+    def tool(self, name: str, *, description: str | None = None,
+             input_schema: dict[str, Any] | None = None) -> Callable[[Handler], Handler]:
+        """Answer a tool: return its output dict (`call.arguments` in). One the manifest declares (with
+        `componentType`) needs nothing more; given an `input_schema` (and a `description`), the tool is
+        also listed when heddle asks which tools the plugin serves (a manifest with "discoverTools": true,
+        run with --discover-tools), and needs no entry in the manifest."""
+        if input_schema is not None:
+            self._listed[name] = {"name": name, "description": description or "", "inputSchema": input_schema}
+        elif description is not None:
+            raise ValueError(f"tool {name!r}: a description lists the tool, which needs its input_schema too")
         return self._register(("callTool", name))
+
+    def list_tools(self, fn: Callable[[Call], list[dict[str, Any]]]) -> Callable[[Call], list[dict[str, Any]]]:
+        """Work out the listing yourself: `fn(call)` returns `[{"name", "description", "inputSchema"}, ...]`
+        (instead of the tools given an `input_schema`); answer their calls with `tool(name)` handlers."""
+        self._handlers[("listTools",)] = fn
+        return fn
 
     def before(self, component_type: str, seam: str) -> Callable[[Handler], Handler]:
         """Middleware before a seam (node, toolCall, modelCall, agentRound): None or a verdict."""
@@ -218,6 +332,13 @@ class Plugin:
     def finish(self, component_type: str) -> Callable[[Handler], Handler]:
         """End a rendering (`call.params` has `state` or `error`): return the last text, or None."""
         return self._register(("finishEncode", component_type))
+
+    def store(self, component_type: str, make: Callable[[Any], SessionBackend]) -> None:
+        """Serve a session store component: `make(config)` gives the SessionBackend for the
+        component's settings (called once per distinct settings, on first use)."""
+        server = _StoreServer(make)
+        for method in STORE_METHODS:
+            self._handlers[(method, component_type)] = server.answer
 
     def run_state(self, run: Any) -> dict[str, Any]:
         with self._lock:
@@ -254,9 +375,14 @@ class Plugin:
             return handler(component, params.get("seam"))
         if method == "callTool":
             return handler(params.get("tool")) or handler(component)
+        if method == "listTools":
+            listed = list(self._listed.values())
+            return self._handlers.get(("listTools",)) or (lambda call: listed)
         return handler(component)
 
     def _result(self, method: str, value: Any) -> Any:
+        if method == "listTools":
+            return {"tools": list(value or [])}
         if method == "execute":
             if isinstance(value, tuple):
                 output, branch = value

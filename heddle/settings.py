@@ -202,8 +202,8 @@ def parse_rounds(value: str | int | None) -> int | None:
 
 
 # Group names both shells show their flags under.
-LIMITS, WORKSPACES, SANDBOX, PLUGINS, BUNDLES, SOURCE, MODELS = (
-    "limits", "workspaces", "sandbox", "plugins", "bundles", "source", "models")
+LIMITS, WORKSPACES, SANDBOX, PLUGINS, BUNDLES, SOURCE, MODELS, SESSIONS = (
+    "limits", "workspaces", "sandbox", "plugins", "bundles", "source", "models", "sessions")
 
 
 @dataclass(frozen=True)
@@ -228,6 +228,10 @@ class RunSettings:
     tool_timeout: float | None = field(default=30.0, metadata=about(
         kind="duration", flag="--tool-timeout", metavar="DURATION", minimum=0.001, group=LIMITS,
         help="Time one tool call may take."))
+    tool_output_limit: int = field(default=30000, metadata=about(
+        kind="int", flag="--tool-output-limit", metavar="N", minimum=1, group=LIMITS,
+        help="Characters of one tool result an agent's model gets; a longer one is written whole to "
+             ".heddle/tool-output/ in the agent's workspace and the model gets its head and tail."))
     model_timeout: float = field(default=120.0, metadata=about(
         kind="duration", flag=None, cli=False, server=False, minimum=0.001, group=MODELS,
         help="Time one model request may take."))
@@ -288,6 +292,26 @@ class RunSettings:
     max_node_attempts: int = field(default=3, metadata=about(
         kind="int", flag="--max-node-attempts", metavar="N", minimum=1, group=PLUGINS,
         help="Times a node may run when a nodeError plugin asks to retry it."))
+    discover_tools: bool = field(default=False, metadata=about(
+        kind="flag", flag="--discover-tools", group=PLUGINS,
+        help="Start each plugin whose manifest declares discoverTools and ask it which tools it serves; they "
+             "join its manifest's tools (without this, a plugin's tools are those its manifest lists)."))
+
+    session_store: str | None = field(default=None, metadata=about(
+        kind="text", flag="--session-store", metavar="STORE", group=SESSIONS,
+        shown="sqlite for heddle run; none for heddle-server (stateless)",
+        help="Where sessions are kept: sqlite (one file), file (a folder), a postgres:// URL (shared by several "
+             "servers), or plugin:NAME (a loaded plugin's store)."))
+    session_db: Path | None = field(default=None, metadata=about(
+        kind="path", flag="--session-db", metavar="PATH", group=SESSIONS,
+        shown="$XDG_DATA_HOME/heddle/sessions.db", help="The file of the sqlite session store."))
+    session_dir: Path | None = field(default=None, metadata=about(
+        kind="path", flag="--session-dir", metavar="DIR", group=SESSIONS,
+        shown="$XDG_DATA_HOME/heddle/sessions", help="The folder of the file session store."))
+    durable: bool = field(default=False, metadata=about(
+        kind="flag", flag="--durable", server=False, group=SESSIONS,
+        help="In a session, write the run's checkpoint after every node, so that a run that was killed continues "
+             "with --resume."))
 
     def __post_init__(self) -> None:
         # A library caller may pass lists; the settings stay hashable and immutable.
@@ -336,7 +360,8 @@ class RunSettings:
         return RunOptions(
             max_iterations=self.max_iterations, max_tool_rounds=self.max_tool_rounds, max_parallel=self.max_parallel,
             timeout=self.timeout,
-            tool_timeout=self.tool_timeout, stream=self.stream, model_timeout=self.model_timeout,
+            tool_timeout=self.tool_timeout, tool_output_limit=self.tool_output_limit, stream=self.stream,
+            model_timeout=self.model_timeout,
             model_retries=self.model_retries, surface=surface or CLI, model_urls=self._model_urls(),
             workspace=WorkspaceOptions(mounts=mounts, keep_root=self.workspace, mount_tools=self.mount_tools,
                                        max_entries=self.mount_max_entries, max_bytes=self.mount_max_bytes),
@@ -357,7 +382,10 @@ ALLOW_UNSIGNED = Setting("allow_unsigned", "flag", False, "With a bundle: admit 
                          "at all.", "--allow-unsigned", BUNDLES)
 DATA_DIR = Setting("data_dir", "path", None, "With a bundle: where its rw mounts are seeded and kept.",
                    "--data-dir", BUNDLES, metavar="DIR", shown="a temporary folder")
-SHELL_SETTINGS: tuple[Setting, ...] = (TOOLS_DIR, TRUST, ALLOW_UNSIGNED, DATA_DIR)
+COMMANDS = Setting("commands", "path", None, "A YAML or JSON file of commands: each a fixed operation of a "
+                   "program on this machine, with its version and argv template, that a flow names as a tool.",
+                   "--commands", SOURCE, metavar="FILE")
+SHELL_SETTINGS: tuple[Setting, ...] = (TOOLS_DIR, COMMANDS, TRUST, ALLOW_UNSIGNED, DATA_DIR)
 
 
 def explicit(settings: RunSettings) -> frozenset[str]:

@@ -26,10 +26,29 @@ def _number(value: float) -> str:
     return str(int(rounded)) if rounded == int(rounded) else repr(rounded)
 
 
+# How a person gives what a session asks for, in each shell's terms (heddle.sessions.turn's messages).
+_CLI_WORDS: Mapping[str, str] = MappingProxyType({
+    "message": "--message TEXT", "approval": "--approve or --deny REASON", "client_tool": "--tool-result JSON",
+    "session": "--session NAME", "new_session": "a new session name", "input": "--input", "resume": "--resume",
+    "reply": "--message", "durable": "--durable",
+})
+_SERVER_WORDS: Mapping[str, str] = MappingProxyType({
+    "message": '"answer": {"message": TEXT}', "approval": '"answer": {"approve": true} or {"deny": REASON}',
+    "client_tool": '"answer": {"tool_result": JSON}', "session": '"session" (an id POST /v1/sessions issues)',
+    "new_session": "a new session (POST /v1/sessions)", "input": "'inputs'", "resume": '"resume": true',
+    "reply": "'message'", "durable": "a durable run",
+})
+
+
 @dataclass(frozen=True)
 class Surface:
     unit: Literal["s", "ms"] = "s"
     flags: Mapping[str, str] = field(default_factory=lambda: _FLAGS)
+    words: Mapping[str, str] = field(default_factory=lambda: _CLI_WORDS)
+
+    def say(self, what: str) -> str:
+        """How a person gives `what` here: an answer kind ("approval") or a session's field ("resume")."""
+        return self.words[what]
 
     def duration(self, seconds: float) -> str:
         """`seconds` as this surface's flags take it, with the unit: "0.5 s" or "500 ms"."""
@@ -45,4 +64,4 @@ class Surface:
 
 
 CLI = Surface("s")
-SERVER = Surface("ms")
+SERVER = Surface("ms", words=_SERVER_WORDS)

@@ -42,4 +42,6 @@ def validation_report(flow: Flow, *, tools: Mapping[str, Path] | None, source: s
         "valid": not problems,
         "problems": problems,
         "warnings": warnings,
+        # Where a run may stop to wait for a person (heddle.spec.waits): such a document runs only in a session.
+        "waits": list(document_root(flow).waits),
     }

@@ -43,7 +43,11 @@ def test_the_example_in_docs_library_runs_as_written(tmp_path: Path, private: di
     proc = _python(blocks[0], cwd=work, env=private)
     assert proc.returncode == 0, proc.stderr
     assert "'loud': 'HI!'" in proc.stdout
-    assert sorted(p.name for p in work.iterdir()) == ["flow.json", "me.key", "me.pub", "shouter.heddle", "tools"]
+    # The session part: the run stopped at the InputMessageNode, and the answer finished it.
+    assert "{'kind': 'message', 'node': 'ask', 'prompt': 'What shall I shout?'}" in proc.stdout
+    assert "{'loud': 'HELLO!'}" in proc.stdout
+    assert sorted(p.name for p in work.iterdir()) == ["asking.json", "flow.json", "me.key", "me.pub", "sessions.db",
+                                                      "shouter.heddle", "tools"]
 
 
 def test_import_heddle_loads_no_heavy_library_and_exports_what_it_lists(tmp_path: Path) -> None:

@@ -24,6 +24,12 @@ class BundleDiff:
     tools_added: list[str] = field(default_factory=list)
     tools_removed: list[str] = field(default_factory=list)
     tools_changed: list[Change] = field(default_factory=list)
+    commands_added: list[str] = field(default_factory=list)
+    commands_removed: list[str] = field(default_factory=list)
+    commands_changed: list[Change] = field(default_factory=list)
+    # Commands whose configuration changed while their adapter_version did not: what calls them
+    # cannot tell the new behaviour from the old one.
+    commands_unversioned: list[str] = field(default_factory=list)
     settings_changed: list[Change] = field(default_factory=list)
 
     def __bool__(self) -> bool:
@@ -36,6 +42,9 @@ class BundleDiff:
         return {
             "files": {"added": self.files_added, "removed": self.files_removed, "changed": changes(self.files_changed)},
             "tools": {"added": self.tools_added, "removed": self.tools_removed, "changed": changes(self.tools_changed)},
+            "commands": {"added": self.commands_added, "removed": self.commands_removed,
+                         "changed": changes(self.commands_changed),
+                         "changed_without_adapter_version": self.commands_unversioned},
             "settings": changes(self.settings_changed),
         }
 
@@ -46,6 +55,11 @@ class BundleDiff:
         out += [f"+ tool {t}" for t in self.tools_added]
         out += [f"- tool {t}" for t in self.tools_removed]
         out += [f"~ tool {c.what}: {c.before} -> {c.after}" for c in self.tools_changed]
+        out += [f"+ command {name}" for name in self.commands_added]
+        out += [f"- command {name}" for name in self.commands_removed]
+        out += [f"~ command {c.what}: {_show(c.before)} -> {_show(c.after)}" for c in self.commands_changed]
+        out += [f"! command {name}: its configuration changed but its adapter_version did not; raise "
+                "adapter_version when a command changes" for name in self.commands_unversioned]
         out += [f"~ {c.what}: {_show(c.before)} -> {_show(c.after)}" for c in self.settings_changed]
         return out
 
@@ -77,8 +91,28 @@ def diff_manifests(a: Manifest, b: Manifest) -> BundleDiff:
             d.tools_changed.append(Change(f"{name} entry", ta.entry, tb.entry))
         elif ta.entry in pa and ta.entry in pb and pa[ta.entry].sha256 != pb[tb.entry].sha256:
             d.tools_changed.append(Change(f"{name} executable", pa[ta.entry].sha256[:12], pb[tb.entry].sha256[:12]))
+    _diff_commands(d, a, b)
     ja, jb = a.to_json(), b.to_json()
     for key in ("name", "flow", "mounts", "plugins", "input", "requires", "proposals", "heddle_version"):
         if ja[key] != jb[key]:
             d.settings_changed.append(Change(key, ja[key], jb[key]))
     return d
+
+
+def _diff_commands(d: BundleDiff, a: Manifest, b: Manifest) -> None:
+    ca = dict(a.commands.entries) if a.commands is not None else {}
+    cb = dict(b.commands.entries) if b.commands is not None else {}
+    d.commands_added = sorted(set(cb) - set(ca))
+    d.commands_removed = sorted(set(ca) - set(cb))
+    for name in sorted(set(ca) & set(cb)):
+        before, after = ca[name], cb[name]
+        for label, key in (("revision", "revision"), ("input-schema fingerprint", "fingerprint"),
+                           ("expected_version", "expected_version"), ("adapter_version", "adapter_version")):
+            if getattr(before, key) != getattr(after, key):
+                d.commands_changed.append(Change(f"{name} {label}", getattr(before, key), getattr(after, key)))
+        if before.revision != after.revision and before.adapter_version == after.adapter_version:
+            d.commands_unversioned.append(name)
+    fa = a.commands.file if a.commands is not None else None
+    fb = b.commands.file if b.commands is not None else None
+    if fa != fb:
+        d.commands_changed.append(Change("commands file", fa, fb))

@@ -17,6 +17,7 @@ from heddle.format.errors import MalformedBundleError
 if TYPE_CHECKING:
     from heddle.format.manifest import Manifest
     from heddle.spec.components import Flow
+    from heddle.tools.commands import CommandSet
 
 
 def fingerprints_of(flow: Flow, *, leave_out: Iterable[str] = ()) -> dict[str, str]:
@@ -47,7 +48,8 @@ def load_sealed_flow(flow_path: Path, fmt: str | None = None, node_types: Iterab
 def sealed_flow(flow_path: Path, manifest: Manifest | None = None, *, fmt: str | None = None,
                 node_types: Iterable[str] = ()) -> tuple[Flow, frozenset[str]]:
     """The sealed flow, read with the node types of the plugins the bundle carries, and the
-    names of the tools those plugins provide (they are fingerprinted with the plugin, not here)."""
+    names of the tools those plugins provide and of its commands (they are fingerprinted with the
+    plugin, or the commands file, not here). The commands file is read and checked again."""
     plugin_tools: frozenset[str] = frozenset()
     types = set(node_types)
     if manifest is not None and manifest.plugins:
@@ -59,7 +61,39 @@ def sealed_flow(flow_path: Path, manifest: Manifest | None = None, *, fmt: str |
         plugin_tools = carried.tool_names
     # The components file, like the plugins, sits in the payload beside the flow (SPEC: payload layout).
     components = flow_path.parent / manifest.components if manifest is not None and manifest.components else None
+    commands = sealed_commands(flow_path.parent, manifest)
+    if commands is not None:
+        plugin_tools |= frozenset(commands.commands)
     return load_sealed_flow(flow_path, fmt, node_types=types, components=components), plugin_tools
+
+
+def sealed_commands(payload: Path, manifest: Manifest | None) -> CommandSet | None:
+    """The sealed commands file, read and checked as `--commands` is, each command exactly as the
+    manifest lists it (revision, input-schema fingerprint, versions); None when there is none. A
+    command with `working_directory: bundle` runs in the payload."""
+    if manifest is None or manifest.commands is None:
+        return None
+    from heddle.format.errors import ContentMismatchError
+    from heddle.format.manifest import CommandEntry
+    from heddle.tools.commands import read_commands
+
+    sealed = manifest.commands
+    commands = read_commands(payload / sealed.file, what=f"the sealed commands file {sealed.file}", folder=payload,
+                             error=MalformedBundleError)
+    found = {c.name: CommandEntry(revision=c.revision, fingerprint=c.input_schema_fingerprint,
+                                  expected_version=c.expected_version, adapter_version=c.adapter_version)
+             for c in commands}
+    for name in sorted(set(found) | set(sealed.entries)):
+        if name not in sealed.entries:
+            raise ContentMismatchError(f"the sealed commands file has command {name!r}, which the manifest does not "
+                                       "list")
+        if name not in found:
+            raise ContentMismatchError(f"command {name!r} is in the manifest but not in the sealed commands file")
+        if found[name] != sealed.entries[name]:
+            raise ContentMismatchError(f"command {name!r} has revision {found[name].revision} in the sealed commands "
+                                       f"file but {sealed.entries[name].revision} in the manifest (or another input "
+                                       "schema or version)")
+    return commands
 
 
 def flow_tool_fingerprints(flow_path: Path, manifest: Manifest | None = None) -> dict[str, str]:

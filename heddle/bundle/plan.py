@@ -1,7 +1,8 @@
 """Deciding what a bundle holds from the pieces `heddle bundle` is given.
 
 Payload layout: the flow at `<flow file name>`, its components file (when it has one) at
-`components/<file name>`, the tools folder at `tools/`, each mount at `mounts/<dest>`, each
+`components/<file name>`, its commands file (when it has one) at `commands/<file name>`, the tools
+folder at `tools/`, each mount at `mounts/<dest>`, each
 plugin's folder at `plugins/<name>/`. Every check that can fail
 is made here, before a byte is sealed, with the source path that caused it: files that look
 like secrets and model keys written in the flow are refused here too.
@@ -22,6 +23,8 @@ from heddle.format.limits import DEFAULT_LIMITS, Limits
 from heddle.format.manifest import (
     PAYLOAD,
     RESERVED_DEST,
+    CommandEntry,
+    CommandsEntry,
     MountEntry,
     PluginEntry,
     Proposals,
@@ -33,10 +36,12 @@ from heddle.format.paths import PathSet, path_problem
 from heddle.format.tar import split_name
 
 if TYPE_CHECKING:
+    from heddle.tools.commands import CommandSet
     from heddle.workspace.mounts import Mount
 
 
 COMPONENTS_DIR = "components"
+COMMANDS_DIR = "commands"
 
 
 @dataclass(frozen=True)
@@ -74,10 +79,12 @@ def make_plan(
     include_secrets: Sequence[Path] = (),
     flow_format: str | None = None,
     components: Path | None = None,
+    commands: CommandSet | None = None,
 ) -> PackPlan:
     """What sealing these pieces would write. `include_secrets` are the source paths (files,
     or folders holding them) that `--include-secret` lets be sealed though they look like secrets.
-    `components` is the flow's file of shared components (`--components`)."""
+    `components` is the flow's file of shared components (`--components`); `commands` its commands
+    file, read and checked (`--commands`)."""
     flow = Path(flow)
     carried = collect_tree(flow, flow.name, what=f"flow {flow}")
     components_entry = None
@@ -85,6 +92,14 @@ def make_plan(
         components = Path(components)
         components_entry = f"{COMPONENTS_DIR}/{components.name}"
         carried.extend(collect_tree(components, components_entry, what=f"--components {components}"))
+    commands_entry = None
+    if commands is not None:
+        file = f"{COMMANDS_DIR}/{commands.path.name}"
+        carried.extend(collect_tree(commands.path, file, what=commands.what))
+        commands_entry = CommandsEntry(file=file, entries={
+            c.name: CommandEntry(revision=c.revision, fingerprint=c.input_schema_fingerprint,
+                                 expected_version=c.expected_version, adapter_version=c.adapter_version)
+            for c in commands})
     if tools_dir is not None:
         if not Path(tools_dir).is_dir():
             raise PackError(f"--tools-dir {tools_dir}: not a folder")
@@ -109,6 +124,7 @@ def make_plan(
         proposals=proposals or Proposals(),
         skipped=carried.skipped,
         components=components_entry,
+        commands=commands_entry,
     )
 
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from heddle.format.progress import Progress
     from heddle.format.trust import TrustPolicy
     from heddle.spec.components import Flow
+    from heddle.tools.commands import CommandSet
     from heddle.workspace.mounts import Mount
 
 
@@ -42,6 +43,7 @@ class SealedRun:
     legacy: bool = False
     cached: bool = False
     repaired: str | None = None  # why the cached copy was not trusted and was verified again
+    commands: CommandSet | None = None  # its sealed commands file, checked again against the manifest
 
 
 def open_runnable(
@@ -58,7 +60,7 @@ def open_runnable(
     """Verify `path` against `trust` (built once by the caller) and return what to run. Raises the
     bundle errors."""
     from heddle.bundle.datadir import seed_data_dir
-    from heddle.bundle.fingerprints import fingerprints_of, sealed_flow
+    from heddle.bundle.fingerprints import fingerprints_of, sealed_commands, sealed_flow
     from heddle.format.verify import open_bundle
     from heddle.tools.registry import discover_tools
     from heddle.workspace.mounts import Mount
@@ -108,4 +110,5 @@ def open_runnable(
         cached=opened.cached,
         manifest=manifest,
         repaired=opened.repaired,
+        commands=sealed_commands(opened.root, manifest),
     )

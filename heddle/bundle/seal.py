@@ -101,6 +101,7 @@ def seal(
     mount_max_bytes: int = DEFAULT_MOUNT_MAX_BYTES,
     progress: Progress | None = None,
     components: StrPath | None = None,
+    commands: StrPath | None = None,
 ) -> SealResult:
     """Check everything, then write the bundle atomically to `output` and describe it.
 
@@ -112,8 +113,10 @@ def seal(
     `input`, `requires` and `max_tool_rounds` ("unlimited" or a number) are recorded as the
     bundle's proposals. `components` is a file of shared components the flow document refers to
     (`$referenced_components`, as a disaggregated configuration has them): it is sealed beside the
-    flow and read with it wherever the bundle opens. Raises a `heddle.HeddleError` naming what is
-    wrong; nothing is written then.
+    flow and read with it wherever the bundle opens. `commands` is a commands file
+    (heddle.tools.commands) whose commands the flow names as tools: it is checked, sealed, and checked
+    again wherever the bundle opens. Raises a `heddle.HeddleError` naming what is wrong; nothing is
+    written then.
     """
     from heddle.bundle.fingerprints import fingerprints_of
     from heddle.bundle.plan import ToolSpec, make_plan
@@ -124,6 +127,7 @@ def seal(
     from heddle.plugin_host.carried import read_carried
     from heddle.spec import load_flow
     from heddle.spec.roots import document_root
+    from heddle.tools.commands import read_commands
     from heddle.tools.registry import discover_tools
     from heddle.workspace.mounts import check_mounts
 
@@ -135,8 +139,12 @@ def seal(
     components_path = Path(components) if components is not None else None
     loaded = load_flow(flow_path, fmt=flow_format, node_types=carried.node_types, components=components_path)
     tools = discover_tools(tools_root)
-    known = {**tools, **dict.fromkeys(carried.tool_names, flow_path)}
+    declared = read_commands(Path(commands)) if commands is not None else None
+    known = {**(declared.known(tools) if declared is not None else tools),
+             **dict.fromkeys(carried.tool_names, flow_path)}
     problems = check_flow(loaded, tools=known, tools_dir=tools_root, wiring=False)
+    if declared is not None:
+        problems += declared.problems(loaded)
     if problems:
         raise GraphError(problems)
     # An input nothing gives is the run's to refuse (before any tool or model call, wherever the
@@ -144,9 +152,11 @@ def seal(
     run_problems = [p for p in check_flow(loaded, tools=known, tools_dir=tools_root) if p not in problems]
     parsed_mounts = _mounts(mounts)
     check_mounts(parsed_mounts, max_entries=mount_max_entries, max_bytes=mount_max_bytes)
-    # The same fingerprints the verifier recomputes from the sealed flow.
+    # The same fingerprints the verifier recomputes from the sealed flow; a command is described by
+    # the manifest's `commands` instead, as a plugin's tool is by its plugin.
+    leave_out = {*carried.tool_names, *(declared.commands if declared is not None else ())}
     specs = {tool: ToolSpec(path=tools[tool], fingerprint=fingerprint)
-             for tool, fingerprint in fingerprints_of(loaded, leave_out=carried.tool_names).items()}
+             for tool, fingerprint in fingerprints_of(loaded, leave_out=leave_out).items()}
     proposals = Proposals(max_tool_rounds=_proposal(max_tool_rounds))
     key = _signing_key(sign_key)
     # A tools folder that does not exist carries nothing; the graph check above already refused
@@ -156,7 +166,7 @@ def seal(
         flow_path, name=name or loaded.name or None, tools_dir=carried_tools, tools=specs, mounts=parsed_mounts,
         plugins=plugin_paths, input=dict(input) if input is not None else None, requires=requires,
         proposals=proposals, include_secrets=[Path(p) for p in include_secrets], flow_format=flow_format,
-        components=components_path,
+        components=components_path, commands=declared,
     )
     out = Path(output) if output is not None else Path(f"{plan.name}.heddle")
     if out.is_dir():

@@ -187,6 +187,7 @@ def verify(
             "legacy": opened.legacy, "cached": opened.cached, "repaired": opened.repaired,
             "root": str(opened.root), "name": m.name,
             "files": len(m.files), "payload_bytes": m.total_size, "tools": sorted(m.tools),
+            "commands": sorted(m.commands.entries) if m.commands is not None else [],
         }, ensure_ascii=False))
         return
     typer.echo(f"verified {bundle}")
@@ -247,6 +248,15 @@ def _print_manifest(bundle: Path, m: Manifest, digest: str, keyids: list[str], s
     echo(f"  tools      {len(m.tools)}")
     for name, tool in sorted(m.tools.items()):
         echo(f"    {name:<20} {tool.entry:<30} {tool.fingerprint}")
+    if m.commands is not None:
+        echo(f"  commands   {len(m.commands.entries)} ({m.commands.file})")
+        for name, command in sorted(m.commands.entries.items()):
+            echo(f"    {name:<20} revision {command.revision}")
+            echo(f"    {'':<20} input-schema fingerprint {command.fingerprint}")
+            first, *more = command.expected_version.splitlines()
+            shown = json.dumps(first, ensure_ascii=False) + (f" (and {len(more)} more lines)" if more else "")
+            echo(f"    {'':<20} expected version {shown}")
+            echo(f"    {'':<20} adapter_version {json.dumps(command.adapter_version, ensure_ascii=False)}")
     echo(f"  mounts     {len(m.mounts)}")
     for mount in m.mounts:
         echo(f"    {mount.dest} <- {mount.prefix} ({mount.mode})")

@@ -6,6 +6,10 @@ import sys
 
 import typer
 
+# `heddle run` in a session whose run stopped to wait for a person (or a client): the waiting object is
+# on stdout; the next `heddle run ... --session NAME` with the answer resumes it.
+WAITING_EXIT = 10
+
 
 def report(message: str) -> None:
     sys.stderr.write(f"error: {message}\n")

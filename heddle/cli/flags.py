@@ -23,11 +23,21 @@ from typer.core import TyperCommand, TyperGroup
 
 from heddle.settings import BY_NAME, SHELL_SETTINGS, RunSettings, Setting
 
+# How a command that reads a document finds and reads it (run, validate, bundle, tools).
+FORMAT = typer.Option(None, "--format", metavar="json|yaml",
+                      help="Force the flow's format: json or yaml (default: by extension).")
+COMPONENTS = typer.Option(None, "--components", metavar="FILE", dir_okay=False,
+                          help="Read the document's shared components ($referenced_components) from FILE too, as "
+                               "a disaggregated configuration does.")
+FLOW = typer.Option(None, "--flow", metavar="PATH", dir_okay=False,
+                    help="Read PATH as a flow document whatever its name (instead of the FLOW|BUNDLE argument).")
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 _SHELL: Mapping[str, Setting] = {s.name: s for s in SHELL_SETTINGS}
 _TITLES: Mapping[str, str] = {"limits": "Limits", "workspaces": "Workspaces", "sandbox": "Sandbox",
-                              "bundles": "With a bundle", "plugins": "Plugins", "models": "Models"}
+                              "bundles": "With a bundle", "plugins": "Plugins", "models": "Models",
+                              "sessions": "Sessions"}
 _ORDER = ("Options", *_TITLES.values())
 _CTX = "heddle_click_context"
 _TYPE = re.compile(r" <[^>]*>$")

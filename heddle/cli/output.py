@@ -146,6 +146,10 @@ class EventPrinter:
             self._line(f"< {event.node} ({event.duration_ms:.0f} ms){branch}")
         elif isinstance(event, ev.NodeError):
             self._line(f"! {event.node}: {event.error}")
+        elif isinstance(event, ev.Waiting):
+            waiting = event.waiting_for
+            self._line(f"= {event.flow} waits for {waiting.get('kind')} at {waiting.get('node')} "
+                       f"({event.duration_ms:.0f} ms)")
         elif isinstance(event, ev.ToolCall):
             self._line(f"  tool {event.tool} {_short(event.arguments)}")
         elif isinstance(event, ev.ToolResult):

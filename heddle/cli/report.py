@@ -18,12 +18,18 @@ def print_validation(report: dict[str, Any]) -> None:
     if report["tools"]:
         out("tools\n")
         for row in report["tools"]:
-            where = row["executable"] or ("MISSING" if report["tools_checked"] else "(no --tools-dir given)")
+            where = f"command {row['command']}" if row.get("command") else \
+                row["executable"] or ("MISSING" if report["tools_checked"] else "(no --tools-dir given)")
             out(f"  {row['name']:<20} {row['fingerprint']}  {where}\n")
     else:
         out("tools     none\n")
     for warning in report.get("warnings", []):
         out(f"warning   {warning}\n")
+    waits = report.get("waits", [])
+    for where in waits:
+        out(f"waits     {where}\n")
+    if waits:
+        out("note      it may wait for a person, so it runs only in a session (heddle run with --session NAME)\n")
     if report["valid"]:
         out("graph     valid\n")
     else:

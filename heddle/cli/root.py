@@ -29,8 +29,10 @@ class Lazy(NamedTuple):
 COMMANDS: dict[str, Lazy] = {
     "run": Lazy("heddle.cli.run", "run", "Run a flow or a sealed bundle and print its final state."),
     "validate": Lazy("heddle.cli.run", "validate", "Check a flow or a bundle without running it."),
+    "tools": Lazy("heddle.cli.tools", "tools", "List the tools a run would have, with their schema fingerprints."),
     "bundle": Lazy("heddle.cli.run", "bundle", "Seal a flow, its tools, mounts and plugins into a .heddle file."),
     "init": Lazy("heddle.cli.run", "init", "Write a starter agent that runs as printed."),
+    "sessions": Lazy("heddle.cli.sessions", "sessions_app", "List, show and remove the sessions runs keep."),
     "keygen": Lazy("heddle.cli.bundle", "keygen", "Make an Ed25519 signing key pair and print its key id."),
     "sign": Lazy("heddle.cli.bundle", "sign", "Add a signature to a bundle."),
     "verify": Lazy("heddle.cli.bundle", "verify", "Prove a bundle is what a trusted key sealed."),

@@ -8,6 +8,9 @@ from typing import Any
 
 import typer
 
+from heddle.cli.flags import COMPONENTS as _COMPONENTS
+from heddle.cli.flags import FLOW as _FLOW
+from heddle.cli.flags import FORMAT as _FORMAT
 from heddle.cli.flags import takes
 from heddle.cli.output import QUIET, VERBOSE, json_option
 from heddle.cli.output import use as use_output  # by name: `bundle` has an `output` parameter
@@ -15,8 +18,6 @@ from heddle.settings import SETTINGS, RunSettings
 
 # The options that are run settings (limits, mounts, sandbox, plugins, bundles) are generated from
 # heddle.settings by @takes; these few belong to the commands themselves.
-_FORMAT = typer.Option(None, "--format", metavar="json|yaml",
-                       help="Force the flow's format: json or yaml (default: by extension).")
 _INPUT = typer.Option(None, "--input", "-i", metavar="JSON|@FILE|-",
                       help="The run's input: a JSON object, @FILE, or - for stdin.")
 _INCLUDE_SECRET = typer.Option([], "--include-secret", metavar="PATH",
@@ -69,11 +70,6 @@ def _read_input(value: str | None) -> dict[str, Any]:
     return data
 
 
-_COMPONENTS = typer.Option(None, "--components", metavar="FILE", dir_okay=False,
-                          help="Read the document's shared components ($referenced_components) from FILE too, as "
-                               "a disaggregated configuration does.")
-_FLOW = typer.Option(None, "--flow", metavar="PATH", dir_okay=False,
-                     help="Read PATH as a flow document whatever its name (instead of the FLOW|BUNDLE argument).")
 
 
 def _spelled(mount: Any) -> str:
@@ -88,7 +84,8 @@ def _bundle_options(trust: list[Path], allow_unsigned: bool, data_dir: Path | No
 
 
 # `heddle run` takes every run setting the command line sets, and how to find and trust a bundle.
-_RUN_SETTINGS = ("tools_dir", *(s.name for s in SETTINGS if s.cli and s.flag), "trust", "allow_unsigned", "data_dir")
+_RUN_SETTINGS = ("tools_dir", "commands", *(s.name for s in SETTINGS if s.cli and s.flag), "trust", "allow_unsigned",
+                 "data_dir")
 
 
 @takes(*_RUN_SETTINGS)
@@ -109,12 +106,30 @@ def run(
                                       "document: result, its answer, and its declared outputs), with the "
                                       "messages the run showed under \"messages\"."),
     components: Path | None = _COMPONENTS,
+    session: str | None = typer.Option(None, "--session", metavar="NAME", rich_help_panel="Sessions",
+                                          help="Run in the session NAME: a new name starts one, a known one "
+                                               "continues its conversation or resumes its waiting run."),
+    approve: bool = typer.Option(False, "--approve", rich_help_panel="Sessions",
+                                 help="Resume the session's run, which waits for an approval: run the tool."),
+    deny: str | None = typer.Option(None, "--deny", metavar="REASON", rich_help_panel="Sessions",
+                                       help="Resume the session's run, which waits for an approval: do not run "
+                                            "the tool, and tell the model REASON."),
+    tool_result: str | None = typer.Option(None, "--tool-result", metavar="JSON", rich_help_panel="Sessions",
+                                              help="Resume the session's run, which waits for a ClientTool: JSON "
+                                                   "is the tool's result (any JSON value)."),
+    resume: bool = typer.Option(False, "--resume", rich_help_panel="Sessions",
+                                help="Continue the session's --durable run that was stopped, after the last node "
+                                     "it finished."),
+    no_input: bool = typer.Option(False, "--no-input", rich_help_panel="Sessions",
+                                  help="Never ask on the terminal: a run that waits prints its waiting object and "
+                                       "exits 10, and a missing --message is an error."),
     verbose: bool = VERBOSE,
     quiet: bool = QUIET,
     *,
     settings: RunSettings,
     given: frozenset[str],
     tools_dir: Path | None,
+    commands: Path | None,
     trust: list[Path],
     allow_unsigned: bool,
     data_dir: Path | None,
@@ -129,22 +144,47 @@ def run(
       heddle run flow.yaml -t tools --safe --deny-net --mount ./skills
       heddle run main.json --components shared.json --model-url gpt=http://127.0.0.1:8000/v1
       heddle run --flow agent.txt --format yaml -t tools
+      heddle run review.yaml -t tools --session s1 --no-input     (exits 10 when it waits)
+      heddle run review.yaml -t tools --session s1 --approve      (resumes it)
 
     A path ending in .heddle, or given with --trust, --allow-unsigned or --data-dir, runs only
     as a verified bundle; a flow is read from .json, .yaml or .yml, or from any file with --flow.
+
+    A document that may wait for a person (an InputMessageNode, a tool with requires_confirmation,
+    a ClientTool, a human_in_the_loop agent in a flow) runs only in a session. When its run waits,
+    a terminal is asked for the answer and the run goes on; elsewhere (or with --no-input) it
+    prints {"status": "waiting", "session": NAME, "waiting_for": WHAT, "messages": SHOWN} and
+    exits 10, and the next run with --session NAME and --message, --approve, --deny or --tool-result
+    resumes it exactly there.
+
+    \b
+    Exit status: 0 done; 1 the run failed; 2 a usage error, an invalid document or a session
+    that cannot be used as asked; 10 the run waits for a person (in a session); bundle
+    verification failures have their own (bundle-format/SPEC.md).
     """
     use_output(quiet=quiet, verbose=verbose)
-    import asyncio
-    import json
-
-    from heddle.cli.output import EventPrinter
     from heddle.cli.target import resolve_target
     from heddle.errors import UsageError
-    from heddle.runs import execute, from_bundle, from_document
+    from heddle.runs import from_bundle, from_document
 
     if outputs and protocol is not None:
         raise UsageError("--outputs prints the outputs instead of the final state, and --protocol prints events "
                          "instead of either: give one of them")
+    from heddle.cli.sessions import answer_from_flags, refuse_without_session
+
+    answer = answer_from_flags(approve=approve, deny=deny, tool_result=tool_result)
+    if session is None:
+        refuse_without_session(given, {"--approve": approve, "--deny": deny is not None,
+                                       "--tool-result": tool_result is not None, "--resume": resume})
+    else:
+        from heddle.sessions.open import check_session_id
+
+        check_session_id(session)
+        if resume and answer is not None:
+            raise UsageError("--resume continues a --durable run that was stopped, which waits for no answer; "
+                             "drop --resume to answer the run that waits")
+        if answer is not None and message is not None:
+            raise UsageError("--message and an answer flag: give one answer to what the session waits for")
     inputs = _read_input(input) if input is not None else None
     resolved = resolve_target(target, flow_file, bundle_options=_bundle_options(trust, allow_unsigned, data_dir))
     target = resolved.path
@@ -152,23 +192,54 @@ def run(
         from heddle.cli.opening import open_verified
         from heddle.format.trust import TrustPolicy
 
-        for flag, value in (("--tools-dir", tools_dir), ("--components", components)):
+        for flag, value in (("--tools-dir", tools_dir), ("--components", components), ("--commands", commands)):
             if value is not None:
                 raise UsageError(f"{flag} cannot be used with the bundle {target}: a sealed bundle runs only its "
-                                 "own tools and components")
+                                 "own tools, commands and components")
         policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
         sealed = open_verified(target, trust=policy, data_dir=data_dir, fmt=format,
                                plugins=settings.plugins).runnable
         loaded = from_bundle(sealed, settings, given=given, inputs=inputs, load_plugins=_load_plugins)
     else:
         loaded = from_document(target, settings, tools_dir=tools_dir, fmt=format, components=components,
-                               inputs=inputs, load_plugins=_load_plugins)
+                               inputs=inputs, load_plugins=_load_plugins, commands=commands)
     if protocol not in (None, "heddle"):
         from heddle.plugin_host.encoder import encoder_for
 
         encoder_for(loaded.host, protocol)
-    message = _message(loaded.flow, message, str(target))
-    _show_model_urls(loaded)
+    if session is None:
+        message = _message(loaded.flow, message, str(target), ask=not no_input)
+        _show_model_urls(loaded)
+        _run_once(loaded, message=message, outputs=outputs, protocol=protocol, verbose=verbose)
+        return
+    from heddle.cli.sessions import open_cli_store, pending_run
+
+    # Before anything runs: a store that cannot be reached is one line naming it.
+    store = open_cli_store(settings, plugins=loaded.host)
+    try:
+        pending = pending_run(store, session)
+        # A resumed run goes on with the message it started with (and --message may be the answer it
+        # waits for); only a new run, or the next turn of a conversation, needs one of its own.
+        if pending is None:
+            message = _message(loaded.flow, message, str(target), ask=not no_input)
+        elif pending.status == "waiting" and answer is None and message is None and pending.waiting_for \
+                and not resume:
+            from heddle.cli.waiting import ask, on_terminal
+
+            if on_terminal(no_input):
+                answer = ask(pending.waiting_for)
+        _show_model_urls(loaded)
+        _run_in_session(loaded, store, session, message=message, answer=answer, resume=resume,
+                        durable=settings.durable, inputs_given=input is not None, outputs=outputs,
+                        protocol=protocol, verbose=verbose, quiet=quiet, no_input=no_input)
+    finally:
+        store.close()
+
+
+def _printer(protocol: str | None, verbose: bool) -> tuple[Any, Any]:
+    """What shows the run's events (on stderr, or on stdout with --protocol heddle) and, for an
+    encoder plugin's protocol, the rendering that writes its output."""
+    from heddle.cli.output import EventPrinter
 
     printer = EventPrinter(verbose=verbose, protocol=protocol if protocol == "heddle" else None)
     rendering = None
@@ -180,22 +251,76 @@ def run(
             sys.stdout.flush()
 
         rendering = Rendering(protocol, write)
-    # The policy shows every safe-only flag but an explicit `--sandbox auto`; check_policy (in
-    # prepare_run) refuses them all without --safe.
-    outcome = asyncio.run(execute(loaded, message=message, on_event=printer, rendering=rendering))
+    return printer, rendering
+
+
+def _print_result(outcome: Any, *, outputs: bool, protocol: str | None, messages: tuple[str, ...]) -> None:
+    import json
+
     if protocol is None:
         from heddle.spec.messages import with_messages
 
-        printed = with_messages(outcome.outputs, outcome.messages) if outputs else outcome.state
+        printed = with_messages(outcome.outputs, messages) if outputs else outcome.state
         sys.stdout.write(json.dumps(printed, ensure_ascii=False) + "\n")
 
 
-def _message(flow: Any, message: str | None, source: str) -> str | None:
-    """The user's message for an agent document: --message, else asked for on a terminal."""
+def _run_once(loaded: Any, *, message: str | None, outputs: bool, protocol: str | None, verbose: bool) -> None:
+    import asyncio
+
+    from heddle.runs import execute
+
+    printer, rendering = _printer(protocol, verbose)
+    # The policy shows every safe-only flag but an explicit `--sandbox auto`; check_policy (in
+    # prepare_run) refuses them all without --safe.
+    outcome = asyncio.run(execute(loaded, message=message, on_event=printer, rendering=rendering))
+    _print_result(outcome, outputs=outputs, protocol=protocol, messages=outcome.messages)
+
+
+def _run_in_session(loaded: Any, store: Any, session: str, *, message: str | None, answer: Any, resume: bool,
+                    durable: bool, inputs_given: bool, outputs: bool, protocol: str | None, verbose: bool,
+                    quiet: bool, no_input: bool) -> None:
+    """One turn of the session; on a terminal, each wait is answered here and the run goes on until
+    it ends. Elsewhere a wait prints the waiting object and exits WAITING_EXIT."""
+    import asyncio
+    import json
+
+    from heddle.cli.errors import WAITING_EXIT
+    from heddle.cli.waiting import ask, on_terminal, waiting_object
+    from heddle.runs import execute
+    from heddle.sessions.turn import SessionUse
+
+    printer, rendering = _printer(protocol, verbose)
+    use = SessionUse(store, session, answer=answer, resume=resume, durable=durable)
+    shown: list[str] = []  # what the run showed over the steps answered here: one run for the person
+    while True:
+        outcome = asyncio.run(execute(loaded, message=message, on_event=printer, rendering=rendering, session=use,
+                                      inputs_given=inputs_given))
+        shown += outcome.messages
+        if outcome.waiting is None:
+            _print_result(outcome, outputs=outputs, protocol=protocol, messages=tuple(shown))
+            return
+        if not on_terminal(no_input):
+            if protocol is None:  # else the event stream on stdout ended with its `waiting` event
+                sys.stdout.write(json.dumps(waiting_object(session, outcome.waiting, outcome.messages),
+                                            ensure_ascii=False) + "\n")
+                sys.stdout.flush()
+            raise typer.Exit(WAITING_EXIT)
+        # -q kept the run's messages off stderr; the person answering must see them all the same.
+        answer = ask(outcome.waiting, outcome.messages if quiet else ())
+        use = SessionUse(store, session, answer=answer, durable=durable)
+        # The run resumes with the message and the input it started with.
+        message, inputs_given = None, False
+
+
+def _message(flow: Any, message: str | None, source: str, *, ask: bool = True) -> str | None:
+    """The user's message for an agent document: --message, else asked for on a terminal (unless
+    --no-input)."""
     from heddle.spec.roots import check_message, document_root
 
-    if message is None and document_root(flow).conversational and sys.stdin.isatty():
-        message = typer.prompt("Message", err=True)  # on stderr: stdout carries the result alone
+    if message is None and ask and document_root(flow).conversational and sys.stdin.isatty():
+        from heddle.cli.waiting import read_line
+
+        message = read_line("Message: ")  # on stderr: stdout carries the result alone
     check_message(flow, message, source=source)
     return message
 
@@ -212,7 +337,8 @@ def _show_model_urls(loaded: Any) -> None:
         detail(f"model url {line}")
 
 
-@takes("tools_dir", "trust", "allow_unsigned", "plugins", "plugin_configs", "plugin_timeout", "max_node_attempts")
+@takes("tools_dir", "commands", "trust", "allow_unsigned", "plugins", "plugin_configs", "plugin_timeout",
+       "max_node_attempts", "discover_tools")
 def validate(
     target: Path | None = typer.Argument(None, metavar="FLOW|BUNDLE", show_default=False,
                                             help="A sealed .heddle bundle, or a flow document (.json, .yaml, .yml)."),
@@ -226,6 +352,7 @@ def validate(
     settings: RunSettings,
     given: frozenset[str],
     tools_dir: Path | None,
+    commands: Path | None,
     trust: list[Path],
     allow_unsigned: bool,
 ) -> None:
@@ -247,38 +374,52 @@ def validate(
         from heddle.cli.opening import open_verified
         from heddle.format.trust import TrustPolicy
 
-        for flag, value in (("--tools-dir", tools_dir), ("--components", components)):
+        for flag, value in (("--tools-dir", tools_dir), ("--components", components), ("--commands", commands)):
             if value is not None:
                 raise UsageError(f"{flag} cannot be used with the bundle {target}: a sealed bundle runs only its "
-                                 "own tools and components")
+                                 "own tools, commands and components")
         policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
         sealed = open_verified(target, trust=policy, data_dir=None, fmt=format, seed_data=False,
                                plugins=settings.plugins).runnable
         host = _load_plugins(settle(settings, given=given, plugins=getattr(sealed, "plugins", ())))
         tools: dict[str, Path] | None = sealed.tools
         flow, source = sealed.flow, f"{target} (sealed {sealed.digest})"
+        declared = sealed.commands
     else:
         from heddle.spec import load_flow
+        from heddle.tools.commands import read_commands
         from heddle.tools.registry import discover_tools
 
+        declared = read_commands(commands) if commands is not None else None
         host = _load_plugins(settings)
         flow = load_flow(target, fmt=format, node_types=host.node_types() if host else (), components=components)
         tools = discover_tools(tools_dir) if tools_dir is not None else None
         source = str(target)
     from heddle.cli.output import warn
+    from heddle.runs import discover_apart
     from heddle.spec.roots import document_root
 
+    discover_apart(host, settings)  # --discover-tools: the tools the plugins list join theirs
     for warning in document_root(flow).warnings:
         warn(warning)
-    if host is not None:
-        if tools is not None or host.tools:
-            tools = host.known_tools(tools or {})
+    from heddle.tools.command_run import with_commands
+
+    plugins = with_commands(host, declared, flow)
+    if plugins is not None:
+        if tools is not None or declared is not None or (host is not None and host.tools):
+            tools = plugins.known_tools(tools or {})
         report = validation_report(flow, tools=tools, source=source, tools_dir=tools_dir)
-        report["problems"] += host.check_flow(flow)
+        report["problems"] += plugins.check_flow(flow)
         report["valid"] = not report["problems"]
-        report["plugins"] = host.describe()
+        if host is not None:
+            report["plugins"] = host.describe()
     else:
         report = validation_report(flow, tools=tools, source=source, tools_dir=tools_dir)
+    if declared is not None:
+        report["commands"] = declared.describe()
+        for row in report["tools"]:
+            if row["name"] in declared.commands:
+                row["executable"], row["command"] = None, declared.commands[row["name"]].revision
     if json_out:
         sys.stdout.write(json.dumps(report, ensure_ascii=False, indent=2) + "\n")
     else:
@@ -292,8 +433,8 @@ def validate(
         raise GraphError(report["problems"])
 
 
-@takes("tools_dir", "mounts", "mount_max_entries", "mount_max_bytes", "max_tool_rounds", "plugins", "plugin_configs",
-       "plugin_timeout", "max_node_attempts",
+@takes("tools_dir", "commands", "mounts", "mount_max_entries", "mount_max_bytes", "max_tool_rounds", "plugins",
+       "plugin_configs", "plugin_timeout", "max_node_attempts",
        help={"max_tool_rounds": "Proposed tool-round limit recorded in the bundle; where it runs, "
                                 "--max-tool-rounds wins over it."})
 def bundle(
@@ -320,8 +461,9 @@ def bundle(
     settings: RunSettings,
     given: frozenset[str],
     tools_dir: Path | None,
+    commands: Path | None,
 ) -> None:
-    """Seal a flow, its tools, mounts and plugins into one signed .heddle file.
+    """Seal a flow, its tools, commands, mounts and plugins into one signed .heddle file.
 
     Everything is checked first (the flow validates, every tool it names is carried, mounts pass the
     mount rules, no links or devices, plugin commands run only what their folder holds). Files that look
@@ -349,7 +491,8 @@ def bundle(
     seal(flow, tools_dir=tools_dir, mounts=[_spelled(m) for m in settings.mounts], plugins=list(settings.plugins),
          input_text=input, requires=requires, max_tool_rounds=proposal, sign_key=sign_key, name=name, fmt=format,
          output=output, max_entries=settings.mount_max_entries, max_bytes=settings.mount_max_bytes,
-         read_input=_read_input, include_secrets=include_secret, json_out=json_out, components=components)
+         read_input=_read_input, include_secrets=include_secret, json_out=json_out, components=components,
+         commands=commands)
 
 
 def init(

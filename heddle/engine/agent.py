@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 from heddle.engine import events as ev
 from heddle.engine import structured
 from heddle.engine.context import RunContext
+from heddle.engine.journal import WaitingFor
 from heddle.engine.seams import AgentRound, ModelRequest, RoundResult, ToolRequest
 from heddle.engine.templates import render
+from heddle.engine.tool_output import limits_of, tool_message
 from heddle.errors import LimitError, NeedsSessionError, ToolError
 from heddle.safeparse import loads_json
 from heddle.spec import components as c
@@ -21,11 +23,6 @@ from heddle.spec import components as c
 if TYPE_CHECKING:
     from heddle.model.turn import ToolCall
     from heddle.workspace.workspace import Workspace
-
-
-def _tool_message(call_id: str, content: Any) -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": call_id,
-            "content": json.dumps(content, ensure_ascii=False, separators=(",", ":"))}
 
 
 def _error(text: str) -> dict[str, str]:
@@ -69,8 +66,13 @@ def answer_outputs(answer: str, node: c.AgentNode) -> dict[str, Any]:
 
 
 async def run_agent(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) -> dict[str, Any]:
+    from heddle.spec import io
     from heddle.tools.schema import function_definition
 
+    if isinstance(node.agent, c.MULTI_AGENT):
+        from heddle.engine.multiagent import run_multi_agent
+
+        return await run_multi_agent(ctx, node, inputs)
     agent = node.agent
     endpoint = ctx.endpoint(agent.llm_config)
     # The document's own tools for this agent (its MCP toolboxes', its MCP tools as their servers
@@ -86,12 +88,20 @@ async def run_agent(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) 
     # An agent in a flow shares the flow's conversation (the specification's): it sees what the run
     # has shown so far, as the agent's own messages.
     messages += [{"role": "assistant", "content": text} for text in ctx.shown]
-    # The document's own top-level agent is talking to the run's user; an agent inside a flow is
-    # handed its inputs.
+    # The document's own top-level agent is talking to the run's user, and in a session it continues
+    # the conversation of the turns before; an agent inside a flow is handed its inputs.
     top = ctx.message if ctx.message is not None and ctx.message.node is node else None
+    history_from = len(messages)
+    if top is not None and ctx.conversation is not None:
+        messages += [dict(m) for m in ctx.conversation.agents.get(_agent_key(agent), [])]
     user = top.text if top is not None else json.dumps(inputs, ensure_ascii=False)
     messages.append({"role": "user", "content": user})
+    confirm = frozenset(t.name for t in agent.tools if t.requires_confirmation)
+    # A human_in_the_loop agent in a flow gives outputs other than its answer as a JSON object; an
+    # answer in prose is then meant for the person (the specification's default is true).
+    talks = agent.human_in_the_loop and any(t != "result" for t in io.titles(io.outputs_of(node)))
     limit = ctx.options.max_tool_rounds
+    truncates = limits_of(agent.tools)  # the tools' own, tighter limits on what the model gets of a result
     response_format, retried = _ask_for_outputs(node, messages, offers_tools=bool(definitions)), False
 
     def on_delta(text: str) -> None:
@@ -112,8 +122,9 @@ async def run_agent(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) 
             agent_round.messages.append(turn.as_message())
             results = []
             for call in turn.tool_calls:
-                result = await _one_call(ctx, node.name, call, schemas, workspace)
-                agent_round.messages.append(_tool_message(call.id, result))
+                result = await _one_call(ctx, node.name, call, schemas, workspace, confirm)
+                agent_round.messages.append(await tool_message(ctx, workspace, call.id, result,
+                                                               limit=truncates.get(call.name)))
                 results.append({"id": call.id, "name": call.name, "result": result})
             return RoundResult(turn, results)
 
@@ -123,14 +134,24 @@ async def run_agent(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) 
             done = await ctx.seams.agent_round(AgentRound(node.name, number, messages), one_round)
             if not done.turn.tool_calls:
                 answer = done.turn.content or ""
+                if top is None and talks and not _looks_like_json(answer):
+                    # Prose where its outputs were asked for: a human_in_the_loop agent in a flow is
+                    # speaking to the person, and waits for the reply (the same turn goes on with it).
+                    if ctx.journal is None:
+                        raise _talks_to_the_user(node)
+                    reply = ctx.wait(WaitingFor("message", node.name, prompt=answer))
+                    messages += [{"role": "assistant", "content": answer},
+                                 {"role": "user", "content": reply.message or ""}]
+                    continue
                 try:
                     outputs = answer_outputs(answer, node)
                     if top is not None:
                         top.answer = answer
+                        if ctx.conversation is not None:
+                            ctx.conversation.agents[_agent_key(agent)] = [
+                                *messages[history_from:], {"role": "assistant", "content": answer}]
                     return outputs
                 except structured.AnswerMismatch as problem:
-                    if top is None and agent.human_in_the_loop and not _looks_like_json(answer):
-                        raise _talks_to_the_user(node) from None
                     if retried:
                         shape = answer_shape(node)
                         assert shape is not None, "only structured outputs can mismatch"
@@ -151,7 +172,11 @@ def _talks_to_the_user(node: c.AgentNode) -> NeedsSessionError:
     return NeedsSessionError(
         f"agent {node.agent.name!r} of AgentNode {node.name!r} answered the user instead of giving its outputs "
         "(human_in_the_loop is true unless the document sets it false): waiting for the user's reply needs a "
-        "session, which a later heddle adds; set human_in_the_loop: false to have it always give its outputs")
+        "session (--session NAME); set human_in_the_loop: false to have it always give its outputs")
+
+
+def _agent_key(agent: c.Agent) -> str:
+    return agent.id or agent.name
 
 
 def _ask_for_outputs(node: c.AgentNode, messages: list[dict[str, Any]], *, offers_tools: bool) -> dict[str, Any] | None:
@@ -160,6 +185,7 @@ def _ask_for_outputs(node: c.AgentNode, messages: list[dict[str, Any]], *, offer
     shape = answer_shape(node)
     if shape is None:
         return None
+    assert isinstance(node.agent, c.Agent), "a Swarm or a ManagerWorkers asks in heddle.engine.multiagent"
     if not offers_tools and node.agent.llm_config.component_type in structured.RESPONSE_FORMAT_CONFIGS:
         return shape.response_format(node.agent.name or node.name)
     instruction = "When you give your final answer (not a tool call): " + shape.instruction()
@@ -171,7 +197,7 @@ def _ask_for_outputs(node: c.AgentNode, messages: list[dict[str, Any]], *, offer
 
 
 async def _one_call(ctx: RunContext, node_name: str, call: ToolCall, schemas: dict[str, dict[str, Any]],
-                    workspace: Workspace) -> Any:
+                    workspace: Workspace, confirm: frozenset[str] = frozenset()) -> Any:
     from heddle.tools.schema import check_arguments
 
     if call.name not in schemas:
@@ -184,6 +210,12 @@ async def _one_call(ctx: RunContext, node_name: str, call: ToolCall, schemas: di
     filled, problem = check_arguments(schemas[call.name], arguments)
     if problem is not None or filled is None:
         return _error(f"the arguments for {call.name!r} do not match its input schema: {problem}")
+    if call.name in confirm:
+        # requires_confirmation: a person approves each call first; a denied call never runs, and the
+        # model is told why.
+        verdict = ctx.wait(WaitingFor("approval", node_name, tool=call.name, arguments=filled))
+        if not verdict.approved:
+            return _error(f"the user denied this call to {call.name!r}: {verdict.reason or 'no reason given'}")
     try:
         return await ctx.call_tool(ToolRequest(node_name, call.name, filled, workspace, call.id))
     except ToolError as exc:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from heddle.engine.context import RunContext
+from heddle.engine.journal import Journal
 from heddle.engine.seams import Outcome
 from heddle.errors import LimitError, RunError
 from heddle.spec import components as c
@@ -50,13 +51,15 @@ async def concurrently(ctx: RunContext, works: Sequence[Callable[[], Awaitable[T
     and tool at fault, its type keeps its exit code and whether a CatchExceptionNode may catch it)."""
     limit = asyncio.Semaphore(ctx.options.max_parallel)
 
-    async def bounded(work: Callable[[], Awaitable[T]]) -> T:
-        async with limit:
-            return await work()
+    async def bounded(i: int, work: Callable[[], Awaitable[T]]) -> T:
+        # Each branch journals in a scope of its own, whatever order the branches finish in.
+        with Journal.scope(f"p{i}"):
+            async with limit:
+                return await work()
 
     try:
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(bounded(work)) for work in works]
+            tasks = [group.create_task(bounded(i, work)) for i, work in enumerate(works)]
     except BaseExceptionGroup as failures:
         raise _first_failure(failures) from None
     return [task.result() for task in tasks]
@@ -187,7 +190,10 @@ async def map_node(ctx: RunContext, node: MapLike, inputs: dict[str, Any]) -> Ou
     if isinstance(node, c.ParallelMapNode):
         results = await concurrently(ctx, [_bind(ctx, node.subflow, run) for run in runs])
     else:
-        results = [await _run_flow(ctx, node.subflow, run) for run in runs]
+        results = []
+        for i, run in enumerate(runs):
+            with Journal.scope(f"i{i}"):
+                results.append(await _run_flow(ctx, node.subflow, run))
     return reduce_outputs(node, results), None
 
 

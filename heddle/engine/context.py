@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING
 
 from heddle.engine import events as ev
 from heddle.engine.options import RunOptions
-from heddle.engine.seams import ModelRequest, PassThrough, Seams, ToolRequest, ToolStep
-from heddle.errors import LimitError, ModelError
+from heddle.engine.seams import ModelRequest, PassThrough, Seams, ToolRequest, ToolStep, ToolTelemetry
+from heddle.errors import LimitError, ModelError, ToolError
 
 if TYPE_CHECKING:
     from typing import Any
 
+    from heddle.engine.conversation import Conversation
+    from heddle.engine.journal import Answer, Journal, WaitingFor
     from heddle.model.client import ModelClient, ModelEndpoint
     from heddle.model.turn import AssistantTurn
     from heddle.spec import components as c
@@ -52,6 +54,21 @@ class RunContext:
     message: TopMessage | None = None
     # What the run has shown the person running it (OutputMessageNode messages), in order: heddle.spec.messages
     shown: list[str] = field(default_factory=list)
+    # A run in a session keeps a journal, so that it can stop to wait for a person and resume exactly
+    # there (heddle.engine.journal); None outside a session, where nothing may wait.
+    journal: Journal | None = None
+    # A session's conversation so far (each agent's messages, the agent a Swarm handed it to), which
+    # the run continues and updates: heddle.engine.conversation. None outside a session.
+    conversation: Conversation | None = None
+    # What this run showed live (not replayed from the journal): the messages a stopped or finished
+    # run reports for this step.
+    live_shown: list[str] = field(default_factory=list)
+
+    def show(self, text: str, node: str) -> None:
+        """Show `text` to the person running the flow, as the agent's message (heddle.spec.messages)."""
+        self.shown.append(text)
+        self.live_shown.append(text)
+        self.emit(ev.Message(node=node, text=text))
 
     def emit(self, event: ev.Event) -> None:
         self.seams.event(event, self.sink)
@@ -70,8 +87,34 @@ class RunContext:
     # ---------------------------------------------------------------- tools
 
     async def call_tool(self, request: ToolRequest) -> dict[str, Any]:
-        """One tool call, through the toolCall seam. Raises ToolError."""
-        return await self.seams.call_tool(request, self.run_tool)
+        """One tool call, through the toolCall seam. Raises ToolError.
+
+        In a session a call the journal holds is answered from it: the tool does not run again."""
+        journal = self.journal
+        if journal is None:
+            return await self.seams.call_tool(request, self.run_tool)
+        key = journal.key("t")
+        found, value = journal.recorded(key)
+        if found:
+            if "error" in value:
+                raise ToolError(value["tool"], value["error"])
+            return dict(value["output"])
+        try:
+            output = await self.seams.call_tool(request, self.run_tool)
+        except ToolError as exc:
+            journal.record(key, {"tool": exc.tool, "error": str(exc).removeprefix(f"tool {exc.tool!r}: ")})
+            raise
+        journal.record(key, {"output": output})
+        return output
+
+    def wait(self, waiting: WaitingFor) -> Answer:
+        """The person's answer to `waiting`: from the journal when the run resumes; else the run stops
+        here (heddle.engine.journal.Suspended) to wait for it."""
+        from heddle.engine import journal as jn
+
+        if self.journal is None:
+            raise jn.no_session(waiting, self.options.surface)
+        return self.journal.wait(waiting)
 
     async def run_tool(self, request: ToolRequest) -> dict[str, Any]:
         """The engine's own step of a tool call: the seams' tool of that name, else the tools folder's."""
@@ -82,17 +125,27 @@ class RunContext:
 
     async def record_tool(self, request: ToolRequest, work: ToolStep) -> dict[str, Any]:
         """`work(request)` between its tool_call and tool_result events: the one place they are emitted,
-        whether the tool ran or a seam answered for it."""
+        whether the tool ran or a seam answered for it. A tool with `telemetry` (a command) has its
+        arguments and output shown in them as it says, never as they are."""
         node, tool, call_id = request.node, request.tool, request.call_id
-        self.emit(ev.ToolCall(node=node, tool=tool, call_id=call_id, arguments=request.arguments))
+        telemetry: ToolTelemetry | None = getattr(self.seams.tool(tool) or self.document_tools.tools.get(tool),
+                                                  "telemetry", None)
+        arguments = request.arguments if telemetry is None else telemetry.arguments(request.arguments)
+        self.emit(ev.ToolCall(node=node, tool=tool, call_id=call_id, arguments=arguments))
         started = time.perf_counter()
         try:
             output = await work(request)
         except Exception as exc:
-            self.emit(ev.ToolResult(node=node, tool=tool, call_id=call_id, ok=False, output={"error": str(exc)},
+            from heddle.engine.journal import Suspended
+
+            if isinstance(exc, Suspended):
+                raise  # a ClientTool call waits for its result: it has none yet, and did not fail
+            self.emit(ev.ToolResult(node=node, tool=tool, call_id=call_id, ok=False,
+                                    output={"error": str(exc)} if telemetry is None else telemetry.failure(exc),
                                     duration_ms=(time.perf_counter() - started) * 1000))
             raise
-        self.emit(ev.ToolResult(node=node, tool=tool, call_id=call_id, ok=True, output=output,
+        self.emit(ev.ToolResult(node=node, tool=tool, call_id=call_id, ok=True,
+                                output=output if telemetry is None else telemetry.output(output),
                                 duration_ms=(time.perf_counter() - started) * 1000))
         return output
 
@@ -115,8 +168,24 @@ class RunContext:
     # ---------------------------------------------------------------- models
 
     async def chat(self, request: ModelRequest) -> AssistantTurn:
-        """One assistant turn of the node's model, through the modelCall seam."""
-        return await self.seams.call_model(request, self.ask_model)
+        """One assistant turn of the node's model, through the modelCall seam.
+
+        In a session a turn the journal holds is answered from it: nothing is sent again."""
+        journal = self.journal
+        if journal is None:
+            return await self.seams.call_model(request, self.ask_model)
+        from heddle.model.turn import AssistantTurn, ToolCall
+
+        key = journal.key("m")
+        found, value = journal.recorded(key)
+        if found:
+            return AssistantTurn(value["content"], [ToolCall(**call) for call in value["tool_calls"]],
+                                 value["finish_reason"])
+        turn = await self.seams.call_model(request, self.ask_model)
+        journal.record(key, {"content": turn.content, "finish_reason": turn.finish_reason,
+                             "tool_calls": [{"id": t.id, "name": t.name, "arguments": t.arguments}
+                                            for t in turn.tool_calls]})
+        return turn
 
     async def ask_model(self, request: ModelRequest) -> AssistantTurn:
         """The engine's own step of a model call."""

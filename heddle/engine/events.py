@@ -103,11 +103,22 @@ class FlowComplete(Event):
     duration_ms: float
 
 
+@dataclass(frozen=True)
+class Waiting(Event):
+    """A run in a session stopped to wait for a person (or a client); it is the run's last event.
+    `waiting_for` is what the person must answer (kind, node, prompt, tool and arguments)."""
+
+    type: ClassVar[str] = "waiting"
+    flow: str
+    waiting_for: dict[str, Any]
+    duration_ms: float
+
+
 EventSink = Callable[[Event], None]
 
 EVENT_TYPES: tuple[str, ...] = tuple(
     cls.type for cls in (FlowStart, NodeStart, NodeComplete, NodeError, ToolCall, ToolResult,
-                         TokenDelta, Message, Warning, FlowComplete)
+                         TokenDelta, Message, Warning, FlowComplete, Waiting)
 )
 
 

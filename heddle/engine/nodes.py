@@ -37,6 +37,20 @@ async def tool_node(ctx: RunContext, node: c.ToolNode, inputs: dict[str, Any]) -
     else:
         # A tool that declares no inputs gets the node's own (none, unless the node declares some).
         arguments = dict(inputs)
+    if isinstance(tool, c.ClientTool):
+        # The client runs it: the flow waits for its result, which is the node's output.
+        from heddle.engine.journal import WaitingFor
+        from heddle.tools.client import as_output
+
+        answer = ctx.wait(WaitingFor("client_tool", node.name, tool=tool.name, arguments=arguments))
+        return as_output(tool, answer.tool_result), None
+    if tool.requires_confirmation:
+        from heddle.engine.journal import WaitingFor
+
+        verdict = ctx.wait(WaitingFor("approval", node.name, tool=tool.name, arguments=arguments))
+        if not verdict.approved:
+            raise RunError(f"ToolNode {node.name!r}: the user denied the call to tool {tool.name!r}: "
+                           f"{verdict.reason or 'no reason given'}")
     async with ctx.workspaces.enter(node.name) as workspace:
         output = await ctx.call_tool(ToolRequest(node.name, tool.name, arguments, workspace))
     return output, None
@@ -107,10 +121,17 @@ async def flow_node(ctx: RunContext, node: c.FlowNode, inputs: dict[str, Any]) -
 
 async def output_message_node(ctx: RunContext, node: c.OutputMessageNode, inputs: dict[str, Any]) -> Outcome:
     # Shown, not returned: the node has no outputs (heddle.spec.messages).
-    text = render(node.message, inputs)
-    ctx.shown.append(text)
-    ctx.emit(ev.Message(node=node.name, text=text))
+    ctx.show(render(node.message, inputs), node.name)
     return {}, None
+
+
+async def input_message_node(ctx: RunContext, node: c.InputMessageNode, inputs: dict[str, Any]) -> Outcome:
+    from heddle.engine.journal import WaitingFor
+    from heddle.spec import io
+
+    prompt = render(node.message, inputs) if node.message else None
+    answer = ctx.wait(WaitingFor("message", node.name, prompt=prompt))
+    return {io.titles(io.outputs_of(node))[0]: answer.message or ""}, None
 
 
 async def run_node(ctx: RunContext, node: c.Node, inputs: dict[str, Any]) -> Outcome:
@@ -129,6 +150,8 @@ async def run_node(ctx: RunContext, node: c.Node, inputs: dict[str, Any]) -> Out
         return await flow_node(ctx, node, inputs)
     if isinstance(node, c.OutputMessageNode):
         return await output_message_node(ctx, node, inputs)
+    if isinstance(node, c.InputMessageNode):
+        return await input_message_node(ctx, node, inputs)
     if isinstance(node, c.COMPOSITE_NODES):
         from heddle.engine.composite import run_composite
 

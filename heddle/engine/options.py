@@ -40,6 +40,8 @@ class RunOptions:
     max_parallel: int = _DEFAULTS.max_parallel  # subflows one parallel node runs at once
     timeout: float | None = DEFAULT_TIMEOUT_S  # whole run, seconds
     tool_timeout: float | None = DEFAULT_TOOL_TIMEOUT_S
+    # Characters of one tool result an agent's model gets (heddle.engine.tool_output).
+    tool_output_limit: int = _DEFAULTS.tool_output_limit
     stream: bool = _DEFAULTS.stream
     workspace: WorkspaceOptions = field(default_factory=_workspace_default)
     sandbox: SandboxPolicy = field(default_factory=_sandbox_default)

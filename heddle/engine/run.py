@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from heddle.engine import events as ev
 from heddle.engine.context import RunContext
+from heddle.engine.journal import Journal, Suspended, WaitingFor
 from heddle.engine.options import RunOptions
-from heddle.engine.seams import NO_PLUGINS, Plugins, Rendering
-from heddle.errors import GraphError, HeddleError, LimitError, RunError
+from heddle.engine.seams import NO_PLUGINS, NodeStep, Outcome, Plugins, Rendering
+from heddle.errors import GraphError, HeddleError, LimitError, NeedsSessionError, RunError
 from heddle.graph import FlowGraph, check_flow, llm_configs, node_key
 from heddle.spec import components as c
 from heddle.spec import io
@@ -37,6 +38,7 @@ from heddle.spec import io
 if TYPE_CHECKING:
     import httpx
 
+    from heddle.engine.conversation import Conversation
     from heddle.model.client import ModelClient, ModelEndpoint
 
 T = TypeVar("T")
@@ -192,6 +194,7 @@ async def run_flow(ctx: RunContext, flow: c.Flow, inputs: dict[str, Any]) -> Flo
     wiring = _Wiring(flow)
     state: dict[str, Any] = dict(inputs)
     step = functools.partial(run_node, ctx)
+    visits: dict[str, int] = {}
     node = graph.nodes.get(node_key(flow.start_node), flow.start_node)
     while True:
         ctx.count_iteration(node.name)
@@ -203,26 +206,56 @@ async def run_flow(ctx: RunContext, flow: c.Flow, inputs: dict[str, Any]) -> Flo
             outputs = _flow_outputs(flow, node, node_input)
             state.update(outputs)
             return FlowRun(outputs, node.branch_name or "next", state)
-        ctx.emit(ev.NodeStart(node=node.name, node_type=node.component_type, inputs=node_input))
-        started = time.perf_counter()
-        try:
-            produced, branch = await ctx.seams.node(node, node_input, step)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            ctx.emit(ev.NodeError(node=node.name, node_type=node.component_type, error=str(exc)))
-            if isinstance(exc, HeddleError):
-                raise
-            raise RunError(f"node {node.name!r} failed: {type(exc).__name__}: {exc}") from exc
+        key = node_key(node)
+        visits[key] = visits.get(key, 0) + 1
+        if ctx.journal is None:
+            produced, branch = await _one_node(ctx, node, node_input, step)
+        else:
+            produced, branch = await _journaled_node(ctx, ctx.journal, f"{key}#{visits[key]}", node, node_input,
+                                                     step)
         wiring.record(node, produced)
         state.update(produced)
-        ctx.emit(ev.NodeComplete(node=node.name, node_type=node.component_type, outputs=produced,
-                                 branch=branch, duration_ms=(time.perf_counter() - started) * 1000))
         edge = graph.next_edge(node, branch)
         if edge is None:
             raise RunError(f"{node.component_type} {node.name!r} chose branch {branch or 'next'!r} "
                            "but no control edge leaves by it")
         node = graph.nodes.get(node_key(edge.to_node), edge.to_node)
+
+
+async def _one_node(ctx: RunContext, node: c.Node, node_input: dict[str, Any], step: NodeStep) -> Outcome:
+    """The node run through the seams, between its node_start and node_complete (or node_error) events."""
+    ctx.emit(ev.NodeStart(node=node.name, node_type=node.component_type, inputs=node_input))
+    started = time.perf_counter()
+    try:
+        produced, branch = await ctx.seams.node(node, node_input, step)
+    except (asyncio.CancelledError, Suspended):
+        raise
+    except Exception as exc:
+        ctx.emit(ev.NodeError(node=node.name, node_type=node.component_type, error=str(exc)))
+        if isinstance(exc, HeddleError):
+            raise
+        raise RunError(f"node {node.name!r} failed: {type(exc).__name__}: {exc}") from exc
+    ctx.emit(ev.NodeComplete(node=node.name, node_type=node.component_type, outputs=produced,
+                             branch=branch, duration_ms=(time.perf_counter() - started) * 1000))
+    return produced, branch
+
+
+async def _journaled_node(ctx: RunContext, journal: Journal, visit: str, node: c.Node, node_input: dict[str, Any],
+                          step: NodeStep) -> Outcome:
+    """A node of a run in a session: one that finished before the run stopped is not run again (its
+    outputs, branch and messages are the journal's, and it emits nothing); any other runs, its own
+    model and tool calls answered from the journal as far as it holds them."""
+    with journal.scope(visit) as scope:
+        found, done = journal.recorded(scope)
+        if found:
+            ctx.shown.extend(done["shown"])
+            return dict(done["outputs"]), done["branch"]
+        shown = len(ctx.shown)
+        produced, branch = await _one_node(ctx, node, node_input, step)
+        journal.finished(scope, scope, {"outputs": produced, "branch": branch, "shown": ctx.shown[shown:]})
+    if journal.checkpoint is not None:
+        await journal.checkpoint(journal)
+    return produced, branch
 
 
 @contextlib.asynccontextmanager
@@ -262,11 +295,27 @@ class RunOutcome:
     state: dict[str, Any]
     outputs: dict[str, Any]
     messages: tuple[str, ...] = ()
+    # A run in a session that stopped to wait for a person: what it waits for (state and outputs are
+    # then empty, `messages` what it showed before it stopped, the question last).
+    waiting: WaitingFor | None = None
+
+
+def refuse_waits_without_session(flow: c.Flow, *, source: str | None = None) -> None:
+    """NeedsSessionError when `flow` may wait for a person (heddle.spec.waits), naming the first place
+    and `source` (the document's file, or the bundle) when the caller knows it."""
+    from heddle.spec.roots import document_root
+
+    waits = document_root(flow).waits
+    if waits:
+        more = f" (and {len(waits) - 1} more)" if len(waits) > 1 else ""
+        raise NeedsSessionError(f"{source or f'flow {flow.name!r}'} may wait for a person: {waits[0]}{more}; run it "
+                                "in a session (--session NAME, or session= in the API) so that it can stop and resume")
 
 
 async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *, on_event: ev.EventSink = ev.ignore,
                        rendering: Rendering | None = None,
-                       transport: httpx.AsyncBaseTransport | None = None, message: str | None = None) -> RunOutcome:
+                       transport: httpx.AsyncBaseTransport | None = None, message: str | None = None,
+                       journal: Journal | None = None, conversation: Conversation | None = None) -> RunOutcome:
     """Run a prepared flow to its end and return its final state and outputs: the one way a flow runs.
 
     `on_event` sees every event. With `rendering`, the run's plugins (an encoder) also render the
@@ -274,6 +323,9 @@ async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *, on_even
     requests instead of the network (tests serve the scripted model in-process through it).
     `message` is the user's message to an agent document's agent (required there, refused elsewhere);
     its final answer is then the `result` output, unless the agent declares an output of that name.
+    `journal` makes it a run in a session (heddle.sessions.turn): it may stop to wait for a person,
+    returning the outcome with `waiting` set, and resumes from what the journal holds;
+    `conversation` is the session's conversation so far, which the run continues and updates.
     """
     from heddle.engine.context import TopMessage
     from heddle.spec.roots import check_message, message_target
@@ -281,6 +333,8 @@ async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *, on_even
     from heddle.workspace.workspace import Workspaces
 
     check_message(prepared.flow, message, named="message", give="message=")
+    if journal is None:
+        refuse_waits_without_session(prepared.flow)
     target = message_target(prepared.flow)
 
     options = prepared.options
@@ -291,7 +345,8 @@ async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *, on_even
     workspaces = Workspaces(options.workspace, prepared.tools, tools_dir=prepared.tools_dir, warn=warn)
     ctx = RunContext(options=options, tools=prepared.tools, tools_dir=prepared.tools_dir,
                      endpoints=prepared.endpoints, workspaces=workspaces, sink=on_event,
-                     message=TopMessage(target, message) if target is not None and message is not None else None)
+                     message=TopMessage(target, message) if target is not None and message is not None else None,
+                     journal=journal, conversation=conversation)
     async with prepared.plugins.start_run(ctx, rendering) as seams:
         ctx.seams = seams
         workspaces.check()
@@ -301,7 +356,13 @@ async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *, on_even
             warn(warning)
         async with _model_client(prepared, transport) as client, open_document_tools(ctx, prepared.flow):
             ctx.client = client
-            walked = await _within(options, run_flow(ctx, prepared.flow, dict(inputs)))
+            try:
+                walked = await _within(options, run_flow(ctx, prepared.flow, dict(inputs)))
+            except Suspended as stop:
+                ctx.emit(ev.Waiting(flow=prepared.flow.name, waiting_for=stop.waiting.as_json(),
+                                    duration_ms=(time.perf_counter() - started) * 1000))
+                await seams.finish({})
+                return RunOutcome({}, {}, tuple(ctx.live_shown), stop.waiting)
         state = walked.state
         ctx.emit(ev.FlowComplete(flow=prepared.flow.name, state=state,
                                  duration_ms=(time.perf_counter() - started) * 1000))
@@ -309,5 +370,5 @@ async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *, on_even
     outputs = walked.outputs
     if ctx.message is not None:
         outputs = {"result": ctx.message.answer, **outputs}
-    return RunOutcome(state, outputs, tuple(ctx.shown))
+    return RunOutcome(state, outputs, tuple(ctx.live_shown))
 

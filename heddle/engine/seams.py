@@ -88,6 +88,18 @@ class ProvidedTool(Protocol):
     async def run(self, request: ToolRequest) -> dict[str, Any]: ...
 
 
+class ToolTelemetry(Protocol):
+    """What a tool's tool_call and tool_result events show instead of its arguments and output,
+    for a tool whose arguments and output stay out of telemetry (a command: heddle.tools.command_run).
+    A ProvidedTool with a `telemetry` attribute gets it."""
+
+    def arguments(self, arguments: dict[str, Any]) -> Any: ...
+
+    def output(self, output: dict[str, Any]) -> Any: ...
+
+    def failure(self, error: Exception) -> Any: ...
+
+
 class Seams(Protocol):
     """What the engine calls at each seam of one run."""
 

@@ -77,6 +77,32 @@ class PluginEntry:
 
 
 @dataclass(frozen=True)
+class CommandEntry:
+    """What a sealed command is (its file in the payload says how it runs): enough for `inspect`
+    and `diff` to read from the manifest alone."""
+
+    revision: str  # sha256: of the canonical JSON of its configuration
+    fingerprint: str  # sha256: of its input schema
+    expected_version: str
+    adapter_version: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"adapter_version": self.adapter_version, "expected_version": self.expected_version,
+                "fingerprint": self.fingerprint, "revision": self.revision}
+
+
+@dataclass(frozen=True)
+class CommandsEntry:
+    """The commands file (`--commands`) sealed in the payload, and each of its commands."""
+
+    file: str
+    entries: Mapping[str, CommandEntry]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"entries": {name: self.entries[name].to_json() for name in sorted(self.entries)}, "file": self.file}
+
+
+@dataclass(frozen=True)
 class MountEntry:
     prefix: str
     dest: str
@@ -128,6 +154,8 @@ class Manifest:
     # The file of shared components the flow document takes its references from, if any. Written
     # only when there is one, so a manifest without it is byte for byte what it always was.
     components: str | None = None
+    # The commands file and its commands, if any; written only when there is one, as `components` is.
+    commands: CommandsEntry | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -146,6 +174,8 @@ class Manifest:
         }
         if self.components is not None:
             out["components"] = self.components
+        if self.commands is not None:
+            out["commands"] = self.commands.to_json()
         return out
 
     def to_bytes(self) -> bytes:
@@ -218,7 +248,7 @@ class _Reader:
         "files", "flow", "format", "heddle_version", "input", "mounts", "name",
         "plugins", "proposals", "requires", "tools", "version",
     })
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"components"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"components", "commands"})
 
     def __init__(self, what: str, limits: Limits, error: type[Exception]) -> None:
         self.what = what
@@ -288,11 +318,17 @@ class _Reader:
                 self.fail("components", f"{components!r} is not one of the files")
             if components == flow:
                 self.fail("components", "is the flow itself; it names a second file")
+        commands = self.commands(obj["commands"], by_path, (flow, components)) if "commands" in obj else None
+        tools = self.tools(obj["tools"], by_path)
+        if commands is not None:
+            both = sorted(set(tools) & set(commands.entries))
+            if both:
+                self.fail(f"commands.entries[{both[0]!r}]", "is also one of the tools; a name is one tool")
         return Manifest(
             name=self.text(obj["name"], "name"),
             flow=flow,
             files=files,
-            tools=self.tools(obj["tools"], by_path),
+            tools=tools,
             plugins=self.plugins(obj["plugins"], by_path),
             mounts=self.mounts(obj["mounts"]),
             input=self.input(obj["input"]),
@@ -301,7 +337,36 @@ class _Reader:
             heddle_version=self.text(obj["heddle_version"], "heddle_version", max_len=64),
             version=VERSION,
             components=components,
+            commands=commands,
         )
+
+    def commands(self, value: Any, files: set[str], documents: tuple[str | None, ...]) -> CommandsEntry:
+        value = self.keys(value, "commands", {"file", "entries"})
+        file = self.path(value["file"], "commands.file")
+        if file not in files:
+            self.fail("commands.file", f"{file!r} is not one of the files")
+        if file in documents:
+            self.fail("commands.file", f"{file!r} is the flow or its components file; it names a file of its own")
+        entries = value["entries"]
+        if not isinstance(entries, dict):
+            self.fail("commands.entries", "must be a JSON object")
+        out: dict[str, CommandEntry] = {}
+        for name, item in entries.items():
+            where = f"commands.entries[{name!r}]"
+            self.text(name, f"{where} name", max_len=128)
+            item = self.keys(item, where, {"revision", "fingerprint", "expected_version", "adapter_version"})
+            for key in ("revision", "fingerprint"):
+                if not isinstance(item[key], str) or not _FINGERPRINT.fullmatch(item[key]):
+                    self.fail(f"{where}.{key}", "must be 'sha256:' and 64 lowercase hex digits")
+            expected = item["expected_version"]
+            # A version may span lines (`--version` often prints several), so only NUL is refused.
+            if not isinstance(expected, str) or not expected or len(expected) > 4096 or "\x00" in expected:
+                self.fail(f"{where}.expected_version", "must be a non-empty string of at most 4096 characters")
+            out[name] = CommandEntry(revision=item["revision"], fingerprint=item["fingerprint"],
+                                     expected_version=expected,
+                                     adapter_version=self.text(item["adapter_version"], f"{where}.adapter_version",
+                                                               max_len=128))
+        return CommandsEntry(file=file, entries=out)
 
     def files(self, value: Any) -> tuple[FileEntry, ...]:
         if not isinstance(value, list):

@@ -34,6 +34,7 @@ from heddle.format.errors import PackError
 from heddle.format.keys import SigningKey
 from heddle.format.limits import DEFAULT_LIMITS, Limits
 from heddle.format.manifest import (
+    CommandsEntry,
     FileEntry,
     Manifest,
     MountEntry,
@@ -73,6 +74,7 @@ class PackPlan:
     proposals: Proposals = field(default_factory=Proposals)
     skipped: list[Path] = field(default_factory=list)
     components: str | None = None  # the payload path of the flow's components file, if it has one
+    commands: CommandsEntry | None = None  # the commands file's payload path and its commands, if it has one
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,7 @@ def build_manifest(plan: PackPlan, entries: Sequence[FileEntry], *, limits: Limi
         proposals=plan.proposals,
         heddle_version=__version__,
         components=plan.components,
+        commands=plan.commands,
     )
     # Read back what would be written, so a bundle this heddle makes is one it can open.
     try:

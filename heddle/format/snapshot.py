@@ -165,6 +165,8 @@ def always_hashed(payload: str | os.PathLike[str], manifest: Manifest) -> frozen
     out = {manifest.flow}
     if manifest.components is not None:
         out.add(manifest.components)  # part of the document: it can name the tools and models
+    if manifest.commands is not None:
+        out.add(manifest.commands.file)  # says which programs run, and with what
     out.update(f.path for f in manifest.files if f.executable)
     out.update(t.entry for t in manifest.tools.values())
     for plugin in manifest.plugins:

@@ -34,7 +34,8 @@ def endpoint_of(ctx: RunContext, node: c.Node) -> ModelEndpoint | None:
     from heddle.spec import components as c
 
     if isinstance(node, c.AgentNode):
-        config: Any = node.agent.llm_config
+        # A Swarm's or a ManagerWorkers' agents each have their own model: the node has no one endpoint.
+        config: Any = getattr(node.agent, "llm_config", None)
     else:
         config = getattr(node, "llm_config", None)
     if config is None:

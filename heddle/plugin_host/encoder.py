@@ -2,7 +2,8 @@
 
 Events are sent one `encode` at a time, in the order they happened, and whatever the plugin
 answers (`{"data": "..."}`, or partials of that shape) is written out as it comes. When the run
-ends, `finishEncode` gets the final state or the error, and its data closes the output.
+ends, `finishEncode` gets the final state or the error (or, for a run in a session that stopped to
+wait for a person, what it waits for), and its data closes the output.
 """
 
 from __future__ import annotations
@@ -47,8 +48,12 @@ class EncoderSink:
         self._queue: asyncio.Queue[Event | None] = asyncio.Queue()  # None: the run ended
         self._task = asyncio.create_task(self._drain())
         self._error: BaseException | None = None
+        self._waiting: dict[str, Any] | None = None
 
     def __call__(self, event: Event) -> None:
+        if event.type == "waiting":
+            # The run stopped without a final state: finishEncode must not render an empty one as its result.
+            self._waiting = event.to_dict()["waiting_for"]
         self._queue.put_nowait(event)
 
     def _emit(self, value: Any, where: str) -> None:
@@ -88,7 +93,7 @@ class EncoderSink:
         await self._task
         if self._error is not None:
             raise self._error
-        outcome: dict[str, Any] = {"state": state}
+        outcome: dict[str, Any] = {"state": state} if self._waiting is None else {"waiting": self._waiting}
         if error is not None:
             outcome = {"error": {"kind": getattr(error, "kind", "error"), "message": str(error)}}
         await self._call("finishEncode", outcome)

@@ -69,6 +69,7 @@ class PluginHost:
         self.configs = resolve_configs(self.components, configs or {}, require=require_settings)
         self._processes: dict[str, PluginProcess] = {}
         self._homes: dict[str, tuple[Path, bool]] = {}
+        self.discovered = False  # whether discover_tools asked the plugins that list tools
 
     @classmethod
     def load(cls, paths: Iterable[str | Path], *, config_specs: Iterable[str] = (), **kwargs: Any) -> PluginHost:
@@ -127,6 +128,10 @@ class PluginHost:
         for name, tool in sorted(self.tools.items()):
             if name in tools and not tool.shadows:
                 manifest = self.manifests[tool.plugin]
+                if tool.discovered:
+                    raise PluginLoadError(f"plugin {tool.plugin!r} listed tool {name!r} (listTools), which is also "
+                                          f"the tool {tools[name]}; a listed tool never replaces another, so rename "
+                                          "one")
                 raise PluginLoadError(f"{manifest.path}: {tool.where}.name {name!r} is also the tool {tools[name]}; "
                                       "set \"shadows\": true to replace it, or rename it")
             out[name] = tool.path or manifest_path(self, tool)
@@ -212,6 +217,37 @@ class PluginHost:
             self._processes[plugin] = proc
         return proc
 
+    async def discover_tools(self, options: RunOptions) -> None:
+        """Start each plugin whose manifest declares `discoverTools` and ask it which tools it serves
+        (`listTools`, --discover-tools): they join the plugin tools, answered by its process. A listed
+        tool never replaces another, so a name already taken is refused. Asked once per host."""
+        from heddle.plugin_host.errors import PluginError
+        from heddle.plugin_host.manifest import discovered_tools
+        from heddle.plugin_host.process import PluginCallError
+        from heddle.plugin_host.protocol import LIST_TOOLS
+
+        if self.discovered:
+            return
+        for manifest in self.manifests.values():
+            if not manifest.discover_tools:
+                continue
+            try:
+                answer = await self.process(manifest.name, options).call(LIST_TOOLS, {})
+            except PluginCallError as exc:
+                raise PluginError(manifest.name, f"refused listTools: {exc}") from None
+            try:
+                listed = discovered_tools(manifest, answer)
+            except ValueError as exc:
+                raise PluginError(manifest.name, str(exc)) from None
+            for tool in listed:
+                taken = self.tools.get(tool.name)
+                if taken is not None:
+                    raise PluginError(manifest.name, f"listed tool {tool.name!r}, which is also a tool of plugin "
+                                                     f"{taken.plugin!r}; a listed tool never replaces another, so "
+                                                     "rename one")
+                self.tools[tool.name] = tool
+        self.discovered = True
+
     def start_run(self, ctx: RunContext, rendering: Rendering | None) -> PluginRun:
         """The seams of one run, under an id its encoder and its middleware calls share."""
         from heddle.plugin_host.middleware import PluginRun
@@ -243,7 +279,9 @@ class PluginHost:
                                 **({"seams": sorted(f"{s}.{p}" for s, p in c.seams)} if c.kind == "middleware" else {}),
                                 **({"protocol": c.protocol} if c.kind == "encoder" else {})}
                                for c in m.components],
-                "tools": [{"name": t.name, "fingerprint": t.fingerprint} for t in m.tools],
+                "tools": [{"name": t.name, "fingerprint": t.fingerprint} for t in m.tools]
+                + [{"name": t.name, "fingerprint": t.fingerprint, "discovered": True}
+                   for t in self.tools.values() if t.discovered and t.plugin == m.name],
             })
         return rows
 

@@ -20,7 +20,7 @@ from heddle.plugin_host.errors import PluginLoadError
 MANIFEST_NAME = "plugin.json"
 CAPABILITIES = ("runTool", "callModel", "emitEvent", "log")
 
-Kind = Literal["node", "middleware", "encoder"]
+Kind = Literal["node", "middleware", "encoder", "store"]
 Phase = Literal["before", "after"]
 
 # Each seam with the phases it has: nodeError happens only after a node failed.
@@ -36,6 +36,8 @@ _FIELDS_BY_KIND = {
     "node": ("componentType", "kind", "description", "configSchema", "inputs", "outputs", "branches"),
     "middleware": ("componentType", "kind", "description", "configSchema", "seams"),
     "encoder": ("componentType", "kind", "description", "configSchema", "protocol", "contentType"),
+    # a session store (--session-store plugin:NAME), answering store.* requests: docs/sessions.md
+    "store": ("componentType", "kind", "description", "configSchema"),
 }
 
 
@@ -74,6 +76,9 @@ class PluginTool:
     component_type: str | None = None
     shadows: bool = False
     where: str = ""  # "tools[i]", for messages
+    # Listed by the plugin's process when asked (listTools, under --discover-tools), not by its
+    # manifest: answered by the process, never shadowing another tool.
+    discovered: bool = False
 
     @property
     def fingerprint(self) -> str:
@@ -98,6 +103,7 @@ class PluginManifest:
     tools: tuple[PluginTool, ...] = ()
     files: tuple[str, ...] = ()
     data: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    discover_tools: bool = False  # its process lists more tools when asked (--discover-tools)
 
     @property
     def fingerprint(self) -> str:
@@ -349,6 +355,8 @@ def _component(plugin: str, i: int, raw: dict[str, Any], source: str) -> Compone
                                           f"{where}.seams[{pairs[(name, p)]}]; list each seam once")
                 pairs[(name, p)] = j
         return Component(**common, seams=frozenset(pairs))
+    if raw["kind"] == "store":
+        return Component(**common)
     if raw["protocol"] == "heddle":
         raise PluginLoadError(f"{source}: {where}.protocol 'heddle' is heddle's own event protocol; "
                               "give the encoder another name")
@@ -370,6 +378,47 @@ def _tool(plugin: str, i: int, raw: dict[str, Any], root: Path, source: str) -> 
     return PluginTool(plugin=plugin, name=raw["name"], description=raw["description"], input_schema=schema,
                       path=path, component_type=raw.get("componentType"), shadows=bool(raw.get("shadows", False)),
                       where=where)
+
+
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_LISTED_FIELDS = ("name", "description", "inputSchema")
+
+
+def discovered_tools(manifest: PluginManifest, answer: Any) -> tuple[PluginTool, ...]:
+    """The tools a plugin's process listed when asked (`listTools`, answered
+    `{"tools": [{"name", "description", "inputSchema"}, ...]}`), checked as its manifest's tools are.
+    ValueError saying what is wrong with the answer."""
+    import jsonschema
+
+    listed = answer.get("tools") if isinstance(answer, dict) else None
+    if not isinstance(listed, list) or set(answer) != {"tools"}:
+        raise ValueError('answered listTools with something other than {"tools": [...]}; answer '
+                         '{"tools": [{"name": ..., "description": ..., "inputSchema": {...}}]}')
+    own = {t.name for t in manifest.tools}
+    found: dict[str, PluginTool] = {}
+    for i, raw in enumerate(listed):
+        where = f"tools[{i}]"
+        if not isinstance(raw, dict) or set(raw) != set(_LISTED_FIELDS):
+            keys = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
+            raise ValueError(f"listTools {where} has {keys}; a listed tool has exactly {', '.join(_LISTED_FIELDS)}")
+        name, description, schema = raw["name"], raw["description"], raw["inputSchema"]
+        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+            raise ValueError(f"listTools {where}.name {name!r} does not match ^[A-Za-z0-9_-]{{1,128}}$")
+        if name in own or name in found:
+            other = "a tool its manifest lists" if name in own else "another tool it listed"
+            raise ValueError(f"listTools {where}.name {name!r} is also {other}; each tool needs its own name")
+        if type(description) is not str:
+            raise ValueError(f"listTools {where}.description is not a string")
+        if not isinstance(schema, dict) or schema.get("type", "object") != "object":
+            raise ValueError(f"listTools {where}.inputSchema must be a JSON Schema of an object "
+                             "(\"type\": \"object\"); a tool takes one JSON object")
+        try:
+            jsonschema.Draft202012Validator.check_schema(schema)
+        except jsonschema.exceptions.SchemaError as exc:
+            raise ValueError(f"listTools {where}.inputSchema is not a valid JSON Schema: {exc.message}") from None
+        found[name] = PluginTool(plugin=manifest.name, name=name, description=description, input_schema=schema,
+                                 where=f"listTools {where}", discovered=True)
+    return tuple(found.values())
 
 
 def parse_manifest(data: Any, *, path: Path) -> PluginManifest:
@@ -401,7 +450,7 @@ def parse_manifest(data: Any, *, path: Path) -> PluginManifest:
     return PluginManifest(path=path, root=root, name=name, version=data["version"], command=tuple(command),
                           program=program, description=data.get("description", ""),
                           capabilities=frozenset(capabilities), components=components, tools=tools,
-                          files=tuple(files), data=data)
+                          files=tuple(files), data=data, discover_tools=bool(data.get("discoverTools", False)))
 
 
 def load_manifest(path: str | Path) -> PluginManifest:

@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from heddle.engine import events as ev
+from heddle.engine.journal import Suspended
 from heddle.engine.seams import (
     AgentRound,
     ModelRequest,
@@ -124,12 +125,12 @@ class PluginRun:
     def process(self, plugin: str) -> PluginProcess:
         return self.host.process(plugin, self.ctx.options)
 
-    async def ask(self, plugin: str, component_type: str, method: str, params: dict[str, Any], scope: Scope,
+    async def ask(self, plugin: str, component_type: str | None, method: str, params: dict[str, Any], scope: Scope,
                   on_partial: OnPartial | None = None) -> Any:
         """Call `method` for one component of `plugin`, in this run. PluginCallError when the plugin
         answers with an error, PluginError when its process fails."""
-        body = {"run": self.run_id, "component": component_type, "config": self.host.configs.get(component_type),
-                **params}
+        config = self.host.configs.get(component_type) if component_type is not None else None
+        body = {"run": self.run_id, "component": component_type, "config": config, **params}
         return await self.process(plugin).call(method, body, handler=handler_for(self, plugin, scope),
                                                on_partial=on_partial)
 
@@ -200,7 +201,8 @@ class PluginRun:
                 attempt += 1
                 try:
                     return await self._node_once(node, inputs, next)
-                except asyncio.CancelledError:
+                except (asyncio.CancelledError, Suspended):
+                    # A node that stops to wait for a person has not failed: no nodeError plugin sees it.
                     raise
                 except Exception as exc:
                     outcome = await self._node_error(node, inputs, exc, attempt)

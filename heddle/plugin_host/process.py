@@ -94,8 +94,10 @@ class PluginProcess:
     """A plugin's process, as calls: `await call(method, params)` starts it when needed."""
 
     def __init__(self, name: str, launch: Callable[[], Launch], *, timeout: float, capabilities: frozenset[str],
-                 surface: Surface = CLI) -> None:
+                 surface: Surface = CLI, max_line: int = protocol.MAX_LINE) -> None:
         self.name = name
+        # The longest line heddle reads from it: a session store's answers carry whole records.
+        self.max_line = max_line
         self._launch = launch
         self.timeout = timeout
         self.surface = surface  # whose units the silence limit is reported in
@@ -187,7 +189,7 @@ class PluginProcess:
             proc = await asyncio.create_subprocess_exec(
                 *launch.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, cwd=str(launch.cwd), env=launch.env,
-                start_new_session=True, limit=protocol.MAX_LINE,
+                start_new_session=True, limit=self.max_line,
             )
         except FileNotFoundError:
             raise PluginError(self.name, f"cannot start {launch.argv[0]}: not found") from None
@@ -216,7 +218,7 @@ class PluginProcess:
                 try:
                     line = await running.proc.stdout.readline()
                 except (ValueError, asyncio.LimitOverrunError):
-                    running.kill(f"wrote a line longer than {protocol.MAX_LINE} bytes")
+                    running.kill(f"wrote a line longer than {self.max_line} bytes")
                     break
                 if not line:
                     break

@@ -20,7 +20,10 @@ from heddle.safeparse import loads_json
 
 PROTOCOL_VERSION = 1
 
-# heddle asks a plugin process: init, execute, callTool, before, after, encode, finishEncode, shutdown.
+# heddle asks a plugin process: init, execute, callTool, before, after, encode, finishEncode, shutdown,
+# and, under --discover-tools, `listTools {}` of a plugin whose manifest declares discoverTools, answered
+# {"tools": [{"name", "description", "inputSchema"}, ...]} (heddle.plugin_host.manifest.discovered_tools).
+LIST_TOOLS = "listTools"
 # What a plugin may ask heddle, each only with the capability of the same name.
 PLUGIN_METHODS = ("runTool", "callModel", "emitEvent", "log")
 

@@ -43,7 +43,8 @@ class ProvidedPluginTool:
 
     async def _ask_process(self, request: ToolRequest) -> dict[str, Any]:
         run, tool = self.run_of, self.tool
-        assert tool.component_type is not None
+        # A tool its process listed (--discover-tools) belongs to no component: it is asked by name.
+        assert tool.component_type is not None or tool.discovered
         params = {"tool": tool.name, "arguments": request.arguments, "callId": request.call_id,
                   "node": run.node_ref(request.node), "workspace": str(request.workspace.root)}
         try:

@@ -64,6 +64,9 @@ def build_app(service: Service) -> Starlette:
     async def capabilities(request: Request) -> Response:
         return _JSON(service.capabilities())
 
+    async def tools(request: Request) -> Response:
+        return _JSON(service.tool_listing)
+
     async def openapi(request: Request) -> Response:
         from heddle.server.openapi import openapi_document
 
@@ -87,6 +90,20 @@ def build_app(service: Service) -> Starlette:
             ticket.release()
             raise
         return RunResponse(service, job, ticket, stream=stream, encoder=encoder)
+
+    async def new_session(request: Request) -> Response:
+        body = await read_json_object(request, config.max_body_bytes)
+        if body:
+            raise bad_request(f"request field {min(body)!r} is unknown; POST /v1/sessions takes no fields "
+                              "(the server chooses the id, and the session's first run binds it to its document)")
+        return _JSON({"session": await service.new_session()}, status_code=201)
+
+    async def session(request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        if request.method == "DELETE":
+            await service.delete_session(session_id)
+            return Response(status_code=204)
+        return _JSON(await service.session_summary(session_id))
 
     async def on_api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
@@ -130,8 +147,11 @@ def build_app(service: Service) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/v1/capabilities", capabilities, methods=["GET"]),
+        Route("/v1/tools", tools, methods=["GET"]),
         Route("/v1/validate", validate, methods=["POST"]),
         Route("/v1/runs", runs, methods=["POST"]),
+        Route("/v1/sessions", new_session, methods=["POST"]),
+        Route("/v1/sessions/{session_id}", session, methods=["GET", "DELETE"]),
     ]
     middleware = guard_middleware(host=config.host, allowed_hosts=config.allowed_hosts,
                                   cors_origins=config.cors_origins, auth=auth,

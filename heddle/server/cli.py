@@ -34,6 +34,7 @@ browsers and proxies (every route, /healthz and /readyz too):
 examples:
   heddle-server --bundle app.heddle --trust me.pub --port 4319
   heddle-server --flows-root flows --tools-dir tools --safe --deny-net
+  heddle-server --bundle app.heddle --trust me.pub --session-store postgres://heddle@db/heddle  # shared by replicas
   curl -s localhost:4319/v1/runs -H 'Content-Type: application/json' -d '{"inputs": {"query": "hi"}}'
 """
 

@@ -20,8 +20,10 @@ from heddle.errors import UsageError
 from heddle.settings import (
     ALLOW_UNSIGNED,
     BUNDLES,
+    COMMANDS,
     DATA_DIR,
     LIMITS,
+    SESSIONS,
     SOURCE,
     TOOLS_DIR,
     TRUST,
@@ -59,6 +61,7 @@ class ServerConfig:
     allow_unsigned: bool = field(default=ALLOW_UNSIGNED.default, metadata=_shared(ALLOW_UNSIGNED))
     data_dir: Path | None = field(default=DATA_DIR.default, metadata=_shared(DATA_DIR))
     tools_dir: Path | None = field(default=TOOLS_DIR.default, metadata=_shared(TOOLS_DIR))
+    commands: Path | None = field(default=COMMANDS.default, metadata=_shared(COMMANDS))
     flows_root: Path | None = field(default=None, metadata=_own(
         kind="path", flag="--flows-root", metavar="DIR", group=SOURCE,
         help="Requests may name flows under DIR with flowPath."))
@@ -129,8 +132,8 @@ class ServerConfig:
 
 # Where each group of flags is shown in --help, in this order.
 GROUPS: Mapping[str, str] = {SOURCE: "what to serve", BUNDLES: "what to serve", NETWORK: "network",
-                             LIMITS: "limits", REQUESTS: "request code and models", "plugins": "plugins",
-                             "workspaces": "workspaces", "sandbox": "sandbox"}
+                             LIMITS: "limits", REQUESTS: "request code and models", SESSIONS: "sessions",
+                             "plugins": "plugins", "workspaces": "workspaces", "sandbox": "sandbox"}
 
 
 def server_settings() -> tuple[Setting, ...]:
@@ -203,12 +206,26 @@ def auth_token_from(flag: str | None, environ: Mapping[str, str]) -> str | None:
     return value
 
 
+def check_session_flags(settings: RunSettings) -> None:
+    """A store's folder or file only with that store: the server keeps no sessions by default, so
+    `--session-db` alone would otherwise be read and then ignored."""
+    store = settings.session_store
+    for flag, given, wanted in (("--session-db", settings.session_db is not None, "sqlite"),
+                                ("--session-dir", settings.session_dir is not None, "file")):
+        if given and store != wanted:
+            now = f"--session-store {store.split('://', 1)[0] + '://...' if '://' in store else store}" \
+                if store else "no --session-store (sessions are off)"
+            raise UsageError(f"{flag} applies only to --session-store {wanted}, and this server has {now}; give "
+                             f"--session-store {wanted} or drop {flag}")
+
+
 def check_config(config: ServerConfig) -> list[str]:
     """Refuse combinations that cannot mean anything; return warnings for risky ones."""
     warnings: list[str] = []
     if config.bundle is not None:
         ignored = [name for name, given in (
             ("--tools-dir", config.tools_dir is not None),
+            ("--commands", config.commands is not None),
             ("--flows-root", config.flows_root is not None),
             ("--allow-request-code", config.allow_request_code),
             ("--allow-net", bool(config.allow_net)),
@@ -225,6 +242,7 @@ def check_config(config: ServerConfig) -> list[str]:
         verb = "applies" if len(bundle_only) == 1 else "apply"
         raise UsageError(f"{', '.join(bundle_only)} {verb} only to --bundle; give --bundle X.heddle or drop "
                          f"{'it' if len(bundle_only) == 1 else 'them'}")
+    check_session_flags(config.settings)
     for flag, folder in (("--tools-dir", config.tools_dir), ("--flows-root", config.flows_root)):
         if folder is not None and not folder.is_dir():
             what = "does not exist" if not folder.exists() else "is not a folder"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from heddle.errors import DocumentError, HeddleError, NeedsSessionError, ToolInputError, UsageError
+from heddle.errors import DocumentError, HeddleError, SessionError, ToolInputError, UsageError
 
 
 class ServeError(HeddleError):
@@ -35,11 +35,13 @@ def error_body(type_: str, message: str) -> dict[str, Any]:
 
 def status_of(exc: HeddleError) -> int:
     """Errors found before a run starts are the caller's to fix (400); so are values the run was
-    given that a tool's schema refuses before it starts, and a run that reached what only a session
-    can do, such as a ClientTool call (422); any other failed run is a 500."""
+    given that a tool's schema refuses before it starts (422); a session error has its own status
+    (404 unknown, 409 a conflict, 413 too large, 400 otherwise); any other failed run is a 500."""
+    if isinstance(exc, SessionError):
+        return exc.http_status
     if isinstance(exc, (DocumentError, UsageError)):
         return 400
-    if isinstance(exc, (ToolInputError, NeedsSessionError)):
+    if isinstance(exc, ToolInputError):
         return 422
     return 500
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -32,6 +34,10 @@ class Metrics:
                                   buckets=RUN_BUCKETS, registry=self.registry)
         self.tool_calls = Counter("heddle_tool_calls", "Tool calls, by tool and outcome (ok, error).",
                                   ["tool", "outcome"], registry=self.registry)
+        self.command_duration = Histogram(
+            "heddle_command_duration_seconds", "Command calls (--commands), by command, revision and exit code "
+            "(none: it did not run to an exit).", ["command", "revision", "exit_code"], buckets=RUN_BUCKETS,
+            registry=self.registry)
 
     def runs_changed(self, active: int) -> None:
         self.active.set(active)
@@ -48,6 +54,17 @@ class Metrics:
 
     def tool_called(self, tool: str, ok: bool) -> None:
         self.tool_calls.labels(tool=tool, outcome="ok" if ok else "error").inc()
+
+    def command_called(self, tool: str, output: Any, duration_ms: float) -> None:
+        """One call of a command: its tool_result shows its revision and exit code, never its arguments
+        or output (heddle.tools.command_run), and that is all a metric of it holds."""
+        if tool == REQUEST_TOOL or not isinstance(output, dict) or output.get("redacted") is not True:
+            return
+        revision, code = output.get("revision"), output.get("exit_code")
+        if not isinstance(revision, str) or not (code is None or isinstance(code, int)):
+            return
+        self.command_duration.labels(command=tool, revision=revision,
+                                     exit_code="none" if code is None else str(code)).observe(duration_ms / 1000)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

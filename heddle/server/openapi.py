@@ -11,6 +11,15 @@ from typing import Any
 JSON = "application/json"
 
 
+def _session_id_pattern() -> str:
+    from heddle.sessions.store import _SESSION_ID
+
+    return f"^{_SESSION_ID.pattern}$"
+
+
+SESSION_ID_PATTERN = _session_id_pattern()
+
+
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
@@ -41,6 +50,32 @@ def _schemas() -> dict[str, Any]:
         "tools": {"type": "array", "maxItems": 32, "items": _ref("RequestTool"),
                   "description": "Tools sent with the request (only with --allow-request-code)."},
     }
+    session_id = {"type": "string", "pattern": SESSION_ID_PATTERN, "description": "A session id POST /v1/sessions "
+                  "issued (the server chooses ids: at least 128 random bits)."}
+    answer = {
+        "description": "The person's answer to what the session's run waits for: exactly one of these.",
+        "oneOf": [
+            {"type": "object", "required": ["message"], "additionalProperties": False,
+             "properties": {"message": {"type": "string", "description": "A reply (kind message)."}}},
+            {"type": "object", "required": ["approve"], "additionalProperties": False,
+             "properties": {"approve": {"type": "boolean", "enum": [True],
+                                        "description": "Let the tool run (kind approval)."}}},
+            {"type": "object", "required": ["deny"], "additionalProperties": False,
+             "properties": {"deny": {"type": "string", "description": "Refuse it, with the reason the model is "
+                                     "told (kind approval)."}}},
+            {"type": "object", "required": ["tool_result"], "additionalProperties": False,
+             "properties": {"tool_result": {"description": "A ClientTool's result, any JSON value (kind "
+                                            "client_tool)."}}},
+        ],
+    }
+    waiting_for = {
+        "type": "object", "required": ["kind", "node"],
+        "properties": {"kind": {"type": "string", "enum": ["message", "approval", "client_tool"]},
+                       "node": {"type": "string", "description": "The node that waits."},
+                       "prompt": {"type": "string", "description": "The question shown with it."},
+                       "tool": {"type": "string", "description": "The tool to approve or to run."},
+                       "arguments": {"type": "object", "description": "The arguments it was called with."}},
+    }
     return {
         "Error": {
             "type": "object",
@@ -61,8 +96,40 @@ def _schemas() -> dict[str, Any]:
             "properties": {**flow_fields,
                            "inputs": {"type": "object", "description": "The run's input."},
                            "message": {"type": "string", "description": "The user's message to the agent of a "
-                                       "document whose top level is an agent (required there, refused for a flow)."}},
+                                       "document whose top level is an agent (required there, refused for a flow). "
+                                       "In a session whose run waits for a message, it is the answer."},
+                           "session": {**session_id, "description": "Run as one turn of this session: the next "
+                                       "turn of its conversation, or with 'answer' the run that waits (needs "
+                                       "--session-store)."},
+                           "answer": answer,
+                           "resume": {"type": "boolean", "description": "With 'session': continue its run that "
+                                      "was interrupted (a durable run), from its last checkpoint."}},
         },
+        "Answer": answer,
+        "WaitingFor": waiting_for,
+        "Waiting": {"type": "object", "required": ["status", "session", "waiting_for", "messages"],
+                    "description": "A run in a session stopped to wait for a person: answer it with a POST "
+                                   "/v1/runs carrying the same session and an 'answer'.",
+                    "properties": {"status": {"type": "string", "enum": ["waiting"]},
+                                   "flow": {"type": "string"},
+                                   "session": {"type": "string"},
+                                   "waiting_for": _ref("WaitingFor"),
+                                   "messages": {"type": "array", "items": {"type": "string"},
+                                                "description": "The messages shown in this step, the question "
+                                                               "last."}}},
+        "SessionCreated": {"type": "object", "required": ["session"], "additionalProperties": False,
+                           "properties": {"session": {"type": "string"}}},
+        "SessionSummary": {
+            "type": "object", "required": ["id", "status", "document", "digest", "turns", "created", "updated"],
+            "description": "A session as its record says (never the run's checkpoint).",
+            "properties": {"id": {"type": "string"},
+                           "status": {"type": "string", "enum": ["idle", "waiting", "interrupted"]},
+                           "document": {"type": "string", "description": "What it is bound to (empty until its "
+                                        "first run)."},
+                           "digest": {"type": "string"},
+                           "turns": {"type": "integer", "minimum": 0},
+                           "created": {"type": "number"}, "updated": {"type": "number"},
+                           "waiting_for": _ref("WaitingFor")}},
         "ValidateRequest": {
             "type": "object",
             "additionalProperties": False,
@@ -71,6 +138,8 @@ def _schemas() -> dict[str, Any]:
         },
         "RunResult": {"type": "object", "required": ["flow", "state", "outputs"],
                       "properties": {"flow": {"type": "string"}, "state": {"type": "object"},
+                                     "session": {"type": "string", "description": "The session, for a run in "
+                                                 "one."},
                                      "outputs": {"type": "object", "description": "The document's outputs alone: "
                                                  "a flow's declared outputs; for an agent document, result (its "
                                                  "answer) and its declared outputs."},
@@ -95,7 +164,41 @@ def _schemas() -> dict[str, Any]:
                 "tools_checked": {"type": "boolean"},
                 "valid": {"type": "boolean"},
                 "problems": {"type": "array", "items": {"type": "string"}},
+                "waits": {"type": "array", "items": {"type": "string"}, "description": "Where a run may stop "
+                          "to wait for a person or a client: such a document runs only in a session."},
                 "bundle": {"type": "object"},
+            },
+        },
+        "ListedTool": {
+            "type": "object",
+            "required": ["name", "source", "description", "input_schema", "input_schema_fingerprint"],
+            "additionalProperties": False,
+            "description": "One tool the server's runs have, as a flow names it; never where its program is.",
+            "properties": {
+                "name": {"type": "string"},
+                "source": {"type": "string", "enum": ["tools-dir", "plugin", "command", "remote", "client", "mcp"]},
+                "description": {"type": "string"},
+                "input_schema": {"type": "object", "nullable": True,
+                                 "description": "The JSON Schema of its arguments; null where the tool has none "
+                                                "of its own (a tools folder's program no ServerTool of the bundle's "
+                                                "flow describes, an MCP tool its server describes)."},
+                "input_schema_fingerprint": {"type": "string", "nullable": True, "pattern": "^sha256:[0-9a-f]{64}$",
+                                             "description": "sha256 of the compact, key-sorted UTF-8 JSON of "
+                                                            "input_schema; null with it."},
+                "plugin": {"type": "string", "description": "The plugin that provides it."},
+                "discovered": {"type": "boolean", "description": "Listed by its plugin's process "
+                                                                 "(--discover-tools), not its manifest."},
+            },
+        },
+        "ToolList": {
+            "type": "object", "required": ["tools", "toolboxes"], "additionalProperties": False,
+            "properties": {
+                "tools": {"type": "array", "items": _ref("ListedTool")},
+                "toolboxes": {"type": "array", "description": "MCP toolboxes whose tools their server lists once "
+                                                             "a run starts it.",
+                              "items": {"type": "object", "required": ["name", "source"],
+                                        "properties": {"name": {"type": "string"},
+                                                       "source": {"type": "string", "enum": ["mcp"]}}}},
             },
         },
         "Capabilities": {
@@ -107,6 +210,7 @@ def _schemas() -> dict[str, Any]:
                 "allowRequestCode": {"type": "boolean"},
                 "acceptsFlowPath": {"type": "boolean"},
                 "acceptsFlow": {"type": "boolean"},
+                "sessions": {"type": "boolean", "description": "Whether it keeps sessions (--session-store)."},
                 "sandbox": {"type": "object"},
                 "tools": {"type": "array", "items": {"type": "string"}},
                 "protocols": {"type": "array", "items": {"type": "string"}},
@@ -141,20 +245,46 @@ def openapi_document(version: str, *, auth: bool = False) -> dict[str, Any]:
         "413": _error("The body is over 1 MiB."),
         "415": _error("The body is not Content-Type: application/json."),
     }
+    store_down = {"503": _error("The session store cannot be reached (and, for runs, the server is draining).")}
+    sessions_off = "sessions are off (no --session-store)"
     run_responses = {
-        "200": {"description": "The run's final state; with ?stream=true, its events as Server-Sent Events "
-                               "(event: <type>, data: <json>), ending with an 'error' frame if it failed.",
-                "content": {JSON: {"schema": _ref("RunResult")},
-                            "text/event-stream": {"schema": {"type": "string"}},
+        "200": {"description": "The run's final state, or in a session what its run waits for; with ?stream=true, "
+                               "its events as Server-Sent Events (event: <type>, data: <json>), ending with an "
+                               "'error' frame if it failed after it started, and in a session with 'flow_complete' "
+                               "or a 'waiting' frame that carries the Waiting answer. What is refused before the "
+                               "run starts is answered with its status, streamed or not.",
+                "content": {JSON: {"schema": {"oneOf": [_ref("RunResult"), _ref("Waiting")]}},
+                            # Before OpenAPI 3.2 (and its itemSchema) this schema describes each event.
+                            "text/event-stream": {"schema": {
+                                "type": "object", "required": ["event", "data"],
+                                "properties": {"event": {"type": "string", "description": "The event's type "
+                                                         "(GET /v1/capabilities lists them), or 'error'."},
+                                               "data": {"type": "string", "description": "The event as one line "
+                                                        "of JSON."}}}},
                             "*/*": {"schema": {"type": "string"},
                                     "description": "With ?protocol=NAME: the run as an encoder plugin renders it."}}},
         **body_errors,
+        "400": _error("Malformed request or flow, a forbidden field, a tool with no executable; a document that "
+                      f"may wait for a person without a session; {sessions_off}; an answer the session's run does "
+                      "not wait for, or a session bound to another document."),
+        "404": _error("flowPath names no flow under the flows root, or there is no such session."),
+        "409": _error("Another run changed the session first: this turn was not recorded; run it again."),
+        "413": _error("The body is over 1 MiB, or the session would be over its cap (16 MiB); nothing was "
+                      "written."),
         **denied,
         "422": _error("A ToolNode's tool refused the values the run was given (its input schema); "
                       "the tool did not start."),
         "429": _error("Every run slot is in use (--max-concurrent); retry later. Runs are never queued."),
         "500": _error("The run failed."),
-        "503": _error("The server is draining and takes no new runs."),
+        "503": _error("The server is draining and takes no new runs, or the session store cannot be reached."),
+    }
+    session_param = [{"name": "session_id", "in": "path", "required": True,
+                      "schema": {"type": "string", "pattern": SESSION_ID_PATTERN}}]
+    session_errors = {
+        "400": _error(f"The id is not a valid session id, or {sessions_off}."),
+        "404": _error("There is no such session."),
+        **store_down,
+        **denied,
     }
     doc: dict[str, Any] = {
         "openapi": "3.0.3",
@@ -180,6 +310,10 @@ def openapi_document(version: str, *, auth: bool = False) -> dict[str, Any]:
                                          "summary": "What this server runs and allows.",
                                          "responses": {"200": _json(_ref("Capabilities"), "Capabilities."),
                                                        **denied}}},
+            "/v1/tools": {"get": {"operationId": "tools",
+                                  "summary": "Every tool this server's runs have: name, source, description, input "
+                                             "schema and its fingerprint (a request's own tools are its own).",
+                                  "responses": {"200": _json(_ref("ToolList"), "The tools, by name."), **denied}}},
             "/v1/validate": {"post": {
                 "operationId": "validate",
                 "summary": "Parse, compile and check a flow (or the bundle's) without running anything.",
@@ -199,6 +333,27 @@ def openapi_document(version: str, *, auth: bool = False) -> dict[str, Any]:
                 "requestBody": {"required": False, "content": {JSON: {"schema": _ref("RunRequest")}}},
                 "responses": run_responses,
             }},
+            "/v1/sessions": {"post": {
+                "operationId": "createSession",
+                "summary": "Start a session (needs --session-store); its first run binds it to its document.",
+                "requestBody": {"required": False, "content": {JSON: {"schema": {
+                    "type": "object", "additionalProperties": False, "maxProperties": 0}}}},
+                "responses": {"201": {**_json(_ref("SessionCreated"), "The new session's id."), "links": {
+                                  name: {"operationId": op, "parameters": {"session_id": "$response.body#/session"}}
+                                  for name, op in (("GetSession", "getSession"), ("DeleteSession", "deleteSession"))}},
+                              **{code: body_errors[code] for code in ("408", "413", "415")},
+                              "400": _error(f"The body is not an empty JSON object (the server chooses ids), or "
+                                            f"{sessions_off}."),
+                              **store_down, **denied},
+            }},
+            "/v1/sessions/{session_id}": {
+                "parameters": session_param,
+                "get": {"operationId": "getSession", "summary": "A session's summary: its status, what it is "
+                                                                "bound to, its turns and what it waits for.",
+                        "responses": {"200": _json(_ref("SessionSummary"), "The session."), **session_errors}},
+                "delete": {"operationId": "deleteSession", "summary": "Remove a session.",
+                           "responses": {"204": {"description": "Removed."}, **session_errors}},
+            },
         },
         "components": {"schemas": _schemas()},
     }

@@ -2,7 +2,13 @@
 
 The run is a task of its own, watched together with the connection: when the caller goes
 away the task is cancelled, which aborts model calls and kills the tools' process groups.
-When the server cancels it (drain timeout, second signal) the caller hears 503.
+When the server cancels it (drain timeout, second signal) the caller hears 503. A stream's
+status line waits for the run's first event, so that what is refused before the run starts
+(a session that does not exist, an answer to nothing) is answered with its own status.
+
+A run in a session is one turn of heddle.sessions.turn: its last event (`flow_complete`, or
+`waiting` when it stopped to wait for a person) is held back until the turn is written, so a
+caller never sees an end that a conflicting write then took back.
 """
 
 from __future__ import annotations
@@ -17,15 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import Receive, Scope, Send
 
-from heddle.errors import HeddleError
+from heddle.errors import HeddleError, SessionError
 from heddle.server import sse
 from heddle.server.admission import Ticket
-from heddle.server.errors import error_body, status_of
-from heddle.server.service import Job, Service
+from heddle.server.errors import ApiError, error_body, status_of
+from heddle.server.service import Job, Service, check_run
 
 if TYPE_CHECKING:
     from heddle.engine.events import Event, EventSink
-    from heddle.engine.run import RunOutcome  # noqa: F401 - for the quoted name in RunTask
+    from heddle.engine.run import RunOutcome
 
 # The run's task answers the final state and outputs; its queue carries events (or an encoder's text) and _DONE.
 RunTask = asyncio.Task["RunOutcome"]
@@ -35,6 +41,7 @@ log = logging.getLogger("heddle.server")
 
 KEEPALIVE_S = 15.0
 _DONE = object()
+_HOLD = object()  # on an encoder's queue: what follows renders the end of a run in a session
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -58,11 +65,18 @@ def _outcome(run: RunTask) -> str:
 
 
 def _failure(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    if isinstance(exc, ApiError):  # a caller's mistake found once a session's turn was known
+        return exc.status, error_body(exc.type, exc.message)
     if isinstance(exc, HeddleError):
         return status_of(exc), error_body(exc.kind, exc.message)
     log.error("run failed unexpectedly", exc_info=exc)
     return 500, error_body("internal_error", f"the run failed unexpectedly ({type(exc).__name__}); "
                                              "see the server log")
+
+
+def _reason(run: RunTask) -> str:
+    failure = None if run.cancelled() else run.exception()
+    return "cancelled" if failure is None else str(_failure(failure)[1]["error"]["message"])
 
 
 _CANCELLED = (503, error_body("cancelled", "the server is shutting down and stopped this run "
@@ -78,8 +92,10 @@ class RunResponse:
         self.ticket = ticket
         self.stream = stream
         self.encoder = encoder  # an encoder plugin's component: the run is rendered in its protocol
+        self.started = asyncio.Event()  # the run emitted its first event
+        self.last: Event | None = None  # a session run's last event, sent once its turn is written
 
-    def _sink(self, queue: Items | None) -> EventSink:
+    def _sink(self, queue: Items | None, *, rendered: Items | None = None) -> EventSink:
         from heddle.engine import events as ev
 
         loop = asyncio.get_running_loop()
@@ -87,8 +103,15 @@ class RunResponse:
         metrics, job = self.service.metrics, self.job
 
         def deliver(event: Event) -> None:
+            self.started.set()
             if isinstance(event, ev.ToolResult):
                 metrics.tool_called(job.tool_label(event.tool), event.ok)
+                metrics.command_called(job.tool_label(event.tool), event.output, event.duration_ms)
+            if job.session is not None and isinstance(event, (ev.FlowComplete, ev.Waiting)):
+                self.last = event
+                if rendered is not None:
+                    rendered.put_nowait(_HOLD)
+                return
             if queue is not None:
                 queue.put_nowait(event)
 
@@ -100,20 +123,72 @@ class RunResponse:
 
         return on_event
 
-    def _start(self, queue: Items | None, *, write: Callable[[str], None] | None = None) -> RunTask:
+    def _start(self, queue: Items | None, *, rendered: Items | None = None) -> RunTask:
         job = self.job
-        sink = self._sink(queue)
+        sink = self._sink(queue, rendered=rendered)
         from heddle.engine.run import run_prepared
         from heddle.engine.seams import Rendering
 
         rendering = None
         if self.encoder is not None:
-            assert write is not None, "an encoder needs somewhere to write"
-            rendering = Rendering(self.encoder.protocol, write)
-        run = run_prepared(job.prepared, job.inputs, on_event=sink, rendering=rendering, message=job.message)
+            assert rendered is not None, "an encoder needs somewhere to write"
+            rendering = Rendering(self.encoder.protocol, rendered.put_nowait)
+        if job.session is None:
+            run = run_prepared(job.prepared, job.inputs, on_event=sink, rendering=rendering, message=job.message)
+        else:
+            run = self._turn(sink, rendering)
         task = asyncio.create_task(run)
         self.ticket.attach(task)
         return task
+
+    async def _turn(self, sink: EventSink, rendering: Any) -> RunOutcome:
+        """The job as one turn of its session: started, continued or resumed, then written back."""
+        from heddle.engine.run import run_prepared
+        from heddle.server.sessions import for_http
+        from heddle.sessions.turn import Turn, run_turn
+
+        job, use = self.job, self.job.session
+        assert use is not None
+
+        async def one(turn: Turn) -> RunOutcome:
+            check_run(job.prepared.flow, turn.inputs, turn.message, source=job.source)
+            return await run_prepared(job.prepared, turn.inputs, on_event=sink, rendering=rendering,
+                                      message=turn.message, journal=turn.journal, conversation=turn.conversation)
+
+        try:
+            done = await run_turn(use, digest=job.digest, document=job.document, inputs=job.inputs,
+                                  inputs_given=job.inputs_given, message=job.message, run=one)
+        except SessionError as exc:
+            raise for_http(exc, use.store.name) from None
+        return done.outcome
+
+    def _body(self, outcome: RunOutcome) -> dict[str, Any]:
+        """The answer of a run that ended: its result, or in a session what it waits for."""
+        session = self.job.session
+        if outcome.waiting is not None:
+            from heddle.server.sessions import waiting_body
+
+            assert session is not None, "only a run in a session waits"
+            return waiting_body(self.job.flow_name, session.session_id, outcome)
+        body: dict[str, Any] = {"flow": self.job.flow_name, "state": outcome.state, "outputs": outcome.outputs}
+        if outcome.messages:  # what the run showed its person (heddle.spec.messages)
+            body["messages"] = list(outcome.messages)
+        if session is not None:
+            body["session"] = session.session_id
+        return body
+
+    def _last_frame(self, run: RunTask) -> bytes:
+        """A session run's last event, once its turn is written: `flow_complete` with the session,
+        or `waiting` with the answer a buffered request gets."""
+        last = self.last
+        session = self.job.session
+        if last is None or session is None:
+            return b""
+        data = {**last.to_dict(), "session": session.session_id}
+        outcome = run.result()
+        if outcome.waiting is not None:
+            data.update(self._body(outcome))
+        return sse.frame(last.type, data)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
@@ -159,17 +234,17 @@ class RunResponse:
         elif failure is not None:
             status, body = _failure(failure)
         else:
-            outcome = run.result()
-            status, body = 200, {"flow": self.job.flow_name, "state": outcome.state, "outputs": outcome.outputs}
-            if outcome.messages:  # what the run showed its person (heddle.spec.messages)
-                body["messages"] = list(outcome.messages)
+            status, body = 200, self._body(run.result())
+        await self._send_json(send, status, body)
+        return _outcome(run)
+
+    async def _send_json(self, send: Send, status: int, body: dict[str, Any]) -> None:
         data = json.dumps(body, ensure_ascii=False, default=str).encode("utf-8")
         self._finish()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(data)).encode())]})
         await send({"type": "http.response.body", "body": data})
-        return _outcome(run)
 
     async def _streamed(self, receive: Receive, send: Send) -> str:
         queue: Items = asyncio.Queue()
@@ -181,7 +256,7 @@ class RunResponse:
             failure = run.exception()
             if failure is not None:
                 return sse.frame("error", _failure(failure)[1])
-            return b""
+            return self._last_frame(run)
 
         return await self._relay(run, queue, receive, send, headers=sse.HEADERS,
                                  render=lambda event: sse.frame(event.type, event.to_dict()),
@@ -190,21 +265,50 @@ class RunResponse:
     async def _encoded(self, receive: Receive, send: Send) -> str:
         """The run rendered by an encoder plugin, its output passed on as it is written."""
         queue: Items = asyncio.Queue()
-        run = self._start(None, write=queue.put_nowait)
+        run = self._start(None, rendered=queue)
         content_type = (self.encoder.content_type or "text/plain; charset=utf-8").encode("latin-1")
         headers = [(b"content-type", content_type), (b"cache-control", b"no-store"), (b"x-accel-buffering", b"no")]
-        # A failure has already been rendered by the encoder, in its own protocol.
+        held: list[bytes] = []
+
+        def tail() -> bytes | None:
+            # A failure has already been rendered by the encoder, in its own protocol; but one of a
+            # session's write comes after the encoder has rendered the end: its rendering is dropped
+            # and the response left unfinished (None), so the caller cannot take it for a result.
+            if self.job.session is not None and (run.cancelled() or run.exception() is not None):
+                return None
+            return b"".join(held)
+
         return await self._relay(run, queue, receive, send, headers=headers,
-                                 render=lambda text: text.encode("utf-8"), keepalive=None, tail=lambda: b"")
+                                 render=lambda text: text.encode("utf-8"), keepalive=None, tail=tail, held=held)
+
+    async def _first_event(self, run: RunTask, gone: asyncio.Task[None]) -> None:
+        """Wait until the run emits its first event, ends, or the client goes."""
+        started = asyncio.create_task(self.started.wait())
+        try:
+            await asyncio.wait({run, gone, started}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            started.cancel()
 
     async def _relay(self, run: RunTask, queue: Items, receive: Receive, send: Send, *,
                      headers: list[tuple[bytes, bytes]], render: Callable[[Any], bytes],
-                     keepalive: bytes | None, tail: Callable[[], bytes]) -> str:
-        """Send what the run puts on `queue` as it comes, then `tail()`; stop the run if the client goes."""
+                     keepalive: bytes | None, tail: Callable[[], bytes | None], held: list[bytes] | None = None
+                     ) -> str:
+        """Send what the run puts on `queue` as it comes, then `tail()`; stop the run if the client goes.
+        After a _HOLD item, what comes is kept in `held` for `tail` to send or drop."""
         run.add_done_callback(lambda _: queue.put_nowait(_DONE))
         gone = asyncio.create_task(_disconnected(receive))
         getter: asyncio.Task[Any] | None = None
+        holding = False
         try:
+            await self._first_event(run, gone)
+            if gone.done() and not self.started.is_set() and not run.done():
+                return "disconnected"
+            if run.done() and not self.started.is_set():
+                # Refused before it started: an answer with the status, as a buffered request gets.
+                failure = None if run.cancelled() else run.exception()
+                status, body = _CANCELLED if failure is None else _failure(failure)
+                await self._send_json(send, status, body)
+                return _outcome(run)
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             while True:
                 if getter is None:
@@ -219,9 +323,19 @@ class RunResponse:
                 item, getter = getter.result(), None
                 if item is _DONE:
                     break
+                if item is _HOLD:
+                    holding = True
+                    continue
+                if holding and held is not None:
+                    held.append(render(item))
+                    continue
                 await send({"type": "http.response.body", "body": render(item), "more_body": True})
             last = tail()
             self._finish()
+            if last is None:
+                log.warning("a run in a session failed after its encoder had rendered it (%s); its response is "
+                            "cut short", _reason(run))
+                return _outcome(run)
             await send({"type": "http.response.body", "body": last, "more_body": False})
             return _outcome(run)
         finally:

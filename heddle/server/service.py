@@ -2,29 +2,38 @@
 
 A server runs either one sealed bundle (requests carry only inputs) or the flows requests
 name: inline, or by `flowPath` under `--flows-root`, with `--tools-dir` tools and, when
-allowed, tools sent in the request.
+allowed, tools sent in the request. With `--session-store` it keeps sessions: a run in one is a
+turn of heddle.sessions.turn, bound to the bundle's digest or to the digest of the flow it read.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from heddle.errors import HeddleError
+from heddle.errors import HeddleError, SessionError, SessionNotFound
 from heddle.server.admission import Admission
 from heddle.server.config import ServerConfig
 from heddle.server.errors import ApiError, bad_request
 from heddle.server.metrics import REQUEST_TOOL, Metrics
 from heddle.server.model_policy import ModelPolicy, check_allow_net
 from heddle.server.request_code import ToolFolder
-from heddle.server.run_request import RunRequest, missing_inputs, parse_run_request
+from heddle.server.run_request import SESSIONS_OFF, RunRequest, missing_inputs, parse_run_request
 from heddle.server.served_bundle import digest_of
 from heddle.settings import RunSettings
+from heddle.tools.command_run import with_commands
 
 if TYPE_CHECKING:
     from heddle.engine.run import PreparedRun
+    from heddle.sessions.store import SessionStore
+    from heddle.sessions.turn import SessionUse
+    from heddle.spec.components import Flow
+    from heddle.tools.commands import CommandSet
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -36,6 +45,13 @@ class Job:
     known_tools: frozenset[str]
     folder: ToolFolder | None = None
     message: str | None = None  # the user's message, for an agent document
+    # A run in a session: the session, what it is bound to (a digest, and its name for messages),
+    # whether the request gave 'inputs', and what the inputs are checked against once the turn is known.
+    session: SessionUse | None = None
+    digest: str = ""
+    document: str = ""
+    inputs_given: bool = False
+    source: str = ""
 
     @property
     def flow_name(self) -> str:
@@ -60,6 +76,7 @@ class _Resolved:
     folder: ToolFolder | None = None
     inputs: dict[str, Any] = field(default_factory=dict)
     message: str | None = None
+    request: RunRequest = field(default_factory=RunRequest)
 
 
 def run_settings(config: ServerConfig, sealed: Any = None) -> RunSettings:
@@ -98,6 +115,37 @@ def _ms(seconds: float | None) -> int | None:
     return None if seconds is None else round(seconds * 1000)
 
 
+def open_sessions(config: ServerConfig, host: Any = None) -> SessionStore | None:
+    """The `--session-store`, opened and reachable (StoreUnavailable naming it and the cause), or
+    None: without one the server is stateless."""
+    settings = config.settings
+    if settings.session_store is None:
+        return None
+    from heddle.sessions.open import open_store
+
+    manifests = tuple(host.manifests.values()) if host is not None else ()
+    return open_store(settings.session_store, db=settings.session_db, directory=settings.session_dir,
+                      plugins=manifests)
+
+
+def check_run(flow: Flow, inputs: dict[str, Any], message: str | None, *, source: str) -> None:
+    """What a run's message and inputs must be, checked before it starts (400 naming what is wrong)."""
+    from heddle.engine.inputs import input_problem
+    from heddle.spec.roots import check_message
+
+    check_message(flow, message, named="request field 'message'", give="'message' in the request",
+                  source=f"the {source}")
+    missing = missing_inputs(flow, inputs)
+    if missing:
+        names = ", ".join(repr(m) for m in missing)
+        raise bad_request(f"inputs: the flow {flow.name!r} needs {names}; send "
+                          f'{{"inputs": {{"{missing[0]}": ...}}}}', "missing_input")
+    problem = input_problem(flow, inputs)
+    if problem is not None:
+        raise bad_request(f"inputs: {problem} (as the flow {flow.name!r} declares in its "
+                          "StartNode); send values of the declared types", "invalid_input")
+
+
 class Service:
     """The server's state: its configuration, what it runs, its run slots and its metrics."""
 
@@ -116,21 +164,33 @@ class Service:
         if sealed is not None:
             self.tools: dict[str, Path] = dict(sealed.tools)
             self.tools_dir: Path | None = sealed.tools_dir
+            self.commands: CommandSet | None = sealed.commands
         else:
+            from heddle.tools.commands import read_commands
+
             self.tools = discover_tools(config.tools_dir)
             self.tools_dir = config.tools_dir.absolute() if config.tools_dir else None
+            self.commands = read_commands(config.commands) if config.commands is not None else None
         self.host = load_plugins(config, sealed)
         self.node_types: frozenset[str] = self.host.node_types() if self.host is not None else frozenset()
         self.options = run_options(config, sealed)
         # Everything that can be refused without a request is refused now, before the port opens.
         check_policy(self.options.sandbox, explicitly_set=config.sandbox_flags)
         Workspaces(self.options.workspace, self.tools, tools_dir=self.tools_dir, warn=lambda message: None).check()
+        # --discover-tools: the plugins asked now which tools they serve (never a plugin a request brings).
+        from heddle.runs import discover_apart
+
+        discover_apart(self.host, run_settings(config, sealed), self.options)
         self.bundle_run = None
         if sealed is not None:
             self.bundle_run = prepare_run(sealed.flow, tools=self.tools, tools_dir=self.tools_dir,
                                           options=self.options, sandbox_flags=config.sandbox_flags,
-                                          plugins=self.host)
+                                          plugins=with_commands(self.host, self.commands, sealed.flow))
             self.policy.assign_keys(sealed.flow, self.bundle_run.endpoints, from_request=False)
+        # What GET /v1/tools answers, listed once (a plugin tool taking a tools folder's name is refused now).
+        self.tool_listing = self._tool_listing()
+        # Last, so that nothing else can fail once it is open: the caller closes it (aclose).
+        self.sessions = open_sessions(config, self.host)
 
     # ------------------------------------------------------------------ requests
 
@@ -142,14 +202,16 @@ class Service:
             raise bad_request(f"request field {named[0]!r}: this server runs the bundle {self.sealed.name!r} "
                               f"({digest_of(self.sealed)}) and nothing else; send only 'inputs'", "bundle_only")
 
-    async def _resolve(self, body: dict[str, Any]) -> _Resolved:
+    async def _resolve(self, body: dict[str, Any], *, run: bool = False) -> _Resolved:
         from heddle.server.documents import flow_from_file, flow_from_value
 
-        request = parse_run_request(body, allow_request_code=self.config.allow_request_code)
+        request = parse_run_request(body, allow_request_code=self.config.allow_request_code,
+                                    sessions=self.sessions is not None if run else None)
         if self.sealed is not None:
             self._refuse_for_bundle(request)
             return _Resolved(self.sealed.flow, self.tools, self.tools_dir, f"bundle {self.sealed.name}",
-                             False, inputs={**self.sealed.input, **request.inputs}, message=request.message)
+                             False, inputs={**self.sealed.input, **request.inputs}, message=request.message,
+                             request=request)
         if request.flow is not None:
             flow = await asyncio.to_thread(flow_from_value, request.flow, node_types=self.node_types)
             source, from_request = "flow", True
@@ -164,41 +226,128 @@ class Service:
             raise bad_request("the request names no flow; give 'flow' (the document) or 'flowPath'")
         tools, tools_dir, folder = dict(self.tools), self.tools_dir, None
         if request.tools:
-            clash = sorted(t.name for t in request.tools if t.name in tools)
+            clash = sorted(t.name for t in request.tools if t.name in tools or t.name in self._command_names())
             if clash:
                 raise bad_request(f"tools: {clash[0]!r} is already a tool of this server; give yours another name")
             folder = await asyncio.to_thread(ToolFolder, request.tools, parent=self.config.work_dir)
             tools.update(folder.tools)
             tools_dir = tools_dir or folder.root
         return _Resolved(flow, tools, tools_dir, source, from_request, folder, dict(request.inputs),
-                         request.message)
+                         request.message, request)
 
     async def prepare(self, body: dict[str, Any]) -> Job:
         """The request as a job ready to run, or the 400 saying what is wrong with it."""
-        from heddle.engine.inputs import input_problem
-        from heddle.spec.roots import check_message
-
-        resolved = await self._resolve(body)
+        resolved = await self._resolve(body, run=True)
+        request = resolved.request
         try:
-            check_message(resolved.flow, resolved.message, named="request field 'message'",
-                          give="'message' in the request", source=f"the {resolved.source}")
+            if request.session is None:
+                self._refuse_waits(resolved.flow, resolved.source)
+                check_run(resolved.flow, resolved.inputs, resolved.message, source=resolved.source)
             prepared = self.bundle_run or await self._prepare(resolved)
-            missing = missing_inputs(resolved.flow, resolved.inputs)
-            if missing:
-                names = ", ".join(repr(m) for m in missing)
-                raise bad_request(f"inputs: the flow {resolved.flow.name!r} needs {names}; send "
-                                  f'{{"inputs": {{"{missing[0]}": ...}}}}', "missing_input")
-            problem = input_problem(resolved.flow, resolved.inputs)
-            if problem is not None:
-                raise bad_request(f"inputs: {problem} (as the flow {resolved.flow.name!r} declares in its "
-                                  "StartNode); send values of the declared types", "invalid_input")
         except BaseException:
             if resolved.folder is not None:
                 resolved.folder.close()
             raise
         # The server's plugins, if any, are in `prepared`: its runs go through their seams.
-        return Job(prepared, resolved.inputs, frozenset(self.tools) | self._plugin_tools(), resolved.folder,
-                   resolved.message)
+        job = Job(prepared, resolved.inputs, frozenset(self.tools) | self._plugin_tools() | self._command_names(),
+                  resolved.folder,
+                  resolved.message, source=resolved.source)
+        if request.session is not None:
+            # In a session the message and the inputs are checked once the turn is known: a run that
+            # resumes keeps the ones it started with (heddle.sessions.turn).
+            from heddle.sessions.turn import SessionUse
+            from heddle.surface import SERVER
+
+            assert self.sessions is not None, "parse_run_request refuses a session when there is no store"
+            job.session = SessionUse(self.sessions, request.session, answer=request.answer, resume=request.resume,
+                                     create=False, surface=SERVER)
+            job.digest, job.document = self._binding(resolved)
+            job.inputs_given = request.inputs_given
+        return job
+
+    def _refuse_waits(self, flow: Flow, source: str) -> None:
+        """A document that may wait for a person, run without a session: refused before it starts."""
+        from heddle.spec.roots import document_root
+
+        waits = document_root(flow).waits
+        if not waits:
+            return
+        more = f" (and {len(waits) - 1} more)" if len(waits) > 1 else ""
+        how = ('send "session" with an id POST /v1/sessions issues, so that it can stop and resume'
+               if self.sessions is not None else SESSIONS_OFF)
+        raise ApiError(400, "needs_session", f"the {source} may wait for a person: {waits[0]}{more}; it runs only "
+                                             f"in a session, and {how}")
+
+    def _binding(self, resolved: _Resolved) -> tuple[str, str]:
+        """What a session run of `resolved` is bound to: the bundle's digest, or the digest of the flow
+        the request named as heddle read it (as `heddle run` binds a document, so that an edit that
+        changes what runs changes it), and its name for messages."""
+        if self.sealed is not None:
+            from heddle.bundle.verified import digest_text
+
+            return digest_text(str(self.sealed.digest)), f"bundle {self.sealed.name!r}"
+        from heddle.sessions.turn import flow_digest
+
+        digest = flow_digest(resolved.flow)
+        document = resolved.source if resolved.request.flow_path is not None else f"flow {resolved.flow.name!r}"
+        return digest, document
+
+    # ------------------------------------------------------------------ sessions
+
+    def _store(self) -> SessionStore:
+        if self.sessions is None:
+            raise bad_request(SESSIONS_OFF[0].upper() + SESSIONS_OFF[1:], "sessions_off")
+        return self.sessions
+
+    async def _call(self, store: SessionStore, call: Callable[[], T]) -> T:
+        """A store call, off the event loop; its errors in the request's terms."""
+        from heddle.server.sessions import for_http
+
+        try:
+            return await asyncio.to_thread(call)
+        except SessionError as exc:
+            raise for_http(exc, store.name) from None
+
+    async def new_session(self) -> str:
+        """A new, empty session with an id of the server's choosing. A bundle server binds it to its
+        bundle now; otherwise its first run binds it to the document that run names."""
+        from heddle.sessions.open import new_session_id
+        from heddle.sessions.record import Record
+
+        store = self._store()
+        sid = new_session_id()
+        digest, document = "", ""
+        if self.sealed is not None:
+            from heddle.bundle.verified import digest_text
+
+            digest, document = digest_text(str(self.sealed.digest)), f"bundle {self.sealed.name!r}"
+        data = Record(id=sid, digest=digest, document=document).encode()
+        await self._call(store, lambda: store.create(sid, data))
+        return sid
+
+    def _unknown(self, session_id: str) -> SessionNotFound:
+        return SessionNotFound(f"there is no session {session_id!r} (it was never issued, or it was removed); "
+                               "POST /v1/sessions issues a new one")
+
+    async def session_summary(self, session_id: str) -> dict[str, Any]:
+        """What GET /v1/sessions/{id} shows (Record.summary: never the journal)."""
+        from heddle.sessions.record import decode
+        from heddle.sessions.store import check_session_id
+
+        store = self._store()
+        check_session_id(session_id)
+        stored = await self._call(store, lambda: store.get(session_id))
+        if stored is None:
+            raise self._unknown(session_id)
+        return await self._call(store, lambda: decode(session_id, stored.data, store=store.name).summary())
+
+    async def delete_session(self, session_id: str) -> None:
+        from heddle.sessions.store import check_session_id
+
+        store = self._store()
+        check_session_id(session_id)
+        if not await self._call(store, lambda: store.delete(session_id)):
+            raise self._unknown(session_id)
 
     async def _prepare(self, resolved: _Resolved) -> Any:
         from heddle.engine.run import prepare_run
@@ -207,7 +356,8 @@ class Service:
             await self.policy.check_request_flow(resolved.flow)
         prepared = await asyncio.to_thread(
             prepare_run, resolved.flow, tools=resolved.tools, tools_dir=resolved.tools_dir,
-            options=self.options, sandbox_flags=self.config.sandbox_flags, plugins=self.host)
+            options=self.options, sandbox_flags=self.config.sandbox_flags,
+            plugins=with_commands(self.host, self.commands, resolved.flow))
         self.policy.assign_keys(resolved.flow, prepared.endpoints, from_request=resolved.from_request)
         return prepared
 
@@ -217,7 +367,8 @@ class Service:
 
         resolved = await self._resolve(body)
         try:
-            tools = self.host.known_tools(resolved.tools) if self.host is not None else resolved.tools
+            plugins = with_commands(self.host, self.commands, resolved.flow)
+            tools = plugins.known_tools(resolved.tools) if plugins is not None else resolved.tools
             report = validation_report(resolved.flow, tools=tools, source=resolved.source,
                                        tools_dir=resolved.tools_dir)
             if self.sealed is not None:
@@ -240,6 +391,9 @@ class Service:
 
     def _plugin_tools(self) -> frozenset[str]:
         return frozenset(self.host.tools) if self.host is not None else frozenset()
+
+    def _command_names(self) -> frozenset[str]:
+        return frozenset(self.commands.commands) if self.commands is not None else frozenset()
 
     def protocols(self) -> list[str]:
         """How a run's events can be rendered: heddle's own, and each loaded encoder plugin's."""
@@ -268,9 +422,24 @@ class Service:
             if self.host is not None:
                 await self.host.aclose()
         finally:
-            close_served(self.sealed)
+            try:
+                if self.sessions is not None:
+                    sessions, self.sessions = self.sessions, None
+                    await asyncio.to_thread(sessions.close)
+            finally:
+                close_served(self.sealed)
 
     # ------------------------------------------------------------------ description
+
+    def _tool_listing(self) -> dict[str, Any]:
+        """Every tool this server's runs have (heddle.tools.catalog): the bundle's with its flow's own, or
+        the tools folder's, the commands' and the plugins' (a request's own tools are its own), as a
+        caller may see them: without paths, programs or argv templates."""
+        from heddle.tools.catalog import catalog
+
+        flow = self.sealed.flow if self.sealed is not None else None
+        return catalog(tools=self.tools, flow=flow, host=self.host,
+                       commands=self.commands or ()).as_json(public=True)
 
     def capabilities(self) -> dict[str, Any]:
         from heddle import __version__
@@ -282,15 +451,17 @@ class Service:
             "allowRequestCode": config.allow_request_code,
             "acceptsFlowPath": self.sealed is None and config.flows_root is not None,
             "acceptsFlow": self.sealed is None,
+            "sessions": self.sessions is not None,
             "sandbox": {"safe": options.sandbox.safe, "backend": options.sandbox.backend,
                         "denyNet": options.sandbox.deny_net},
-            "tools": sorted(self.tools),
+            "tools": sorted({*self.tools, *self._command_names()}),
             "protocols": self.protocols(),
             "events": list(EVENT_TYPES),
             "limits": {
                 "maxConcurrent": config.max_concurrent,
                 "timeoutMs": _ms(options.timeout),
                 "toolTimeoutMs": _ms(options.tool_timeout),
+                "toolOutputLimit": options.tool_output_limit,
                 "maxIterations": options.max_iterations,
                 "maxToolRounds": options.max_tool_rounds,
                 "maxParallel": options.max_parallel,

@@ -95,6 +95,7 @@ LlmConfig = Annotated[
 
 class ServerTool(WithIO):
     component_type: Literal["ServerTool"] = "ServerTool"
+    requires_confirmation: bool = False  # each call waits for a person's approval (heddle.spec.waits)
 
 
 # --------------------------------------------------------------------------- remote, client and built-in tools
@@ -264,7 +265,7 @@ class MCPTool(WithIO):
 
     component_type: Literal["MCPTool"] = "MCPTool"
     client_transport: ClientTransport
-    requires_confirmation: bool = False  # true is refused: heddle.spec.refusals
+    requires_confirmation: bool = False  # each call waits for a person's approval (heddle.spec.waits)
 
     def declares_inputs(self) -> bool:
         """Whether the document gives the tool's inputs (else the server's listing does)."""
@@ -292,7 +293,7 @@ class MCPToolBox(Component):
     component_type: Literal["MCPToolBox"] = "MCPToolBox"
     client_transport: ClientTransport
     tool_filter: list[MCPToolSpec | str] | None = None
-    requires_confirmation: bool = False  # true is refused: heddle.spec.refusals
+    requires_confirmation: bool = False  # true is refused on a toolbox: heddle.spec.waits
 
     @model_validator(mode="after")
     def _check_toolbox(self) -> MCPToolBox:
@@ -359,6 +360,207 @@ class SpecializedAgent(Agent):
                                              inputs=data.get("inputs"), outputs=data.get("outputs"))}
 
 
+# --------------------------------------------------------------------------- multi-agent: Swarm, ManagerWorkers
+# Agents that talk to each other, as the specification defines them (heddle.engine.multiagent runs
+# them). A Swarm's agents ask each other along its `relationships` (caller, recipient) and may hand
+# the user's conversation over; a ManagerWorkers' manager talks with the user and asks its workers.
+# The specification leaves how agents reach each other to the runtime: heddle gives them the tools
+# `send_message(recipient, message)` and `handoff_conversation(recipient)`, as the reference runtime
+# does. An agent is named by its `name` there, so the names of a group's agents are unique.
+
+SEND_MESSAGE = "send_message"
+HANDOFF_CONVERSATION = "handoff_conversation"
+HandoffMode = Literal["never", "optional", "always"]
+_MEMBER_TYPES = ("Agent", "SpecializedAgent")
+
+Member = Annotated[Agent | SpecializedAgent, Field(discriminator="component_type")]
+
+
+def _members_only(value: Any, where: str) -> Any:
+    # A clearer refusal than the union's "does not match any of the expected tags".
+    ctype = value.get("component_type") if isinstance(value, dict) else None
+    if ctype in ("Swarm", "ManagerWorkers"):
+        raise ValueError(f"{where} is a {ctype}: heddle runs a Swarm's or a ManagerWorkers' agents when they are "
+                         "Agents or SpecializedAgents, not a multi-agent component inside another; give an Agent")
+    return value
+
+
+class _AgentGroup(WithIO):
+    """What a Swarm and a ManagerWorkers share: agents, each once, named uniquely."""
+
+    def members(self) -> list[tuple[str, Agent]]:
+        """(field path from the group, agent) for each of its agents once, in document order."""
+        raise NotImplementedError
+
+    def member(self, name: str) -> Agent:
+        return next(agent for _, agent in self.members() if agent.name == name)
+
+    def _label(self) -> str:
+        return f"{self.component_type} {self.name!r}"  # type: ignore[attr-defined]
+
+    def _canonical(self, placed: list[tuple[str, Agent]]) -> dict[str, Agent]:
+        """One agent per name (the first place it is written); refuses nameless agents and two
+        different agents of one name (a reference written twice is one agent)."""
+        label, found = self._label(), dict[str, Agent]()
+        for where, agent in placed:
+            if not agent.name:
+                raise ValueError(f"{label}: the agent at {where} has no name; the agents of a {self.component_type} "  # type: ignore[attr-defined]
+                                 "reach each other by name, give it one")
+            seen = found.setdefault(agent.name, agent)
+            if seen is not agent and seen.model_dump() != agent.model_dump():
+                raise ValueError(f"{label}: two different agents are named {agent.name!r} (one at {where}); the "
+                                 "agents reach each other by name, so give each its own")
+        return found
+
+    def _check_members(self) -> None:
+        from heddle.spec import io
+
+        label, types = self._label(), dict[str, tuple[str, set[str]]]()
+        for where, agent in self.members():
+            for prop in io.agent_inputs(agent):
+                first = types.setdefault(prop["title"], (where, schema_types(prop)))
+                if first[1] != schema_types(prop):
+                    raise ValueError(f"{label}: input {prop['title']!r} of the agent at {where} has another type than "
+                                     f"the one of the agent at {first[0]}; the group's agents share its inputs, so "
+                                     "give it one type (or rename one)")
+
+
+class Swarm(_AgentGroup):
+    """Agents that ask each other along `relationships` ((caller, recipient) pairs): `first_agent`
+    talks with the user first; with `handoff` another may take the user's conversation over."""
+
+    component_type: Literal["Swarm"] = "Swarm"
+    first_agent: Member
+    relationships: list[Annotated[list[Member], Field(min_length=2, max_length=2)]]
+    # never: send_message only; optional: both tools (only the agent talking with the user hands
+    # over); always: handoff_conversation only. A boolean is the specification's older spelling.
+    handoff: bool | HandoffMode = "optional"
+
+    _first = field_validator("first_agent", mode="before")(
+        classmethod(lambda cls, v: _members_only(v, "first_agent")))
+
+    @field_validator("relationships", mode="before")
+    @classmethod
+    def _pairs(cls, value: Any) -> Any:
+        for i, pair in enumerate(value if isinstance(value, list) else []):
+            for j, agent in enumerate(pair if isinstance(pair, list) else []):
+                _members_only(agent, f"relationships[{i}][{j}]")
+        return value
+
+    @field_validator("handoff", mode="before")
+    @classmethod
+    def _handoff(cls, value: Any) -> Any:
+        if not isinstance(value, bool) and value not in ("never", "optional", "always"):
+            raise ValueError(f"handoff must be 'never', 'optional' or 'always' (or a boolean, the specification's "
+                             f"older spelling of 'optional' and 'never'), not {value!r}")
+        return value
+
+    def handoff_mode(self) -> HandoffMode:
+        if isinstance(self.handoff, bool):
+            return "optional" if self.handoff else "never"
+        return self.handoff
+
+    def members(self) -> list[tuple[str, Agent]]:
+        placed: dict[str, tuple[str, Agent]] = {self.first_agent.name: ("first_agent", self.first_agent)}
+        for i, pair in enumerate(self.relationships):
+            for j, agent in enumerate(pair):
+                placed.setdefault(agent.name, (f"relationships[{i}][{j}]", agent))
+        return list(placed.values())
+
+    def recipients(self, name: str) -> list[Agent]:
+        """The agents the agent `name` may ask (or hand over to), in the order of the relationships."""
+        return [recipient for caller, recipient in self.relationships if caller.name == name]
+
+    @model_validator(mode="after")
+    def _check_swarm(self) -> Swarm:
+        label = self._label()
+        if not self.relationships:
+            raise ValueError(f"{label}: relationships is empty, so its agents could never reach each other; list "
+                             "(caller, recipient) pairs, or use an Agent")
+        placed = [("first_agent", self.first_agent)] + [(f"relationships[{i}][{j}]", agent)
+                                                         for i, pair in enumerate(self.relationships)
+                                                         for j, agent in enumerate(pair)]
+        canonical = self._canonical(placed)
+        seen: set[tuple[str, str]] = set()
+        for i, (caller, recipient) in enumerate(self.relationships):
+            if caller.name == recipient.name:
+                raise ValueError(f"{label}: relationships[{i}] has agent {caller.name!r} ask itself; remove it")
+            if (caller.name, recipient.name) in seen:
+                raise ValueError(f"{label}: relationships[{i}] ({caller.name!r}, {recipient.name!r}) is listed twice; "
+                                 "remove one")
+            seen.add((caller.name, recipient.name))
+        # Each agent one object, wherever the document writes it: walks see its tools and model once.
+        self.first_agent = canonical[self.first_agent.name]
+        self.relationships = [[canonical[a.name], canonical[b.name]] for a, b in self.relationships]
+        mode = self.handoff_mode()
+        names = ([SEND_MESSAGE] if mode != "always" else []) + ([HANDOFF_CONVERSATION] if mode != "never" else [])
+        for _, agent in self.members():
+            if self.recipients(agent.name):
+                _no_tool_named(label, agent, names)
+        self._check_members()
+        return self
+
+
+class ManagerWorkers(_AgentGroup):
+    """`group_manager` talks with the user and asks its `workers` (send_message), whose answers come
+    back to it."""
+
+    component_type: Literal["ManagerWorkers"] = "ManagerWorkers"
+    group_manager: Member
+    workers: list[Member]
+
+    _manager = field_validator("group_manager", mode="before")(
+        classmethod(lambda cls, v: _members_only(v, "group_manager")))
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, value: Any) -> Any:
+        for i, agent in enumerate(value if isinstance(value, list) else []):
+            _members_only(agent, f"workers[{i}]")
+        return value
+
+    def members(self) -> list[tuple[str, Agent]]:
+        return [("group_manager", self.group_manager), *((f"workers[{i}]", w) for i, w in enumerate(self.workers))]
+
+    @model_validator(mode="after")
+    def _check_manager_workers(self) -> ManagerWorkers:
+        label = self._label()
+        if not self.workers:
+            raise ValueError(f"{label}: workers is empty; give it at least one worker, or use an Agent")
+        names: dict[str, str] = {}
+        for where, agent in self.members():
+            if not agent.name:
+                raise ValueError(f"{label}: the agent at {where} has no name; the manager reaches its workers by "
+                                 "name, give it one")
+            first = names.setdefault(agent.name, where)
+            if first != where:
+                raise ValueError(f"{label}: the agents at {first} and {where} are both named {agent.name!r}; the "
+                                 "manager reaches its workers by name (and is not one of them), so give each its own")
+        _no_tool_named(label, self.group_manager, [SEND_MESSAGE])
+        self._check_members()
+        return self
+
+
+def _no_tool_named(label: str, agent: Agent, names: list[str]) -> None:
+    for tool in agent.tools:
+        if tool.name in names:
+            raise ValueError(f"{label}: agent {agent.name!r} has a tool named {tool.name!r}, the name of the tool "
+                             "heddle gives it to reach the group's other agents; rename the tool")
+
+
+Agentic = Agent | SpecializedAgent | Swarm | ManagerWorkers
+"""What may be a document's top level as an agent, or an AgentNode's agent."""
+
+MULTI_AGENT = (Swarm, ManagerWorkers)
+
+
+def agents_of(agentic: Agentic) -> list[Agent]:
+    """The agents an agentic component runs: itself, or a group's agents (each once)."""
+    if isinstance(agentic, MULTI_AGENT):
+        return [agent for _, agent in agentic.members()]
+    return [agentic]
+
+
 # --------------------------------------------------------------------------- nodes
 
 
@@ -395,7 +597,7 @@ class LlmNode(NodeBase):
 
 class AgentNode(NodeBase):
     component_type: Literal["AgentNode"] = "AgentNode"
-    agent: Annotated[Agent | SpecializedAgent, Field(discriminator="component_type")]
+    agent: Annotated[Agentic, Field(discriminator="component_type")]
 
 
 class BranchingNode(NodeBase):
@@ -643,16 +845,25 @@ class CatchExceptionNode(NodeBase):
 
 COMPOSITE_NODES = (MapNode, ParallelMapNode, ParallelFlowNode, CatchExceptionNode)
 
-# --------------------------------------------------------------------------- catalogue: nodes read to be refused
-# Node types of the specification heddle does not run yet, read all the same so that the graph
-# check refuses them beside every other problem of the document, with heddle.spec.catalog's reason
-# (a document is fixed in one pass). Whoever makes one run gives it an executor, takes its
-# `even_if_read` off in the catalogue and moves it to a section of its own.
+# --------------------------------------------------------------------------- InputMessageNode
+# Waits for the user's message (in a session: heddle.engine.journal), which becomes its one output.
+
+INPUT_MESSAGE_OUTPUT = "user_input"
 
 
 class InputMessageNode(NodeBase):
+    """Shows `message` (when given, its placeholders filled from its inputs) and waits for the user's
+    reply: its one string output, `user_input` unless the node declares another."""
+
     component_type: Literal["InputMessageNode"] = "InputMessageNode"
     message: str | None = None
+
+    @model_validator(mode="after")
+    def _check_input_message(self) -> InputMessageNode:
+        if len(self.outputs) > 1 or any(p.get("type", "string") != "string" for p in self.outputs):
+            raise ValueError(f"InputMessageNode {self.name!r}: its outputs may only be one string property (the "
+                             "user's message)")
+        return self
 
 
 # --------------------------------------------------------------------------- messages
@@ -772,6 +983,8 @@ KNOWN_COMPONENT_TYPES: tuple[str, ...] = (
     "Agent",
     "SpecializedAgent",
     "AgentSpecializationParameters",
+    "Swarm",
+    "ManagerWorkers",
     "ServerTool",
     "RemoteTool",
     "ClientTool",

@@ -113,7 +113,8 @@ def _describe_validation_error(exc: ValidationError, source: str) -> str:
                      r"MapNode|ParallelMapNode|ParallelFlowNode|CatchExceptionNode|InputMessageNode|OutputMessageNode|"
                      r"MCPTool|MCPToolSpec|StdioTransport|SSETransport|SSEmTLSTransport|StreamableHTTPTransport|"
                      r"StreamableHTTPmTLSTransport|str|"
-                     r"RemoteTool|ClientTool|BuiltinTool|SpecializedAgent|AgentSpecializationParameters|"
+                     r"RemoteTool|ClientTool|BuiltinTool|SpecializedAgent|AgentSpecializationParameters|Swarm|"
+                     r"ManagerWorkers|"
                      r"PluginNode|Agent|ServerTool|OpenAiConfig|OpenAiCompatibleConfig|VllmConfig|OllamaConfig)"
                      r"(?=\.|\[|$)", "", loc)
         parts.append(f"${loc}: {err['msg']}")
@@ -159,9 +160,9 @@ def parse_flow(data: Any, *, source: str = "<flow>", node_types: Iterable[str] =
     """
     from pydantic import ValidationError
 
-    from heddle.spec.refusals import document_refusals
     from heddle.spec.roots import build_root, document_root, remember
     from heddle.spec.versions import newer_features
+    from heddle.spec.waits import wait_points
 
     if not isinstance(data, dict):
         raise DocumentError(f"{source}: the document must be an object: a component (a Flow, an Agent or a "
@@ -176,7 +177,7 @@ def parse_flow(data: Any, *, source: str = "<flow>", node_types: Iterable[str] =
         resolved["agentspec_version"] = version  # its text, though YAML read `26.1` as a number
     types = frozenset(node_types)
     _check_component_types(resolved, source, node_types=types)
-    refused = document_refusals(resolved)
+    waits, refused = wait_points(resolved)
     if refused:
         raise DocumentError(f"{source}: " + "; ".join(refused))
 
@@ -195,6 +196,8 @@ def parse_flow(data: Any, *, source: str = "<flow>", node_types: Iterable[str] =
         warnings = newer_features(resolved, version, source=source)
         if warnings:
             remember(flow, dataclasses.replace(document_root(flow), warnings=tuple(warnings)))
+    if waits:
+        remember(flow, dataclasses.replace(document_root(flow), waits=tuple(waits)))
     return flow
 
 

@@ -57,12 +57,19 @@ def _declared_or(declared: list[Property], inferred: list[Property]) -> list[Pro
 # --------------------------------------------------------------------------- agents and flows
 
 
-def agent_inputs(agent: c.Agent) -> list[Property]:
-    """The Agent's inputs: declared, else one string per placeholder of its system prompt."""
+def agent_inputs(agent: c.Agentic) -> list[Property]:
+    """The Agent's inputs: declared, else one string per placeholder of its system prompt. A Swarm's
+    or a ManagerWorkers': declared, else those of its agents (each title once), whose prompts they fill."""
+    if isinstance(agent, c.MULTI_AGENT):
+        merged: dict[str, Property] = {}
+        for member in c.agents_of(agent):
+            for prop in agent_inputs(member):
+                merged.setdefault(prop["title"], prop)
+        return _declared_or(agent.inputs, list(merged.values()))
     return _declared_or(agent.inputs, _strings(placeholders(agent.system_prompt)))
 
 
-def agent_outputs(agent: c.Agent) -> list[Property]:
+def agent_outputs(agent: c.Agentic) -> list[Property]:
     return list(agent.outputs)
 
 
@@ -156,6 +163,15 @@ def _message_inputs(node: c.OutputMessageNode) -> list[Property]:
     return _declared_or(node.inputs, _strings(placeholders(node.message)))
 
 
+def _input_message_inputs(node: c.InputMessageNode) -> list[Property]:
+    return _declared_or(node.inputs, _strings(placeholders(node.message or "")))
+
+
+def _input_message_outputs(node: c.InputMessageNode) -> list[Property]:
+    # One string: the user's message, `user_input` unless the node names it.
+    return _declared_or(node.outputs, _strings([c.INPUT_MESSAGE_OUTPUT]))
+
+
 def _flow_node_inputs(node: c.FlowNode) -> list[Property]:
     return _declared_or(node.inputs, flow_inputs(node.subflow))
 
@@ -196,6 +212,7 @@ _INPUTS: dict[type, Infer] = {
     c.BranchingNode: _branching_inputs,
     c.FlowNode: _flow_node_inputs,
     c.OutputMessageNode: _message_inputs,
+    c.InputMessageNode: _input_message_inputs,
     **dict.fromkeys(c.COMPOSITE_NODES, _composite_inputs),
     c.PluginNode: _plugin_inputs,
 }
@@ -209,6 +226,7 @@ _OUTPUTS: dict[type, Infer] = {
     c.BranchingNode: _no_outputs,
     c.FlowNode: _flow_node_outputs,
     c.OutputMessageNode: _no_outputs,
+    c.InputMessageNode: _input_message_outputs,
     **dict.fromkeys(c.COMPOSITE_NODES, _composite_outputs),
     c.PluginNode: _plugin_outputs,
 }
@@ -248,7 +266,12 @@ def templates_of(node: Any) -> list[tuple[str, str]]:
     if isinstance(node, c.LlmNode):
         return [("prompt_template", node.prompt_template)]
     if isinstance(node, c.AgentNode):
-        return [("agent.system_prompt", node.agent.system_prompt)]
+        agent = node.agent
+        if isinstance(agent, c.MULTI_AGENT):
+            return [(f"agent.{where}.system_prompt", member.system_prompt) for where, member in agent.members()]
+        return [("agent.system_prompt", agent.system_prompt)]
     if isinstance(node, c.OutputMessageNode):
+        return [("message", node.message)]
+    if isinstance(node, c.InputMessageNode) and node.message:
         return [("message", node.message)]
     return []

@@ -40,6 +40,8 @@ class DocumentRoot:
     message_node: str | None = None
     # Things the document does that it should not (a feature newer than its agentspec_version).
     warnings: tuple[str, ...] = ()
+    # Where a run of it may stop to wait for a person (heddle.spec.waits): it then needs a session.
+    waits: tuple[str, ...] = ()
 
     @property
     def conversational(self) -> bool:
@@ -163,7 +165,7 @@ def agentic_root(model: Any) -> Builder:
     return build
 
 
-def agent_flow(agent: c.Agent) -> Built:
+def agent_flow(agent: c.Agentic) -> Built:
     """StartNode -> AgentNode(agent) -> EndNode, the message addressed to that AgentNode."""
     from heddle.spec import components as c
     from heddle.spec.io import agent_inputs, agent_outputs
@@ -199,11 +201,22 @@ def specialized_root(data: dict[str, Any], validate: Validate) -> Built:
     return agentic_root(c.SpecializedAgent)(data, validate)
 
 
+def multi_agent_root(data: dict[str, Any], validate: Validate) -> Built:
+    """A Swarm or a ManagerWorkers at the top: one turn of its agents' conversation with the user, run
+    as the agent of an AgentNode like an Agent (heddle.engine.multiagent)."""
+    from heddle.spec import components as c
+
+    model = c.Swarm if data.get("component_type") == "Swarm" else c.ManagerWorkers
+    return agent_flow(validate(model, data))
+
+
 # Agentic components at the top level, by component type: each takes a user message. Another
 # such component adds its builder here (`agentic_root(Model)` for one whose typed model is an Agent).
 BUILDERS: dict[str, Builder] = {
     "Agent": agent_root,
     "SpecializedAgent": specialized_root,
+    "Swarm": multi_agent_root,
+    "ManagerWorkers": multi_agent_root,
 }
 
 # What the refusal of a top-level component that has nothing to run says it could be put in.

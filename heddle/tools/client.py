@@ -1,21 +1,16 @@
-"""ClientTool: a tool the client runs, not heddle. The run would hand the call to the client and
-wait for its result, which needs a session (a later heddle version).
-
-Until then an agent is still offered its ClientTools (the model must see the tools the document
-gives it), and a call to one ends the run with a `NeedsSessionError`, before anything runs for
-it. A ClientTool as a ToolNode's tool is refused when the document is read
-(heddle.spec.refusals): that node can only wait.
+"""ClientTool: a tool the client runs, not heddle. A call to one stops the run to wait for the
+client's result (heddle.engine.journal): the run resumes with it (`--tool-result JSON`, or
+`{"tool_result": ...}` over HTTP) as the tool's output. Runs in a session only; a document with a
+ClientTool is refused without one before it starts (heddle.spec.waits).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from heddle.errors import NeedsSessionError
 from heddle.tools.provided import DocumentTools
 
 if TYPE_CHECKING:
@@ -37,6 +32,7 @@ class ClientCall:
 
     tool: c.ClientTool
     where: str
+    ctx: RunContext
 
     def check(self, arguments: dict[str, Any]) -> dict[str, Any]:
         from heddle.tools.schema import checked_arguments
@@ -44,11 +40,20 @@ class ClientCall:
         return checked_arguments(self.tool, arguments)
 
     async def run(self, request: ToolRequest) -> dict[str, Any]:
-        arguments = json.dumps(request.arguments, ensure_ascii=False)
-        raise NeedsSessionError(
-            f"ClientTool {self.tool.name!r} at {self.where}: the model called it with {arguments}, and a "
-            "ClientTool is run by the client, so heddle would wait for its result; that needs a session, "
-            "which a later heddle version adds")
+        from heddle.engine.journal import WaitingFor
+
+        answer = self.ctx.wait(WaitingFor("client_tool", request.node, tool=self.tool.name,
+                                          arguments=request.arguments))
+        return as_output(self.tool, answer.tool_result)
+
+
+def as_output(tool: c.ClientTool, result: Any) -> dict[str, Any]:
+    """The client's result as the tool's output: an object as it is; another value as the tool's one
+    declared output (or `result` when it declares none or several)."""
+    if isinstance(result, dict):
+        return result
+    titles = tool.output_titles()
+    return {titles[0] if len(titles) == 1 else "result": result}
 
 
 class ClientToolKind:
@@ -56,13 +61,13 @@ class ClientToolKind:
         return bool(client_tools(flow))
 
     def open(self, ctx: RunContext, flow: c.Flow) -> contextlib.AbstractAsyncContextManager[DocumentTools]:
-        return self._open(flow)
+        return self._open(ctx, flow)
 
     @contextlib.asynccontextmanager
-    async def _open(self, flow: c.Flow) -> AsyncIterator[DocumentTools]:
+    async def _open(self, ctx: RunContext, flow: c.Flow) -> AsyncIterator[DocumentTools]:
         found: dict[str, ClientCall] = {}
         for where, tool in client_tools(flow):
-            found.setdefault(tool.name, ClientCall(tool, where))
+            found.setdefault(tool.name, ClientCall(tool, where, ctx))
         yield DocumentTools(tools=dict(found))
 
 

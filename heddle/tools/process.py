@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -152,13 +153,52 @@ async def run_tool_process(
     `surface` names the timeout as the shell that set it takes it; `sandboxed` says `argv`
     starts a sandbox whose end takes every process in it along."""
     payload = json.dumps(arguments, ensure_ascii=False).encode("utf-8")
+    done = await run_process(name, argv, payload, cwd=cwd, env=env, timeout=timeout, sandboxed=sandboxed,
+                             timeout_hint=f"raise {surface.flag('tool_timeout')} if it needs longer",
+                             timeout_text=surface.duration(timeout or 0))
+    if done.returncode != 0:
+        detail = _tail(done.stderr)
+        how = (f"was killed by signal {-done.returncode}" if done.returncode < 0
+               else f"exited with status {done.returncode}")
+        raise ToolError(name, f"{how}" + (f": {detail}" if detail else " and printed nothing on stderr"))
+    return parse_output(name, done.stdout)
+
+
+@dataclass(frozen=True)
+class Exited:
+    """A process that ran to its exit: its status (negative: killed by that signal) and output."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+
+async def run_process(
+    name: str,
+    argv: Sequence[str],
+    stdin: bytes,
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = 30.0,
+    sandboxed: bool = False,
+    timeout_hint: str = "",
+    timeout_text: str = "",
+    exact_env: bool = False,
+) -> Exited:
+    """Run `argv` (no shell) with `stdin` as its input, to its exit, its descendants killed with it
+    (see the module docstring); ToolError naming `name` when it cannot start or runs out of time
+    (`timeout_text` says the limit, `timeout_hint` how to raise it). `exact_env`: the program gets
+    `env` and nothing more, not even the LC_CTYPE the reaper's Python sets where there is no locale."""
     loop = asyncio.get_running_loop()
     reaper = not sandboxed and _reaper_available()
     command = list(argv)
     status_read = status_write = -1
     if reaper:
         status_read, status_write = os.pipe()
-        command = [sys.executable, "-I", "-S", str(REAPER), str(status_write), str(os.getpid()), "--", *argv]
+        unset = ["-u", "LC_CTYPE"] if exact_env and env is not None and "LC_CTYPE" not in env else []
+        command = [sys.executable, "-I", "-S", str(REAPER), str(status_write), str(os.getpid()), *unset, "--",
+                   *argv]
     try:
         try:
             transport, call = await loop.subprocess_exec(
@@ -178,10 +218,10 @@ async def run_tool_process(
             if status_write >= 0:
                 os.close(status_write)
         try:
-            returncode = await _converse(transport, call, payload, timeout, reaper)
+            returncode = await _converse(transport, call, stdin, timeout, reaper)
         except TimeoutError:
-            raise ToolError(name, f"timed out after {surface.duration(timeout or 0)} and was killed "
-                                  f"(raise {surface.flag('tool_timeout')} if it needs longer)") from None
+            hint = f" ({timeout_hint})" if timeout_hint else ""
+            raise ToolError(name, f"timed out after {timeout_text or f'{timeout} s'} and was killed{hint}") from None
         finally:
             # Closed here, while the loop runs: a transport left to the garbage collector
             # closes its pipes on a loop that may be gone.
@@ -191,11 +231,7 @@ async def run_tool_process(
     finally:
         if status_read >= 0:
             os.close(status_read)
-    if returncode != 0:
-        detail = _tail(bytes(call.err))
-        how = f"was killed by signal {-returncode}" if returncode < 0 else f"exited with status {returncode}"
-        raise ToolError(name, f"{how}" + (f": {detail}" if detail else " and printed nothing on stderr"))
-    return parse_output(name, bytes(call.out))
+    return Exited(returncode, bytes(call.out), bytes(call.err))
 
 
 async def _converse(transport: asyncio.SubprocessTransport, call: _Call, payload: bytes,

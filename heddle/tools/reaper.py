@@ -1,6 +1,8 @@
 """The parent of one tool process on Linux, so that nothing the tool started outlives its call.
 
-Run as a script (`python -I -S reaper.py STATUS_FD -- ARGV...`, never imported by heddle):
+Run as a script (`python -I -S reaper.py STATUS_FD PARENT_PID [-u NAME]... -- ARGV...`, never
+imported by heddle; each `-u NAME` is a variable the tool must not get, as Python's start-up sets
+LC_CTYPE in an environment that has no locale):
 it marks itself a child subreaper, starts the tool, and once the tool has exited kills
 everything the tool left behind. A process group does not reach a child that called
 `setsid()`, and an orphan normally goes to init; as a subreaper this process becomes the
@@ -98,13 +100,15 @@ def kill_leftovers() -> None:
             return
 
 
-def _start(argv: list[str], mask: Iterable[int]) -> tuple[int, int | None]:
+def _start(argv: list[str], mask: Iterable[int], unset: Iterable[str] = ()) -> tuple[int, int | None]:
     """Fork and exec the tool; (pid, errno) with errno set when the exec failed."""
     read_end, write_end = os.pipe()  # both close on exec
     pid = os.fork()
     if pid == 0:
         os.close(read_end)
         try:
+            for name in unset:
+                os.environ.pop(name, None)
             # The mask and ignored signals survive exec: the tool gets the mask heddle gave us
             # and the default SIGPIPE and SIGXFSZ that Python set aside at start-up.
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -134,14 +138,19 @@ def main(args: list[str]) -> int:
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
     # A handler, so SIGCHLD is never discarded as ignored before sigwaitinfo takes it.
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    status_fd, parent, sep, *argv = args
+    status_fd, parent, *rest = args
+    unset: list[str] = []
+    while len(rest) >= 2 and rest[0] == "-u":
+        unset.append(rest[1])
+        rest = rest[2:]
+    sep, *argv = rest if rest else [""]
     status = int(status_fd)
     os.set_inheritable(status, False)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != int(parent) or sep != "--" or not argv:
         return 1  # heddle died before the death signal was armed, or a misuse
-    pid, failure = _start(argv, mask)
+    pid, failure = _start(argv, mask, unset)
     # The tool owns stdin and stdout; holding them here would hide its exit from heddle's
     # reads and writes. stderr stays, for this program's own failures.
     null = os.open(os.devnull, os.O_RDWR)

@@ -182,8 +182,10 @@ def bwrap_args(
     *,
     workspace: Workspace,
     tools_dir: Path | None,
+    chdir: Path | None = None,
 ) -> list[str]:
-    """The bubblewrap command line that runs `argv` inside the policy's sandbox."""
+    """The bubblewrap command line that runs `argv` inside the policy's sandbox, in `chdir` (default:
+    the workspace)."""
     bwrap = find_bwrap()
     if bwrap is None:
         raise RunError(f"--safe needs bubblewrap and 'bwrap' is not on PATH; {INSTALL_HINT}")
@@ -229,7 +231,7 @@ def bwrap_args(
         args.append("--unshare-net")
     for _, opts in ops:
         args.extend(opts)
-    args.extend(["--chdir", root, "--"])
+    args.extend(["--chdir", _real(chdir) if chdir is not None else root, "--"])
     args.extend(argv)
     return args
 
@@ -241,12 +243,14 @@ def confine(
     workspace: Workspace,
     tools_dir: Path | None,
     env: dict[str, str],
+    chdir: Path | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment to exec for one tool call: sandboxed under --safe, else as given
-    less heddle's own secrets."""
+    less heddle's own secrets. `chdir` is where a sandboxed call starts, when not its workspace (it
+    must be the workspace, `tools_dir` or under one of them, to be there at all)."""
     if not policy.safe:
         return list(argv), without_secrets(env)
     return (
-        bwrap_args(policy, argv, workspace=workspace, tools_dir=tools_dir),
+        bwrap_args(policy, argv, workspace=workspace, tools_dir=tools_dir, chdir=chdir),
         sandbox_env(policy, env),
     )

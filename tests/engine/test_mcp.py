@@ -273,7 +273,6 @@ def test_stdio_server_runs_like_a_tool(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 @pytest.mark.parametrize(("field", "value", "expected"), [
-    ("requires_confirmation", True, "needs a session"),
     ("cwd", "/etc", "outside the server's workspace"),
     ("sensitive_headers", {"Authorization": "Bearer abc"}, "must be a $VAR reference"),
     ("retry_policy", {"max_attempts": 3}, "retry_policy is not supported"),
@@ -289,7 +288,7 @@ def test_what_heddle_cannot_run_is_refused_when_the_document_loads(tmp_path: Pat
         transport = {"component_type": "StreamableHTTPTransport", "id": "h", "name": "h",
                      "url": "https://mcp.example/mcp"}
     tool = _mcp_tool("add", transport, [prop("a", "integer")])
-    (tool if field == "requires_confirmation" else transport)[field] = value
+    transport[field] = value
     f = FlowDoc("refused")
     start = f.start([prop("a", "integer")])
     node = f.tool_node("sum", tool)
@@ -300,6 +299,38 @@ def test_what_heddle_cannot_run_is_refused_when_the_document_loads(tmp_path: Pat
         load_flow(f.write(tmp_path / "flow.json"))
     message = str(caught.value)
     assert expected in message and ".tool" in message and "\n" not in message
+
+
+def test_requires_confirmation_needs_a_session_on_a_tool_and_is_refused_on_a_toolbox(tmp_path: Path) -> None:
+    from heddle.errors import DocumentError, NeedsSessionError
+    from heddle.runs import execute, from_document
+    from heddle.spec import load_flow
+
+    transport = {"component_type": "StreamableHTTPTransport", "id": "h", "name": "h", "url": "https://mcp.example/mcp"}
+    f = FlowDoc("confirmed")
+    start = f.start([prop("a", "integer")])
+    node = f.tool_node("sum", {**_mcp_tool("add", transport, [prop("a", "integer")]), "requires_confirmation": True})
+    end = f.end([])
+    f.control(start, node)
+    f.control(node, end)
+    flow = f.write(tmp_path / "flow.json")
+    # Each call waits for a person's approval: run in a session, refused without one before any server is reached.
+    with pytest.raises(NeedsSessionError) as caught:
+        asyncio.run(execute(from_document(flow, RunSettings(), inputs={"a": 1})))
+    assert "$.nodes[1].tool: MCPTool 'add' has requires_confirmation: true" in str(caught.value)
+    toolbox = {"component_type": "MCPToolBox", "id": "box", "name": "box", "client_transport": transport,
+               "requires_confirmation": True}
+    f = FlowDoc("boxed")
+    start = f.start([])
+    agent = f.agent("helper", llm_config(URL), inputs=[], outputs=["result"])
+    f.components[agent]["agent"]["toolboxes"] = [toolbox]
+    end = f.end([])
+    f.control(start, agent)
+    f.control(agent, end)
+    with pytest.raises(DocumentError) as refused:
+        load_flow(f.write(tmp_path / "boxed.json"))
+    assert "MCPToolBox 'box' has requires_confirmation: true, which heddle does not honour on a toolbox" in str(
+        refused.value) and "\n" not in str(refused.value)
 
 
 def test_a_request_flow_may_not_start_a_stdio_server(tmp_path: Path) -> None:

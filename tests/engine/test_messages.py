@@ -1,5 +1,6 @@
 """OutputMessageNode shows its message (an event, and `messages` beside the outputs); InputMessageNode
-is refused until sessions. In-process, but for one `heddle run --outputs` as a user types it."""
+waits for the user's message, in a session (tests/engine/test_sessions.py), and is refused without
+one. In-process, but for one `heddle run --outputs` as a user types it."""
 
 from __future__ import annotations
 
@@ -148,10 +149,17 @@ def test_an_input_message_node_needs_a_session(tmp_path: Path) -> None:
     f.control(start, ask)
     f.control(ask, end)
     f.data(ask, "user_input", end, "user_input")
-    code, error = check_doc(f.write(tmp_path / "flow.json"))
-    assert code != 0
-    assert ("$.nodes[1]: InputMessageNode 'ask_user' cannot run in heddle: it waits for a person's message, which "
-            "needs a session") in error
+    flow = f.write(tmp_path / "flow.json")
+    assert check_doc(flow) == (0, "")  # valid: it runs in a session
+    from heddle.errors import NeedsSessionError
+    from heddle.runs import execute, from_document
+    from heddle.settings import RunSettings
+
+    with pytest.raises(NeedsSessionError) as refused:
+        asyncio.run(execute(from_document(flow, RunSettings())))
+    assert str(refused.value).startswith(f"{flow} may wait for a person: $.nodes[1]: InputMessageNode 'ask_user' "
+                                         "waits for the user's message; run it in a session (--session NAME")
+    assert refused.value.exit_code == 2
 
 
 def test_messages_inside_parallel_subflows_are_warned_about(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
 """What heddle does not run is refused before anything runs, in one line naming the component,
-its path in the document and what would run it: requires_confirmation, human_in_the_loop inside
-a flow, ClientTools in flows (and a ClientTool call), Swarm, ManagerWorkers, BuiltinTools no
-plugin provides, one tool name for two tools."""
+its path in the document and what would run it: Swarm, ManagerWorkers, BuiltinTools no plugin
+provides, one tool name for two tools. What may wait for a person (requires_confirmation,
+human_in_the_loop inside a flow, a ClientTool in a ToolNode) runs in a session and is refused
+without one, before anything runs, naming where it would wait; a ClientTool an agent calls fails
+there without one (tests/engine/test_sessions.py runs them all in one)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import pytest
 from heddle.errors import DocumentError, NeedsSessionError
 from tests.plugins.support import make_plugin, run_in_process
 from tests.support.cli import error_line, heddle
-from tests.support.flows import FlowDoc, llm_config, prop, server_tool
+from tests.support.flows import FlowDoc, llm_config, prop, server_tool, write_script, write_tool
 from tests.support.inproc import URL, check_doc, run_doc, served_model
 
 
@@ -50,32 +52,56 @@ def refused(path: Path) -> str:
     return message
 
 
-def test_requires_confirmation_is_refused_wherever_it_is(tmp_path):
+def may_wait(path: Path) -> tuple[str, ...]:
+    """Where the document at `path` may wait for a person, as heddle found when it read it."""
+    from heddle.spec import load_flow
+    from heddle.spec.roots import document_root
+
+    return document_root(load_flow(path)).waits
+
+
+def needs_session(path: Path, tools: Path | None = None, message: str | None = None) -> str:
+    """The refusal of a run without a session of a document that may wait: before the model is
+    asked or a tool runs, in one line naming the document and saying to pass --session."""
+    from heddle.runs import execute, from_document
+    from heddle.settings import RunSettings
+
+    with served_model([{"content": "never"}]) as model:
+        with pytest.raises(NeedsSessionError) as err:
+            asyncio.run(execute(from_document(path, RunSettings(), tools_dir=tools), message=message,
+                                transport=model.transport))
+        assert model.requests() == []
+    text = str(err.value)
+    assert "\n" not in text and err.value.exit_code == 2 and text.startswith(f"{path} may wait for a person: ")
+    assert "--session NAME" in text
+    return text
+
+
+def test_requires_confirmation_needs_a_session_wherever_it_is(tmp_path):
     tool = {**server_tool("get_weather", ["city"]), "requires_confirmation": True}
-    message = refused(write(tmp_path, agent("weather", tools=[tool])))
-    assert "$.tools[0]: ServerTool 'get_weather' has requires_confirmation: true, which needs a session" in message
+    tools = tmp_path / "tools"
+    write_tool(tools, "get_weather.py", "out = {}")
+    message = needs_session(write(tmp_path, agent("weather", tools=[tool])), tools, "Weather?")
+    assert "$.tools[0]: ServerTool 'get_weather' has requires_confirmation: true" in message
     f = FlowDoc("confirm")
     s = f.start(["city"])
     t = f.tool_node("ask", tool)
     e = f.end()
     f.control(s, t)
     f.control(t, e)
-    message = refused(f.write(tmp_path / "flow.json"))
+    message = needs_session(f.write(tmp_path / "flow.json"), tools)
     assert "$.nodes[1].tool: ServerTool 'get_weather' has requires_confirmation: true" in message
     # false, or not written, is what heddle does: run the tool.
-    from heddle.spec import load_flow
-
-    load_flow(write(tmp_path, agent(tools=[{**tool, "requires_confirmation": False}])))
+    assert may_wait(write(tmp_path, agent(tools=[{**tool, "requires_confirmation": False}]))) == ()
 
 
-def test_human_in_the_loop_inside_a_flow_is_refused_a_top_level_agent_runs(tmp_path):
-    message = refused(agent_node_flow(tmp_path, agent(human_in_the_loop=True)))
-    assert message.endswith("$.nodes[1].agent: Agent 'helper' has human_in_the_loop: true inside a flow, which needs "
-                            "a session (the agent may stop to ask the user, and the flow would wait for the answer); "
-                            "a later heddle version, with sessions, runs it (as a top-level agent, one turn per "
-                            "--message, it runs today)")
+def test_human_in_the_loop_inside_a_flow_needs_a_session_a_top_level_agent_runs(tmp_path):
+    message = needs_session(agent_node_flow(tmp_path, agent(human_in_the_loop=True)))
+    assert ("$.nodes[1].agent: Agent 'helper' has human_in_the_loop: true inside a flow (it may stop to ask the user, "
+            "and the flow waits for the reply)") in message
     for allowed in (agent(human_in_the_loop=False), agent()):
         assert check_doc(agent_node_flow(tmp_path, allowed)) == (0, "")
+        assert may_wait(agent_node_flow(tmp_path, allowed)) == ()
     top = write(tmp_path, agent(human_in_the_loop=True))
     with served_model([{"content": "hello"}]) as model:
         assert run_message(top, "hi", model.transport).outputs == {"result": "hello"}
@@ -98,14 +124,15 @@ def test_a_specialisation_decides_human_in_the_loop(tmp_path):
                 "agent_specialization_parameters": {"component_type": "AgentSpecializationParameters", "id": "p",
                                                     "name": "p", "human_in_the_loop": override}}
 
-    assert "$.nodes[1].agent: SpecializedAgent 'special' has human_in_the_loop: true" in refused(
+    assert "$.nodes[1].agent: SpecializedAgent 'special' has human_in_the_loop: true" in needs_session(
         agent_node_flow(tmp_path, specialised(True, None)))
-    assert "SpecializedAgent 'special' has human_in_the_loop" in refused(
+    assert "SpecializedAgent 'special' has human_in_the_loop" in needs_session(
         agent_node_flow(tmp_path, specialised(False, True)))
     assert check_doc(agent_node_flow(tmp_path, specialised(True, False))) == (0, "")
+    assert may_wait(agent_node_flow(tmp_path, specialised(True, False))) == ()
 
 
-def test_a_client_tool_waits_in_a_tool_node_and_ends_an_agents_run_when_called(tmp_path):
+def test_a_client_tool_needs_a_session_in_a_tool_node_and_when_an_agent_calls_it(tmp_path):
     client = {"component_type": "ClientTool", "id": "ct", "name": "get_weather", "inputs": [prop("city")],
               "outputs": [prop("forecast")]}
     f = FlowDoc("client")
@@ -114,10 +141,10 @@ def test_a_client_tool_waits_in_a_tool_node_and_ends_an_agents_run_when_called(t
     e = f.end(["forecast"])
     f.control(s, t)
     f.control(t, e)
-    message = refused(f.write(tmp_path / "flow.json"))
+    message = needs_session(f.write(tmp_path / "flow.json"))
     assert "$.nodes[1].tool: ClientTool 'get_weather' of ToolNode 'ask' is a ClientTool" in message
-    assert "needs a session" in message
-    # Offered to an agent (the model sees it); a call ends the run, the tool not run.
+    # Offered to an agent (the model sees it), it runs without a session; a call waits for the
+    # client's result, which needs one: the run fails there, the tool not run.
     flow = agent_node_flow(tmp_path, agent(tools=[client]))
     script = [{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Bern"}}]}, {"content": "never"}]
     with served_model(script) as model:
@@ -125,20 +152,19 @@ def test_a_client_tool_waits_in_a_tool_node_and_ends_an_agents_run_when_called(t
             run_doc(flow, inputs={"query": "weather?"}, transport=model.transport)
         sent = model.requests()
     assert len(sent) == 1 and sent[0]["body"]["tools"][0]["function"]["name"] == "get_weather"
-    assert str(err.value).startswith("ClientTool 'get_weather' at $.nodes[1].agent.tools[0]: the model called it "
-                                     'with {"city": "Bern"}')
-    assert "needs a session" in str(err.value) and err.value.exit_code == 1
+    assert "waits for a ClientTool's result" in str(err.value) and "--session NAME" in str(err.value)
+    assert err.value.exit_code == 2
 
 
-@pytest.mark.parametrize("kind", ["Swarm", "ManagerWorkers"])
-def test_multi_agent_components_are_refused(tmp_path, kind):
+@pytest.mark.parametrize(("kind", "why"), [("Swarm", "relationships is empty"), ("ManagerWorkers", "workers is empty")])
+def test_multi_agent_components_without_agents_to_reach_are_refused(tmp_path, kind, why):
+    # They run (tests/engine/test_multiagent.py), but not without anyone for their agents to reach.
     doc = {"component_type": kind, "id": "team", "name": "team", "first_agent": agent("a"),
            "relationships": [], "group_manager": agent("m"), "workers": []}
     message = refused(write(tmp_path, doc))
-    assert message.startswith(f"{tmp_path / 'doc.json'}: $: {kind} 'team' cannot run in heddle")
-    assert "session" in message
+    assert message.startswith(f"{tmp_path / 'doc.json'}: $: ") and f"{kind} 'team': {why}" in message
     message = refused(agent_node_flow(tmp_path, doc))
-    assert f"$.nodes[1].agent: {kind} 'team' cannot run in heddle" in message
+    assert "$.nodes[1].agent" in message and f"{kind} 'team': {why}" in message
 
 
 def builtin_flow(tmp_path: Path) -> Path:
@@ -206,10 +232,13 @@ def test_one_name_for_two_tools_is_refused(tmp_path):
 def test_the_cli_refuses_in_one_line(tmp_path):
     tool = {**server_tool("get_weather", ["city"]), "requires_confirmation": True}
     doc = write(tmp_path, agent("weather", tools=[tool]))
-    proc = heddle("run", doc, "--message", "Weather in Paris?")
+    # The document is otherwise runnable (its tool is in the tools folder): what is refused is running
+    # it without a session.
+    write_script(tmp_path / "tools", "get_weather", 'print("{}")')
+    proc = heddle("run", doc, "--tools-dir", tmp_path / "tools", "--message", "Weather in Paris?")
     assert proc.returncode == 2 and proc.stdout == ""
     line = error_line(proc)
-    assert "requires_confirmation: true, which needs a session" in line and str(doc) in line
+    assert "requires_confirmation: true" in line and "--session NAME" in line and str(doc) in line
     assert len([x for x in proc.stderr.splitlines() if x.strip()]) == 1
 
 

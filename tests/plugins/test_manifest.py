@@ -67,7 +67,7 @@ def test_a_good_manifest_is_typed(tmp_path):
     ({"components": [{"componentType": "G", "kind": "middleware", "seams": ["toolcall"]}]},
      "components[0].seams[0]: 'toolcall' is not one of node, node.before"),
     ({"components": [{"componentType": "G", "kind": "gadget"}]},
-     "components[0].kind: 'gadget' is not one of node, middleware, encoder"),
+     "components[0].kind: 'gadget' is not one of node, middleware, encoder, store"),
     ({"capabilities": ["runTool", "fly"]}, "capabilities[1]: 'fly' is not one of runTool, callModel, emitEvent, log"),
     ({"name": "has space"}, "name: 'has space' does not match"),
     ({"command": []}, "command: [] should be non-empty"),

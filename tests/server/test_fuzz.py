@@ -12,8 +12,10 @@ def test_no_generated_request_makes_the_server_fail(tmp_path):
     flows.mkdir()
     one_tool_flow("echo", "echo").write(flows / "echo.json")
     work = tmp_path / "work"
+    # With a session store, so the session routes and fields are fuzzed too.
     server = start_server(tmp_path, "--tools-dir", tools, "--flows-root", flows, "--allow-request-code",
-                          "--work-dir", work, "--auth-token", "fuzz")
+                          "--work-dir", work, "--auth-token", "fuzz", "--session-store", "sqlite",
+                          "--session-db", tmp_path / "sessions.db")
     try:
         proc = fuzz(server, tmp_path, "fuzz")
         assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]

@@ -188,7 +188,7 @@ def test_openapi_describes_every_route(served):
     doc = client.get("/openapi.json").json()
     assert doc["openapi"].startswith("3.")
     assert set(doc["paths"]) == {"/healthz", "/readyz", "/metrics", "/openapi.json", "/v1/capabilities",
-                                 "/v1/validate", "/v1/runs"}
+                                 "/v1/validate", "/v1/runs", "/v1/tools", "/v1/sessions", "/v1/sessions/{session_id}"}
     runs = doc["paths"]["/v1/runs"]["post"]
     assert set(runs["responses"]) >= {"200", "400", "404", "413", "429", "500", "503"}
     assert "text/event-stream" in runs["responses"]["200"]["content"]

@@ -47,6 +47,10 @@ def encode(call):
 def finish(call):
     if call.params.get("error"):
         return f"\n**The run failed:** {call.params['error']['message']}\n"
+    if call.params.get("waiting"):
+        waiting = call.params["waiting"]
+        what = {"message": "a message", "approval": "an approval", "client_tool": "a client tool's result"}
+        return f"\n## Waiting\n\n`{waiting['node']}` waits for {what.get(waiting['kind'], waiting['kind'])}.\n"
     state = json.dumps(call.params["state"], ensure_ascii=False, indent=2)
     return f"\n## Result\n\n```json\n{state}\n```\n"
 

@@ -1,0 +1,96 @@
+"""The session store interface every backend implements (sqlite, file, postgres, a plugin's).
+
+A store keeps opaque session records (canonical JSON bytes, heddle.sessions.record) under an id,
+each with a version. Every write is compare-and-swap on that version, so two runs racing on one
+session get one success and one SessionConflict, never a lost turn. Stores are synchronous: the
+run calls them from a worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Protocol
+
+from heddle.errors import SessionConflict, SessionError, SessionNotFound, SessionTooLarge
+
+# The cap on one session's record: a conversation and a checkpoint, not a data store.
+MAX_SESSION_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One session as the store holds it."""
+
+    id: str
+    version: int  # 1 when created; each replace adds one
+    data: bytes  # the record, canonical JSON (heddle.sessions.record)
+    updated: float  # Unix seconds of the last write
+
+
+class SessionStore(Protocol):
+    """A place sessions live. `name` says which, for messages (`sqlite /path/sessions.db`)."""
+
+    name: str
+
+    def get(self, session_id: str) -> Stored | None:
+        """The session, or None when there is none of that id."""
+
+    def create(self, session_id: str, data: bytes) -> Stored:
+        """A new session at version 1; SessionConflict when the id exists."""
+
+    def replace(self, session_id: str, data: bytes, *, version: int) -> Stored:
+        """Write `data` if the session is still at `version` (then at version + 1); else
+        SessionConflict, or SessionNotFound when it is gone."""
+
+    def delete(self, session_id: str) -> bool:
+        """Remove it; False when there was none."""
+
+    def list(self) -> list[Stored]:
+        """Every session, most recently written first."""
+
+    def close(self) -> None:
+        """Release connections and files."""
+
+
+def _at(store: str) -> str:
+    return f"{store}: " if store else ""
+
+
+def check_size(session_id: str, data: bytes, limit: int = MAX_SESSION_BYTES, *, store: str = "") -> None:
+    """SessionTooLarge before anything is written: every backend calls this first. `store` is the
+    store's name, put in front of the message."""
+    if len(data) > limit:
+        raise SessionTooLarge(
+            f"{_at(store)}session {session_id!r}: its record would be {len(data)} bytes, over the cap of {limit} "
+            "bytes (a session holds a conversation and a checkpoint; keep large data in files the tools read)")
+
+
+def conflict(session_id: str, version: int, found: int, *, store: str = "") -> SessionConflict:
+    return SessionConflict(
+        f"{_at(store)}session {session_id!r} changed while this run used it (it was at version {version}, it is "
+        f"now at {found}): another run took its turn first; this turn is not recorded, run it again")
+
+
+def exists(session_id: str, *, store: str = "") -> SessionConflict:
+    """The refusal of `create` for an id that is taken."""
+    return SessionConflict(f"{_at(store)}session {session_id!r} already exists; continue it, or choose another name")
+
+
+def not_found(session_id: str, *, store: str = "") -> SessionNotFound:
+    return SessionNotFound(f"{_at(store)}there is no session {session_id!r} (it was never created, or it was "
+                           "removed); `heddle sessions ls` lists the sessions there are")
+
+
+# A session name is also a file name (the file store) and a word on a command line: no path
+# separators, no leading dot (hidden files, `..`) and no leading dash (an option).
+_SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+
+
+def check_session_id(name: str) -> str:
+    """`name` if it is a valid session name, else a one-line SessionError naming it."""
+    if not isinstance(name, str) or _SESSION_ID.fullmatch(name) is None:
+        raise SessionError(
+            f"session name {name!r} is not valid: give 1 to 128 characters of letters, digits, '.', '_' and '-', "
+            "not starting with '.' or '-'")
+    return name

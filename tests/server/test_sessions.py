@@ -1,0 +1,259 @@
+"""Sessions over HTTP, in-process (the app through httpx.ASGITransport, on a sqlite store): the
+routes, a flow that waits and resumes, the errors, the SSE `waiting` frame, and two racing runs.
+tests/server/test_sessions_replicas.py carries one conversation across two real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from heddle.server.app import build_app
+from heddle.server.config import ServerConfig
+from heddle.server.service import Service
+from heddle.settings import RunSettings
+from tests.server.flows import one_tool_flow, write_tools
+from tests.server.support import sse_frames
+from tests.support.flows import FlowDoc
+
+MARKDOWN = Path(__file__).resolve().parents[2] / "examples" / "plugins" / "markdown-encoder" / "plugin" / "plugin.json"
+
+Client = httpx.AsyncClient
+
+
+def asking_flow(name: str = "ask", question: str = "What now?") -> dict[str, Any]:
+    """Start -> a message shown -> an InputMessageNode -> End(user_input)."""
+    f = FlowDoc(name)
+    start = f.start([])
+    say = f._node("OutputMessageNode", "hello", [], [], message="Hi there")
+    ask = f._node("InputMessageNode", "ask_user", [], ["user_input"], message=question)
+    end = f.end(["user_input"])
+    f.control(start, say)
+    f.control(say, ask)
+    f.control(ask, end)
+    f.data(ask, "user_input", end, "user_input")
+    return f.document()
+
+
+def serve(tmp_path: Path, test: Callable[[Client], Awaitable[None]], *, sessions: bool = True,
+          **config: Any) -> None:
+    settings = RunSettings(session_store="sqlite", session_db=tmp_path / "sessions.db",
+                           plugins=config.pop("plugins", ())) if sessions else RunSettings()
+    service = Service(ServerConfig(settings=settings, **config))
+
+    async def main() -> None:
+        try:
+            transport = httpx.ASGITransport(app=build_app(service))
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+                await test(client)
+        finally:
+            await service.aclose()
+
+    asyncio.run(main())
+
+
+def error(response: httpx.Response) -> tuple[int, str, str]:
+    body = response.json()["error"]
+    return response.status_code, body["type"], body["message"]
+
+
+async def new_session(client: Client) -> str:
+    response = await client.post("/v1/sessions")
+    assert response.status_code == 201, response.text
+    assert set(response.json()) == {"session"}
+    return str(response.json()["session"])
+
+
+def test_without_a_store_the_server_is_stateless_and_says_how_to_keep_sessions(tmp_path: Path) -> None:
+    async def test(client: Client) -> None:
+        for response in (await client.post("/v1/sessions"), await client.get("/v1/sessions/abc"),
+                         await client.delete("/v1/sessions/abc"),
+                         await client.post("/v1/runs", json={"flow": asking_flow(), "session": "abc"}),
+                         await client.post("/v1/runs?stream=true", json={"flow": asking_flow(), "session": "abc",
+                                                                         "answer": {"message": "hi"}})):
+            status, type_, message = error(response)
+            assert (status, type_) == (400, "sessions_off"), response.text
+            assert "--session-store" in message
+        assert (await client.get("/v1/capabilities")).json()["sessions"] is False
+        status, type_, message = error(await client.post("/v1/runs?stream=true", json={"flow": asking_flow()}))
+        assert (status, type_) == (400, "needs_session")
+        assert "InputMessageNode 'ask_user'" in message and "--session-store" in message
+
+    serve(tmp_path, test, sessions=False)
+
+
+def test_a_flow_waits_for_a_message_and_resumes_in_its_session(tmp_path: Path) -> None:
+    doc = asking_flow()
+
+    async def test(client: Client) -> None:
+        status, type_, message = error(await client.post("/v1/runs", json={"flow": doc}))
+        assert (status, type_) == (400, "needs_session") and "POST /v1/sessions" in message
+        assert (await client.get("/v1/capabilities")).json()["sessions"] is True
+        sid = await new_session(client)
+        assert len(base64.urlsafe_b64decode(sid + "=" * (-len(sid) % 4))) * 8 >= 128
+        assert (await client.get(f"/v1/sessions/{sid}")).json()["status"] == "idle"
+
+        streamed = await client.post("/v1/runs?stream=true", json={"flow": doc, "session": sid})
+        assert streamed.status_code == 200 and streamed.headers["content-type"].startswith("text/event-stream")
+        frames = sse_frames(streamed.text)
+        assert [e for e, _ in frames].count("waiting") == 1 and frames[-1][0] == "waiting", frames
+        waiting = frames[-1][1]
+        assert {k: waiting[k] for k in ("status", "session", "waiting_for", "messages")} == {
+            "status": "waiting", "session": sid, "messages": ["Hi there"],
+            "waiting_for": {"kind": "message", "node": "ask_user", "prompt": "What now?"}}
+        assert "flow_complete" not in [e for e, _ in frames]
+        assert "journal" not in streamed.text and "entries" not in streamed.text
+
+        shown = await client.get(f"/v1/sessions/{sid}")
+        assert shown.status_code == 200
+        summary = shown.json()
+        assert summary["status"] == "waiting" and summary["waiting_for"]["node"] == "ask_user"
+        assert summary["digest"].startswith("sha256:") and summary["document"] == "flow 'ask'"
+        assert "journal" not in shown.text and "pending" not in summary
+
+        # Refused, naming what is awaited, and nothing is written: the session still waits.
+        status, type_, message = error(await client.post("/v1/runs", json={
+            "flow": doc, "session": sid, "answer": {"approve": True}}))
+        assert (status, type_) == (400, "session_error")
+        assert "waits for a message at node 'ask_user', not for an approval" in message
+        assert '"answer": {"message": TEXT}' in message and "--" not in message
+        status, type_, message = error(await client.post("/v1/runs", json={"flow": doc, "session": sid}))
+        assert status == 400 and "waits for a message at node 'ask_user'" in message
+        status, type_, message = error(await client.post("/v1/runs", json={"flow": asking_flow("other"),
+                                                                            "session": sid}))
+        assert status == 400 and summary["digest"] in message and "flow 'other'" in message
+        status, _, message = error(await client.post("/v1/runs", json={"flow": doc, "session": sid,
+                                                                       "answer": {"approve": "yes"}}))
+        assert status == 400 and "answer" in message
+        assert (await client.get(f"/v1/sessions/{sid}")).json() == summary
+
+        done = await client.post("/v1/runs", json={"flow": doc, "session": sid, "answer": {"message": "go on"}})
+        assert done.status_code == 200, done.text
+        assert done.json() == {"flow": "ask", "state": {"user_input": "go on"}, "outputs": {"user_input": "go on"},
+                               "session": sid}
+        after = (await client.get(f"/v1/sessions/{sid}")).json()
+        assert after["status"] == "idle" and after["turns"] == 1 and "waiting_for" not in after
+
+        status, _, message = error(await client.post("/v1/runs?stream=true", json={
+            "flow": doc, "session": sid, "answer": {"message": "again"}}))
+        assert status == 400 and "waits for nothing" in message
+
+        # The next turn waits again; "message" is the answer to a message it waits for.
+        again = await client.post("/v1/runs", json={"flow": doc, "session": sid})
+        assert again.json()["status"] == "waiting", again.text
+        done = await client.post("/v1/runs?stream=true", json={"flow": doc, "session": sid, "message": "yes"})
+        last_event, last = sse_frames(done.text)[-1]
+        assert last_event == "flow_complete" and last["session"] == sid and last["state"] == {"user_input": "yes"}
+
+        assert (await client.delete(f"/v1/sessions/{sid}")).status_code == 204
+        for response in (await client.get(f"/v1/sessions/{sid}"), await client.delete(f"/v1/sessions/{sid}"),
+                         await client.post("/v1/runs", json={"flow": doc, "session": sid}),
+                         await client.post("/v1/runs?stream=true", json={"flow": doc, "session": sid})):
+            status, type_, message = error(response)
+            assert (status, type_) == (404, "session_not_found") and "POST /v1/sessions" in message, response.text
+            assert str(tmp_path) not in message  # where the operator keeps the store is not the caller's
+
+    serve(tmp_path, test)
+
+
+def test_request_fields_of_a_session_are_checked(tmp_path: Path) -> None:
+    doc = asking_flow()
+
+    async def test(client: Client) -> None:
+        sid = await new_session(client)
+        for body, words in (({"answer": {"message": "x"}}, "give 'session' too"),
+                            ({"session": 7}, "must be a string"),
+                            ({"session": "../etc"}, "is not valid"),
+                            ({"session": sid, "resume": "yes"}, "true or false"),
+                            ({"session": sid, "resume": True, "answer": {"approve": True}}, "give one"),
+                            ({"session": sid, "answer": {"message": "a", "approve": True}}, "exactly one")):
+            response = await client.post("/v1/runs", json={"flow": doc, **body})
+            assert response.status_code == 400 and words in error(response)[2], (body, response.text)
+        response = await client.post("/v1/sessions", json={"id": "mine"})
+        assert response.status_code == 400 and "'id' is unknown" in error(response)[2]
+        response = await client.post("/v1/validate", json={"flow": doc, "session": sid})
+        assert response.status_code == 400 and "POST /v1/runs" in error(response)[2]
+        assert (await client.get("/v1/sessions/.hidden")).status_code == 400
+
+    serve(tmp_path, test)
+
+
+def test_two_runs_racing_on_one_session_get_one_success_and_one_conflict(tmp_path: Path) -> None:
+    # Each run's tool waits until both runs are in their tool, so both have read the session
+    gate = tmp_path / "gate"
+    # before either writes it back. Its input names the round, so each round meets in its own folder.
+    tool = (f'#!/bin/sh\nd="{gate}/$(tr -dc 0-9)"\nmkdir -p "$d" && touch "$d/$$"\n'
+            'while [ "$(ls "$d" | wc -l)" -lt 2 ]; do sleep 0.01; done\necho \'{"x": 1}\'\n')
+    write_tools(tmp_path / "tools", {"meet": tool})
+    doc = one_tool_flow("race", "meet").document()
+
+    async def test(client: Client) -> None:
+        sid = await new_session(client)
+        # A new run's inputs are checked once the turn is known, and still answered with their status.
+        status, type_, _ = error(await client.post("/v1/runs?stream=true", json={"flow": doc, "session": sid}))
+        assert (status, type_) == (400, "missing_input")
+        body = {"flow": doc, "session": sid, "inputs": {"x": 1}}
+        first, second = await asyncio.gather(client.post("/v1/runs", json=body), client.post("/v1/runs", json=body))
+        assert sorted([first.status_code, second.status_code]) == [200, 409], (first.text, second.text)
+        lost = first if first.status_code == 409 else second
+        assert error(lost)[1] == "session_conflict" and "run it again" in error(lost)[2]
+        assert (await client.get(f"/v1/sessions/{sid}")).json()["turns"] == 1
+
+        # Streamed, the loser's stream never shows an end: it ends with the conflict instead.
+        body["inputs"] = {"x": 2}
+        runs = await asyncio.gather(*(client.post("/v1/runs?stream=true", json=body) for _ in range(2)))
+        ends = sorted((sse_frames(r.text)[-1][0], sse_frames(r.text)[-1][1].get("error", {}).get("type"))
+                      for r in runs)
+        assert ends == [("error", "session_conflict"), ("flow_complete", None)], [r.text for r in runs]
+        assert not any("flow_complete" in [e for e, _ in sse_frames(r.text)] for r in runs
+                       if sse_frames(r.text)[-1][0] == "error")
+        assert (await client.get(f"/v1/sessions/{sid}")).json()["turns"] == 2
+
+    serve(tmp_path, test, tools_dir=tmp_path / "tools")
+
+
+def test_a_session_over_the_size_cap_is_refused_with_413_and_left_as_it_was(tmp_path: Path) -> None:
+    big = ('#!/bin/sh\ncat >/dev/null\nprintf \'{"x": "\'\nhead -c 17000000 /dev/zero | tr "\\0" a\n'
+           "printf '\"}'\n")
+    write_tools(tmp_path / "tools", {"big": big})
+    f = FlowDoc("big")
+    start = f.start([])
+    make = f.tool_node("make", {"component_type": "ServerTool", "id": "big-tool", "name": "big", "inputs": [],
+                                "outputs": [{"title": "x", "type": "string"}]})
+    ask = f._node("InputMessageNode", "ask_user", [], ["user_input"], message="More?")
+    end = f.end(["user_input"])
+    f.control(start, make)
+    f.control(make, ask)
+    f.control(ask, end)
+    doc = f.document()
+
+    async def test(client: Client) -> None:
+        sid = await new_session(client)
+        before = (await client.get(f"/v1/sessions/{sid}")).json()
+        status, type_, message = error(await client.post("/v1/runs", json={"flow": doc, "session": sid}))
+        assert (status, type_) == (413, "session_too_large") and "over the cap" in message
+        assert (await client.get(f"/v1/sessions/{sid}")).json() == before
+
+    serve(tmp_path, test, tools_dir=tmp_path / "tools")
+
+
+def test_an_encoder_renders_the_wait_and_is_told_the_run_waits(tmp_path: Path) -> None:
+    doc = asking_flow()
+
+    async def test(client: Client) -> None:
+        sid = await new_session(client)
+        response = await client.post("/v1/runs?protocol=markdown", json={"flow": doc, "session": sid})
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/markdown")
+        assert "## Waiting" in response.text and "`ask_user` waits for a message" in response.text
+        assert "## Result" not in response.text
+        assert (await client.get(f"/v1/sessions/{sid}")).json()["status"] == "waiting"
+        # Refused before the run starts: the status says so, not a rendering.
+        response = await client.post("/v1/runs?protocol=markdown", json={"flow": doc, "session": sid})
+        assert response.status_code == 400 and json.loads(response.text)["error"]["type"] == "session_error"
+
+    serve(tmp_path, test, plugins=(MARKDOWN,))
