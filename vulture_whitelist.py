@@ -65,6 +65,8 @@ USED = (
     _.format_options, _.format_commands,  # heddle/cli/flags.py, heddle/cli/root.py
     # typer reads a command function's signature from these
     _.__signature__, _.__annotations__,  # heddle/cli/flags.py
+    # a sub-app's command given QuickCommand's reading of its options
+    _.__class__,  # heddle/cli/flags.py
     # dir(heddle) asks the module for it
     _.__dir__,  # heddle/__init__.py
 )

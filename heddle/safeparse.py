@@ -132,10 +132,6 @@ def read_regular(path: str | Path, *, max_bytes: int = DEFAULT_PARSE_LIMITS.max_
 _JSON_MARK = re.compile(r'["\[\]{}]')
 # The rest of a string after its opening quote. Unambiguous, so a failed match costs one pass.
 _JSON_STRING_REST = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-# A whole string, or an unterminated one to the end of the text: it always matches, so no
-# attempt fails and has to be retried from a later quote.
-_JSON_STRING_ANY = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
-_JSON_NOT_BRACKET = re.compile(r'[^\[\]{}]+')
 _JSON_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
@@ -144,11 +140,20 @@ def _where(text: str, pos: int) -> str:
     return f"line {line}, column {pos - text.rfind(chr(10), 0, pos)}"
 
 
+_JSON_MARKS = b'"[]{}'
+_JSON_NOT_MARK = bytes(sorted(set(range(256)) - set(_JSON_MARKS)))
+_JSON_BYTE_STEP = [_JSON_STEP.get(chr(c), 0) for c in range(256)]
+
+
 def _deepest(text: str) -> int:
-    """An upper bound on how deep `text` nests, at the speed of the regex engine: strings are
-    cut out (an unterminated one runs to the end), and the brackets left are summed."""
-    brackets = _JSON_NOT_BRACKET.sub("", _JSON_STRING_ANY.sub("", text))
-    return max(accumulate(map(_JSON_STEP.__getitem__, brackets)), default=0)
+    """An upper bound on how deep `text` nests, in a few passes of C over its bytes: the escapes
+    that hide a quote (`\\\\`, then `\\"`) are dropped, then everything but quotes and brackets,
+    then every string (an unterminated one runs to the end), and the brackets left are summed.
+    Up to json's first error a backslash only ever starts an escape, so up to there this reads
+    strings exactly as json does (UTF-8 bytes of other characters are never quotes or brackets)."""
+    raw = text.encode("utf-8", "surrogatepass").replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside = b"".join(raw.translate(None, _JSON_NOT_MARK).split(b'"')[0::2])
+    return max(accumulate(map(_JSON_BYTE_STEP.__getitem__, outside)), default=0)
 
 
 def check_json_depth(text: str, max_depth: int = DEFAULT_PARSE_LIMITS.max_depth) -> None:

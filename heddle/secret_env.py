@@ -1,7 +1,7 @@
 """The environment variables that hold heddle's own secrets, named once.
 
 heddle reads them for itself (the server's bearer token and its default model key, the
-passphrase of a signing key). No tool or plugin process gets them, with or without `--safe`:
+passphrase of a signing key, the registry credentials). No tool or plugin process gets them, with or without `--safe`:
 a tool is the code a bundle brought, and these belong to whoever runs heddle.
 This module imports nothing of heddle's at import time, so the server, the bundle code and the
 tool runners can all import it.
@@ -14,8 +14,15 @@ from collections.abc import Mapping
 AUTH_TOKEN = "HEDDLE_AUTH_TOKEN"
 LLM_DEFAULT_KEY = "HEDDLE_LLM_DEFAULT_KEY"
 KEY_PASSPHRASE = "HEDDLE_KEY_PASSPHRASE"
+# The registry credentials heddle pulls and pushes bundles with (heddle.oci.auth).
+REGISTRY_USERNAME = "HEDDLE_REGISTRY_USERNAME"
+REGISTRY_PASSWORD = "HEDDLE_REGISTRY_PASSWORD"
 
-SECRET_ENV: frozenset[str] = frozenset({AUTH_TOKEN, LLM_DEFAULT_KEY, KEY_PASSPHRASE})
+# heddle-server's --session-store, which a postgres:// URL's password makes a secret.
+SESSION_STORE = "HEDDLE_SESSION_STORE"
+
+SECRET_ENV: frozenset[str] = frozenset({AUTH_TOKEN, LLM_DEFAULT_KEY, KEY_PASSPHRASE, REGISTRY_USERNAME,
+                                        REGISTRY_PASSWORD, SESSION_STORE})
 
 
 def without_secrets(env: Mapping[str, str]) -> dict[str, str]:

@@ -108,6 +108,7 @@ class Setting:
     env: str | None = None
     # What the help shows as the default when the value alone does not say it.
     shown: str | None = None
+    maximum: float | None = None  # in the setting's own unit, as `minimum` is
 
     def show_default(self) -> str | None:
         """The default as a person reads it in --help, or None when there is nothing to show."""
@@ -161,10 +162,16 @@ class Setting:
 
     def problem(self, value: Any, text: str | None = None) -> str | None:
         """Why `value` is out of range, as one line naming the flag, or None."""
-        if self.minimum is None or value is None or value >= self.minimum:
+        if value is None:
+            return None
+        given = f"{self.flag or self.name} {text if text is not None else value}"
+        if self.maximum is not None and value > self.maximum:
+            most = format_duration(self.maximum) if self.kind == "duration" else f"{self.maximum:g}"
+            return f"{given}: must be at most {most}"
+        if self.minimum is None or value >= self.minimum:
             return None
         least = format_duration(self.minimum) if self.kind == "duration" else f"{self.minimum:g}"
-        return f"{self.flag or self.name} {text if text is not None else value}: must be at least {least}"
+        return f"{given}: must be at least {least}"
 
 
 def about(*, kind: Kind, help: str, flag: str | None, group: str, metavar: str | None = None,
@@ -385,7 +392,20 @@ DATA_DIR = Setting("data_dir", "path", None, "With a bundle: where its rw mounts
 COMMANDS = Setting("commands", "path", None, "A YAML or JSON file of commands: each a fixed operation of a "
                    "program on this machine, with its version and argv template, that a flow names as a tool.",
                    "--commands", SOURCE, metavar="FILE")
-SHELL_SETTINGS: tuple[Setting, ...] = (TOOLS_DIR, COMMANDS, TRUST, ALLOW_UNSIGNED, DATA_DIR)
+PLAIN_HTTP = Setting("plain_http", "flag", False, "With a bundle reference: speak plain HTTP to a registry or URL "
+                     "that is not on this machine (a loopback one always is).", "--plain-http", BUNDLES)
+OFFLINE = Setting("offline", "flag", False, "With a bundle reference: ask no registry; a tag is its last "
+                  "resolution and the bundle must be in the cache.", "--offline", BUNDLES)
+# How hard `heddle bundle` compresses. 3, zstd's own default, packs a tree of mixed files to the size
+# `tar | zstd -T0 -3` does, in its time plus the hashing pass; 1 is a quarter faster for 1-4% more
+# bytes, 6 and 9 take three to four times as long for 0.5-2% fewer (docs/benchmarks.md, "Bundles").
+# Levels past 19 also take far more memory per compression thread.
+LEVEL = Setting("level", "int", 3, "zstd compression level of the bundle, 1 (fastest) to 22 (smallest). The "
+                "same tree at the same level gives the same bytes on any machine.", "--level", SOURCE,
+                metavar="N", minimum=1, server=False, maximum=22)
+SHELL_SETTINGS: tuple[Setting, ...] = (TOOLS_DIR, COMMANDS, TRUST, ALLOW_UNSIGNED, DATA_DIR, PLAIN_HTTP, OFFLINE)
+# Taken by `heddle bundle` alone: how a bundle is written, not how anything runs.
+PACK_SETTINGS: tuple[Setting, ...] = (LEVEL,)
 
 
 def explicit(settings: RunSettings) -> frozenset[str]:

@@ -4,10 +4,27 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# Where PYTHONDONTWRITEBYTECODE is set (some shells and sandboxes set it), nothing kept bytecode:
+# every pytest process compiled every module it imports and rewrote every test module's asserts
+# again (~5 s of CPU for each xdist worker), and each of the ~150 `heddle` and `heddle-server`
+# processes the suite starts compiled every module of heddle changed since its bytecode was last
+# written (up to ~0.25 s a process). So heddle's bytecode is brought up to date once, where Python
+# keeps it by default (compileall passes over what is current), and the pytest processes keep
+# their own in a folder outside the tree (never a new __pycache__ beside the sources: tests list
+# and seal folders of the checkout). The programs the suite starts still write none.
+if sys.dont_write_bytecode:
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        import compileall
+
+        compileall.compile_dir(Path(__file__).resolve().parents[1] / "heddle", quiet=1)
+    sys.pycache_prefix = os.path.join(tempfile.gettempdir(), f"heddle-tests-bytecode-{os.getuid()}")
+    sys.dont_write_bytecode = False
 
 # A throwaway Postgres cluster (session scope) for the session stores and the servers sharing one.
 from tests.support.postgres import postgres_dsn  # noqa: F401

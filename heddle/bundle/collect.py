@@ -148,7 +148,7 @@ def collect_tree(source: Path, dest: str, *, what: str) -> Collected:
     source = Path(source)
     st = _lstat(source, what)
     if stat.S_ISREG(st.st_mode):
-        return Collected([PlanFile(dest, source, file_mode(st.st_mode))])
+        return Collected([PlanFile(dest, source, file_mode(st.st_mode), st.st_size)])
     if not stat.S_ISDIR(st.st_mode):
         raise _refuse(source, st.st_mode, what)
     out = Collected()
@@ -171,6 +171,6 @@ def _walk(folder: Path, dest: str, out: Collected, what: str) -> None:
         if stat.S_ISDIR(st.st_mode):
             _walk(path, target, out, what)
         elif stat.S_ISREG(st.st_mode):
-            out.files.append(PlanFile(target, path, file_mode(st.st_mode)))
+            out.files.append(PlanFile(target, path, file_mode(st.st_mode), st.st_size))
         else:
             raise _refuse(path, st.st_mode, what)

@@ -102,6 +102,7 @@ def seal(
     progress: Progress | None = None,
     components: StrPath | None = None,
     commands: StrPath | None = None,
+    level: int | None = None,
 ) -> SealResult:
     """Check everything, then write the bundle atomically to `output` and describe it.
 
@@ -115,8 +116,9 @@ def seal(
     (`$referenced_components`, as a disaggregated configuration has them): it is sealed beside the
     flow and read with it wherever the bundle opens. `commands` is a commands file
     (heddle.tools.commands) whose commands the flow names as tools: it is checked, sealed, and checked
-    again wherever the bundle opens. Raises a `heddle.HeddleError` naming what is wrong; nothing is
-    written then.
+    again wherever the bundle opens. `level` is the zstd level (1 to 22; None: heddle.settings.LEVEL's
+    default); the same inputs at the same level give the same bytes on any machine. Raises a
+    `heddle.HeddleError` naming what is wrong; nothing is written then.
     """
     from heddle.bundle.fingerprints import fingerprints_of
     from heddle.bundle.plan import ToolSpec, make_plan
@@ -125,12 +127,19 @@ def seal(
     from heddle.format.pack import pack
     from heddle.graph import check_flow
     from heddle.plugin_host.carried import read_carried
+    from heddle.settings import LEVEL
     from heddle.spec import load_flow
     from heddle.spec.roots import document_root
     from heddle.tools.commands import read_commands
     from heddle.tools.registry import discover_tools
     from heddle.workspace.mounts import check_mounts
 
+    chosen_level = LEVEL.default if level is None else level
+    # The level is checked with the other arguments, before a byte of the flow is read.
+    problem = (LEVEL.problem(chosen_level) if type(chosen_level) is int
+               else f"level {chosen_level!r}: give a whole number")
+    if problem is not None:
+        raise UsageError(problem)
     flow_path = Path(flow)
     tools_root = Path(tools_dir) if tools_dir is not None else None
     plugin_paths = [Path(p) for p in plugins]
@@ -171,7 +180,7 @@ def seal(
     out = Path(output) if output is not None else Path(f"{plan.name}.heddle")
     if out.is_dir():
         raise UsageError(f"{out}: is a folder; give the path of the .heddle file to write")
-    packed = pack(plan, out, signing_key=key, progress=progress)
+    packed = pack(plan, out, signing_key=key, progress=progress, level=chosen_level)
     return SealResult(
         path=packed.path,
         digest=f"sha256:{packed.digest}",

@@ -28,6 +28,10 @@ def main() -> None:
 
         sys.stdout.write(f"heddle {__version__}\n")
         sys.exit(0)
+    # httpx's package imports its own command-line client (click, rich and pygments, some 80 ms)
+    # when those are installed, as rich is here; heddle never runs that client, and httpx does
+    # without it when it cannot be imported. Only this process's own entry point decides so.
+    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
     from heddle.cli.errors import run_app
     from heddle.cli.root import app
 

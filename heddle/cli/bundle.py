@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from heddle.cli import output
+from heddle.cli.flags import takes
 from heddle.cli.output import QUIET, VERBOSE, json_option
 
 if TYPE_CHECKING:
@@ -29,8 +30,18 @@ _ALLOW_UNSIGNED = typer.Option(
 )
 _CACHE_DIR = typer.Option(
     None, "--cache-dir",
-    help="Where verified payloads are kept [default: $HEDDLE_CACHE_DIR or ~/.cache/heddle/bundles].",
+    help="Where verified payloads (and pulled bundles) are kept [default: $HEDDLE_CACHE_DIR or "
+         "~/.cache/heddle/bundles].",
 )
+_REFERENCE = ("a .heddle path, or a reference: oci://REGISTRY/REPO:TAG, oci://REGISTRY/REPO@sha256:DIGEST, an "
+              "https:// URL")
+
+
+def _target(text: str, plain_http: bool, offline: bool, cache_dir: Path | None = None) -> Any:
+    """The bundle a command was given: a path, or a reference pulled into the cache."""
+    from heddle.cli.target import Remote, bundle_target
+
+    return bundle_target(text, Remote(plain_http, offline, cache_dir))
 
 
 _size = output.binary_size
@@ -135,8 +146,9 @@ def sign(
     typer.echo(f"  signatures {', '.join(signatures.keyids)}")
 
 
+@takes("plain_http", "offline")
 def verify(
-    bundle: Path = typer.Argument(..., metavar="BUNDLE", help="The .heddle file to verify."),
+    bundle: str = typer.Argument(..., metavar="BUNDLE", help=f"The bundle to verify: {_REFERENCE}."),
     trust: list[str] = _TRUST,
     allow_unsigned: bool = _ALLOW_UNSIGNED,
     json_out: bool = typer.Option(False, "--json", help="Print the outcome as one JSON object on stdout."),
@@ -144,15 +156,20 @@ def verify(
     cache_dir: Path | None = _CACHE_DIR,
     quiet: bool = QUIET,
     verbose: bool = VERBOSE,
+    *,
+    plain_http: bool,
+    offline: bool,
 ) -> None:
     """Prove a bundle is exactly what a trusted key sealed, and unpack it into the cache.
 
     The file's own payload is always read and checked, cached or not; a cached copy is
-    re-proved too, and replaced if it was changed.
+    re-proved too, and replaced if it was changed. A reference is pulled first (checked
+    against its OCI digest as it streams), then verified the same way.
 
     Exit codes: 0 verified; 3 unsigned; 4 signed by no trusted key; 5 a bad signature from a
-    trusted key; 6 content does not match the manifest; 7 malformed or over a cap;
-    8 made by a newer heddle; 2 usage.
+    trusted key; 6 content does not match the manifest (or a pulled blob its digest); 7
+    malformed or over a cap; 8 made by a newer heddle; 2 usage, or a registry that cannot be
+    reached, refuses the credentials or has no such reference.
     """
     from heddle.bundle.fingerprints import flow_tool_fingerprints
     from heddle.cli.progress import terminal_progress
@@ -163,17 +180,23 @@ def verify(
     output.use(quiet=quiet, verbose=verbose)
     policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
     output.detail(_trusting(trust, policy.keyids) + ("; admitting an unsigned bundle" if allow_unsigned else ""))
+    target = None
     try:
+        # A pulled blob that is not what its digest says is a verification outcome like any other.
+        target = _target(bundle, plain_http, offline, cache_dir)
         opened = open_bundle(
-            bundle, trusted_keys=policy.trusted, allow_unsigned=policy.admits_unsigned, cache_root=cache_dir, deep=deep,
-            prove_file=True,
+            target.path, trusted_keys=policy.trusted, allow_unsigned=policy.admits_unsigned, cache_root=cache_dir,
+            deep=deep, prove_file=True,
             progress=None if json_out else terminal_progress(), tool_fingerprints=flow_tool_fingerprints,
         )
     except BundleError as exc:
         if not json_out:
             raise
-        error = {"kind": exc.kind, "exit_code": exc.exit_code, "message": exc.message}
-        outcome = {"ok": False, "bundle": str(bundle), "error": error}
+        from heddle.cli.errors import shown
+
+        error = {"kind": exc.kind, "exit_code": exc.exit_code, "message": shown(exc.message)}
+        outcome = {"ok": False, "bundle": target.name if target else bundle,
+                   "oci_digest": target.oci_digest if target else None, "error": error}
         typer.echo(json.dumps(outcome, ensure_ascii=False))
         raise typer.Exit(exc.exit_code) from None
     m = opened.manifest
@@ -183,15 +206,18 @@ def verify(
                   f"{' and re-hashed (--deep)' if opened.cached and deep else ''}: {opened.root}")
     if json_out:
         typer.echo(json.dumps({
-            "ok": True, "bundle": str(bundle), "digest": opened.digest, "signers": opened.signers,
+            "ok": True, "bundle": target.name, "oci_digest": target.oci_digest, "digest": opened.digest,
+            "signers": opened.signers,
             "legacy": opened.legacy, "cached": opened.cached, "repaired": opened.repaired,
             "root": str(opened.root), "name": m.name,
             "files": len(m.files), "payload_bytes": m.total_size, "tools": sorted(m.tools),
             "commands": sorted(m.commands.entries) if m.commands is not None else [],
         }, ensure_ascii=False))
         return
-    typer.echo(f"verified {bundle}")
+    typer.echo(f"verified {target.name}")
     typer.echo(f"  digest   {'sha256:' + opened.digest if not opened.legacy else opened.digest}")
+    if target.oci_digest:
+        typer.echo(f"  oci      {target.oci_digest}")
     if opened.signers:
         typer.echo(f"  signed   by {', '.join(opened.signers)} (trusted)")
     else:
@@ -201,13 +227,18 @@ def verify(
     typer.echo(f"  cache    {opened.root}{note}")
 
 
+@takes("plain_http", "offline")
 def inspect(
-    bundle: Path = typer.Argument(..., metavar="BUNDLE", help="The .heddle file to describe."),
+    bundle: str = typer.Argument(..., metavar="BUNDLE", help=f"The bundle to describe: {_REFERENCE}."),
     trust: list[str] = _TRUST,
-    json_out: bool = typer.Option(False, "--json", help="Print the manifest, signatures and status as JSON."),
+    json_out: bool = typer.Option(False, "--json", help="Print the manifest, signatures and status as JSON "
+                                                        "(oci_digest: the OCI manifest digest of a reference)."),
     cache_dir: Path | None = _CACHE_DIR,
     quiet: bool = QUIET,
     verbose: bool = VERBOSE,
+    *,
+    plain_http: bool,
+    offline: bool,
 ) -> None:
     """Show a bundle's manifest, files and tools with their input-schema fingerprints, without unpacking it.
 
@@ -220,21 +251,25 @@ def inspect(
     output.use(quiet=quiet, verbose=verbose)
     if output.verbosity() is output.Verbosity.VERBOSE:
         output.detail(_trusting(trust, TrustPolicy.from_names(trust).keyids))
-    seen = peek(bundle)
-    verdict = trust_verdict(bundle, seen, TrustPolicy.from_names(trust), cache_dir=cache_dir)
+    target = _target(bundle, plain_http, offline, cache_dir)
+    seen = peek(target.path)
+    verdict = trust_verdict(target.path, seen, TrustPolicy.from_names(trust), cache_dir=cache_dir)
     status = str(verdict)
     if json_out:
         typer.echo(json.dumps({
-            "bundle": str(bundle), "status": verdict.status, "detail": status, "digest": seen.digest,
-            "signatures": seen.signatures.keyids, "manifest": seen.manifest.to_json(),
+            "bundle": target.name, "oci_digest": target.oci_digest, "status": verdict.status, "detail": status,
+            "digest": seen.digest, "signatures": seen.signatures.keyids, "manifest": seen.manifest.to_json(),
         }, ensure_ascii=False, indent=2))
         return
-    _print_manifest(bundle, seen.manifest, seen.digest or "", seen.signatures.keyids, status)
+    _print_manifest(target.name, seen.manifest, seen.digest or "", seen.signatures.keyids, status, target.oci_digest)
 
 
-def _print_manifest(bundle: Path, m: Manifest, digest: str, keyids: list[str], status: str) -> None:
+def _print_manifest(bundle: str, m: Manifest, digest: str, keyids: list[str], status: str,
+                    oci_digest: str | None = None) -> None:
     echo = typer.echo
     echo(f"{bundle}: {status}")
+    if oci_digest:
+        echo(f"  oci        {oci_digest}")
     echo(f"  name       {m.name}")
     if digest:
         echo(f"  digest     sha256:{digest}")
@@ -273,12 +308,16 @@ def _print_manifest(bundle: Path, m: Manifest, digest: str, keyids: list[str], s
         echo(f"    {item.mode:04o} {item.size:>10} {item.sha256[:16]} {item.path}")
 
 
+@takes("plain_http", "offline")
 def diff(
-    a: Path = typer.Argument(..., metavar="A", help="The older bundle."),
-    b: Path = typer.Argument(..., metavar="B", help="The newer bundle."),
+    a: str = typer.Argument(..., metavar="A", help="The older bundle: a .heddle path or a reference."),
+    b: str = typer.Argument(..., metavar="B", help="The newer bundle: a .heddle path or a reference."),
     json_out: bool = typer.Option(False, "--json", help="Print the differences as JSON."),
     quiet: bool = QUIET,
     verbose: bool = VERBOSE,
+    *,
+    plain_http: bool,
+    offline: bool,
 ) -> None:
     """Show the files, tools, input-schema fingerprints and settings that differ from A to B.
 
@@ -288,10 +327,11 @@ def diff(
     from heddle.format.verify import peek
 
     output.use(quiet=quiet, verbose=verbose)
-    older, newer = peek(a), peek(b)
-    for label, path, seen in (("A", a, older), ("B", b, newer)):
+    first, second = _target(a, plain_http, offline), _target(b, plain_http, offline)
+    older, newer = peek(first.path), peek(second.path)
+    for label, target, seen in (("A", first, older), ("B", second, newer)):
         digest = f"sha256:{seen.digest}" if seen.digest else "a legacy bundle"
-        output.detail(f"{label} {path}: {digest}, {len(seen.manifest.files)} files (not verified)")
+        output.detail(f"{label} {target.name}: {digest}, {len(seen.manifest.files)} files (not verified)")
     changes = diff_manifests(older.manifest, newer.manifest)
     if json_out:
         typer.echo(json.dumps(changes.to_json(), ensure_ascii=False, indent=2))
@@ -303,11 +343,15 @@ def diff(
         typer.echo(line)
 
 
+@takes("plain_http", "offline")
 def doctor(
-    bundle: Path = typer.Argument(..., metavar="BUNDLE", help="The .heddle file whose requirements to check."),
+    bundle: str = typer.Argument(..., metavar="BUNDLE", help=f"The bundle whose requirements to check: {_REFERENCE}."),
     json_out: bool = json_option("Print every check as JSON (the exit status is the same)."),
     quiet: bool = QUIET,
     verbose: bool = VERBOSE,
+    *,
+    plain_http: bool,
+    offline: bool,
 ) -> None:
     """Check that this machine has what the bundle `requires` and what its flow reads: binaries on
     PATH, environment variables set (the `$VAR`s of its llm configs too; values are never printed),
@@ -321,32 +365,35 @@ def doctor(
     from heddle.format.verify import peek
 
     output.use(quiet=quiet, verbose=verbose)
-    seen = peek(bundle)
+    target = _target(bundle, plain_http, offline)
+    name = target.name
+    seen = peek(target.path)
     checks = check_requires(seen.manifest.requires)
-    output.detail(f"{bundle} declares {len(checks)} requirement(s)")
+    output.detail(f"{name} declares {len(checks)} requirement(s)")
     if seen.legacy:
-        output.note(f"{bundle}: a format-1 bundle; only its declared requirements are checked, "
+        output.note(f"{name}: a format-1 bundle; only its declared requirements are checked, "
                     "not its flow's variables")
     else:
-        reads = check_flow_env(sealed_flow_reads(bundle), declared=seen.manifest.requires.env)
+        reads = check_flow_env(sealed_flow_reads(target.path), declared=seen.manifest.requires.env)
         output.detail(f"its sealed flow reads {len(reads)} more environment variable(s)")
         checks += reads
     missing = [c for c in checks if not c.ok and c.required]
     if json_out:
+        pulled = {"oci_digest": target.oci_digest} if target.reference else {}
         output.print_json({
-            "bundle": str(bundle), "ok": not missing,
+            "bundle": name, **pulled, "ok": not missing,
             "checks": [{"kind": c.kind, "name": c.name, "required": c.required, "ok": c.ok, "detail": c.detail}
                        for c in checks],
         })
     elif not checks:
-        typer.echo(f"{bundle} requires nothing of this machine")
+        typer.echo(f"{name} requires nothing of this machine")
     for check in [] if json_out else checks:
         status = "ok     " if check.ok else "MISSING" if check.required else "unset  "
         typer.echo(f"{status} {check.kind:<4} {check.name}: {check.detail}")
     if missing:
         names = ", ".join(f"{c.kind} {c.name}" for c in missing)
         needed = sum(c.required for c in checks)
-        raise RequirementsUnmetError(f"{bundle}: {len(missing)} of {needed} requirements missing: {names}")
+        raise RequirementsUnmetError(f"{name}: {len(missing)} of {needed} requirements missing: {names}")
 
 
 trust_app = typer.Typer(
@@ -431,7 +478,8 @@ cache_app = typer.Typer(
     Each bundle verified once is kept under its digest, read-only, so later runs skip
     unpacking it; every open still re-checks its signatures, re-hashes its programs and
     manifests, and checks every other file against the stat snapshot taken when it was
-    stored. Nothing is removed on its own:
+    stored. Bundles pulled from a registry or a URL are kept beside them (pulled/), by
+    their OCI digest, and verified like any file at each use. Nothing is removed on its own:
 
       heddle cache ls                       # digest, name, size, last used
       heddle cache prune                    # entries unused for 30 days
@@ -472,7 +520,8 @@ def cache_ls(
     quiet: bool = QUIET,
     verbose: bool = VERBOSE,
 ) -> None:
-    """List the cached payloads: digest, name, size and when each was last used.
+    """List the cached payloads (digest, name, size, when each was last used), then the pulled
+    bundles (OCI digest, or a URL's file digest, the reference it was pulled as, size, last use).
 
     An entry whose snapshot does not hold is marked; it would not be trusted (an open
     verifies it again) and `heddle cache prune` removes it.
@@ -481,29 +530,45 @@ def cache_ls(
     from datetime import UTC, datetime
 
     from heddle.format.cache import Cache
+    from heddle.oci.store import PulledStore
 
     output.use(quiet=quiet, verbose=verbose)
     cache = Cache(cache_dir)
     output.detail(f"cache: {cache.root}")
     entries = cache.entries()
+    pulled = PulledStore(cache_dir).entries()
+
+    def stamp(when: float) -> str:
+        return datetime.fromtimestamp(when, UTC).isoformat(timespec="seconds")
+
     if json_out:
-        typer.echo(json.dumps([{
-            "digest": e.key if e.legacy else f"sha256:{e.key}", "name": e.name or None, "size": e.size,
-            "files": e.files, "legacy": e.legacy, "path": str(e.path),
-            "last_used": datetime.fromtimestamp(e.last_used, UTC).isoformat(timespec="seconds"),
+        typer.echo(json.dumps([*({
+            "kind": "payload", "digest": e.key if e.legacy else f"sha256:{e.key}", "name": e.name or None,
+            "size": e.size, "files": e.files, "legacy": e.legacy, "path": str(e.path), "last_used": stamp(e.last_used),
             "ok": e.problem is None, "problem": e.problem,
-        } for e in entries], ensure_ascii=False, indent=2))
+        } for e in entries), *({
+            "kind": "pulled", "digest": p.digest, "source": p.kind, "reference": p.reference, "size": p.size,
+            "path": str(p.path), "last_used": stamp(p.last_used), "ok": p.problem is None, "problem": p.problem,
+        } for p in pulled)], ensure_ascii=False, indent=2))
         return
-    if not entries:
+    if not entries and not pulled:
         output.note(f"the cache at {cache.root} is empty")
         return
     now = time.time()
-    typer.echo(f"{'DIGEST':<71}  {'NAME':<20}  {'SIZE':>10}  LAST USED")
+    if entries:
+        typer.echo(f"{'DIGEST':<71}  {'NAME':<20}  {'SIZE':>10}  LAST USED")
     for e in entries:
         digest = e.key if e.legacy else f"sha256:{e.key}"
         used = datetime.fromtimestamp(e.last_used).strftime("%Y-%m-%d %H:%M")
         name = e.name if e.problem is None else f"(not trusted: {e.problem})"
         typer.echo(f"{digest:<71}  {name:<20}  {_size(e.size):>10}  {used} ({_ago(max(0.0, now - e.last_used))})")
+    if pulled:
+        typer.echo(f"{'PULLED':<71}  {'SIZE':>10}  {'LAST USED':<29}  REFERENCE")
+    for p in pulled:
+        used = f"{datetime.fromtimestamp(p.last_used).strftime('%Y-%m-%d %H:%M')} " \
+               f"({_ago(max(0.0, now - p.last_used))})"
+        source = (p.reference or "(origin unknown)") if p.problem is None else f"(will be evicted: {p.problem})"
+        typer.echo(f"{p.digest:<71}  {_size(p.size):>10}  {used:<29}  {source}")
 
 
 @cache_app.command("prune")
@@ -518,14 +583,15 @@ def cache_prune(
     quiet: bool = QUIET,
     verbose: bool = VERBOSE,
 ) -> None:
-    """Remove cached payloads not used lately, entries that would not be trusted, and staging
-    folders left by a killed verifier (never one a running verifier holds).
+    """Remove cached payloads and pulled bundles not used lately, entries that would not be
+    trusted, and staging folders left by a killed verifier or pull (never one still running).
 
     An entry removed while a run uses it breaks that run: prune when nothing runs, or keep
     --older-than above the longest run.
     """
     from heddle.errors import UsageError
     from heddle.format.cache import Cache
+    from heddle.oci.store import PulledStore
 
     output.use(quiet=quiet, verbose=verbose)
     if all_ and older_than is not None:
@@ -535,16 +601,25 @@ def cache_prune(
     output.detail(f"cache: {cache.root}; removing entries "
                   f"{'of any age' if age is None else f'unused for {age:.0f} s or more'}")
     result = cache.prune(older_than=age)
+    pulled, pulled_staging = PulledStore(cache_dir).prune(older_than=age)
     freed = sum(e.size for e in result.entries)
     for e in result.entries:
         output.note(f"removed {e.key if e.legacy else 'sha256:' + e.key} {e.name}".rstrip())
+    for p in pulled:
+        output.note(f"removed pulled {p.digest} {p.reference or ''}".rstrip())
     if json_out:
         output.print_json({
             "removed": [{"digest": e.key if e.legacy else f"sha256:{e.key}", "name": e.name or None, "size": e.size,
                          "problem": e.problem} for e in result.entries],
             "freed_bytes": freed, "staging_removed": result.staging, "kept": result.kept,
+            "pulled_removed": [{"digest": p.digest, "reference": p.reference, "size": p.size, "problem": p.problem}
+                               for p in pulled],
+            "pulled_freed_bytes": sum(p.size for p in pulled), "pulled_staging_removed": pulled_staging,
         })
         return
     typer.echo(f"removed {len(result.entries)} entries ({_size(freed)}) and {result.staging} staging folders; "
                f"kept {result.kept} entries")
+    if pulled or pulled_staging:
+        typer.echo(f"removed {len(pulled)} pulled bundles ({_size(sum(p.size for p in pulled))}) and "
+                   f"{pulled_staging} pulled staging folders")
 

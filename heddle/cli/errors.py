@@ -11,8 +11,24 @@ import typer
 WAITING_EXIT = 10
 
 
+# A pulled bundle's file in the cache, and the reference a person gave for it: messages name the latter.
+_ALIASES: dict[str, str] = {}
+
+
+def alias(path: str, name: str) -> None:
+    """Name `path` as `name` in the error lines this command prints."""
+    _ALIASES[path] = name
+
+
+def shown(message: str) -> str:
+    """`message` with each aliased path written as its name."""
+    for path, name in _ALIASES.items():
+        message = message.replace(path, name)
+    return message
+
+
 def report(message: str) -> None:
-    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.write(f"error: {shown(message)}\n")
 
 
 def _usage_error_types() -> tuple[type[BaseException], ...]:
@@ -50,6 +66,7 @@ def run_app(app: typer.Typer, args: list[str] | None = None) -> int:
     from heddle.errors import HeddleError
 
     output.reset()
+    _ALIASES.clear()
     try:
         rc = app(args=args, standalone_mode=False)
     except HeddleError as exc:

@@ -21,7 +21,8 @@ from typing import Any, TypeVar
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from heddle.settings import BY_NAME, SHELL_SETTINGS, RunSettings, Setting
+from heddle.cli.convert import quicken
+from heddle.settings import BY_NAME, PACK_SETTINGS, SHELL_SETTINGS, RunSettings, Setting
 
 # How a command that reads a document finds and reads it (run, validate, bundle, tools).
 FORMAT = typer.Option(None, "--format", metavar="json|yaml",
@@ -34,7 +35,7 @@ FLOW = typer.Option(None, "--flow", metavar="PATH", dir_okay=False,
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_SHELL: Mapping[str, Setting] = {s.name: s for s in SHELL_SETTINGS}
+_SHELL: Mapping[str, Setting] = {s.name: s for s in (*SHELL_SETTINGS, *PACK_SETTINGS)}
 _TITLES: Mapping[str, str] = {"limits": "Limits", "workspaces": "Workspaces", "sandbox": "Sandbox",
                               "bundles": "With a bundle", "plugins": "Plugins", "models": "Models",
                               "sessions": "Sessions"}
@@ -137,7 +138,16 @@ def takes(*names: str, help: Mapping[str, str] | None = None) -> Callable[[F], F
     return decorate
 
 
-class SettingsCommand(TyperCommand):
+class QuickCommand(TyperCommand):
+    """A command whose options are read without a pydantic validator each (heddle.cli.convert)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)
+        quicken(params)
+        return params
+
+
+class SettingsCommand(QuickCommand):
     """A command whose help lists its options in the table's groups, in one order for every command."""
 
     def format_options(self, ctx: Any, formatter: Any) -> None:
@@ -166,7 +176,20 @@ class SettingsCommand(TyperCommand):
 
 class SummaryGroup(TyperGroup):
     """A command group that lists each command's summary whole: its short_help, else its first
-    sentence, never cut with "..." (long ones wrap)."""
+    sentence, never cut with "..." (long ones wrap). Its options and its commands' are read as
+    QuickCommand's are."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)
+        quicken(params)
+        return params
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if type(command) is TyperCommand:
+            # A sub-app's command declared without cls=: the same command with QuickCommand's reading.
+            command.__class__ = QuickCommand
+        return command
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         rows: list[tuple[str, str]] = []

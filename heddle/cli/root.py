@@ -39,6 +39,8 @@ COMMANDS: dict[str, Lazy] = {
     "inspect": Lazy("heddle.cli.bundle", "inspect", "Show a bundle's manifest, files and tools without unpacking it."),
     "diff": Lazy("heddle.cli.bundle", "diff", "Show what differs between two bundles."),
     "doctor": Lazy("heddle.cli.bundle", "doctor", "Check that this machine has what a bundle needs."),
+    "push": Lazy("heddle.cli.registry", "push", "Push a bundle to an OCI registry."),
+    "pull": Lazy("heddle.cli.registry", "pull", "Download a bundle from an OCI registry or a URL."),
     "trust": Lazy("heddle.cli.bundle", "trust_app", "The keys this user trusts to sign bundles."),
     "cache": Lazy("heddle.cli.bundle", "cache_app", "The cache of verified payloads."),
     "model": Lazy("heddle.cli.model", "model_app", "Serve a scripted model for deterministic agent tests."),

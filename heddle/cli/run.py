@@ -85,13 +85,14 @@ def _bundle_options(trust: list[Path], allow_unsigned: bool, data_dir: Path | No
 
 # `heddle run` takes every run setting the command line sets, and how to find and trust a bundle.
 _RUN_SETTINGS = ("tools_dir", "commands", *(s.name for s in SETTINGS if s.cli and s.flag), "trust", "allow_unsigned",
-                 "data_dir")
+                 "data_dir", "plain_http", "offline")
+_TARGET_HELP = ("A sealed bundle (a .heddle path, oci://REGISTRY/REPO:TAG, oci://REGISTRY/REPO@sha256:DIGEST or an "
+                "https:// URL), or a flow document (.json, .yaml, .yml).")
 
 
 @takes(*_RUN_SETTINGS)
 def run(
-    target: Path | None = typer.Argument(None, metavar="FLOW|BUNDLE", show_default=False,
-                                            help="A sealed .heddle bundle, or a flow document (.json, .yaml, .yml)."),
+    target: str | None = typer.Argument(None, metavar="FLOW|BUNDLE", show_default=False, help=_TARGET_HELP),
     flow_file: Path | None = _FLOW,
     input: str | None = _INPUT,
     format: str | None = _FORMAT,
@@ -133,6 +134,8 @@ def run(
     trust: list[Path],
     allow_unsigned: bool,
     data_dir: Path | None,
+    plain_http: bool,
+    offline: bool,
 ) -> None:
     """Run a flow, an agent or a node (or a sealed bundle) and print its final state as one JSON object.
 
@@ -141,6 +144,7 @@ def run(
       heddle run flow.yaml --tools-dir tools --input '{"query": "hi"}'
       heddle run agent.yaml -t tools --input '{"user": "Ann"}' --message "hello" --outputs
       heddle run app.heddle --trust me.pub --input @input.json
+      heddle run oci://registry.example.com/agents/app:prod --trust me.pub
       heddle run flow.yaml -t tools --safe --deny-net --mount ./skills
       heddle run main.json --components shared.json --model-url gpt=http://127.0.0.1:8000/v1
       heddle run --flow agent.txt --format yaml -t tools
@@ -149,6 +153,7 @@ def run(
 
     A path ending in .heddle, or given with --trust, --allow-unsigned or --data-dir, runs only
     as a verified bundle; a flow is read from .json, .yaml or .yml, or from any file with --flow.
+    A reference is pulled into the cache, then verified exactly as a local bundle.
 
     A document that may wait for a person (an InputMessageNode, a tool with requires_confirmation,
     a ClientTool, a human_in_the_loop agent in a flow) runs only in a session. When its run waits,
@@ -186,29 +191,32 @@ def run(
         if answer is not None and message is not None:
             raise UsageError("--message and an answer flag: give one answer to what the session waits for")
     inputs = _read_input(input) if input is not None else None
-    resolved = resolve_target(target, flow_file, bundle_options=_bundle_options(trust, allow_unsigned, data_dir))
-    target = resolved.path
+    from heddle.cli.target import Remote
+
+    resolved = resolve_target(target, flow_file, bundle_options=_bundle_options(trust, allow_unsigned, data_dir),
+                              remote=Remote(plain_http, offline))
+    path = resolved.path
     if resolved.is_bundle:
         from heddle.cli.opening import open_verified
         from heddle.format.trust import TrustPolicy
 
         for flag, value in (("--tools-dir", tools_dir), ("--components", components), ("--commands", commands)):
             if value is not None:
-                raise UsageError(f"{flag} cannot be used with the bundle {target}: a sealed bundle runs only its "
-                                 "own tools, commands and components")
+                raise UsageError(f"{flag} cannot be used with the bundle {resolved.name}: a sealed bundle runs only "
+                                 "its own tools, commands and components")
         policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
-        sealed = open_verified(target, trust=policy, data_dir=data_dir, fmt=format,
+        sealed = open_verified(path, trust=policy, data_dir=data_dir, fmt=format,
                                plugins=settings.plugins).runnable
         loaded = from_bundle(sealed, settings, given=given, inputs=inputs, load_plugins=_load_plugins)
     else:
-        loaded = from_document(target, settings, tools_dir=tools_dir, fmt=format, components=components,
+        loaded = from_document(path, settings, tools_dir=tools_dir, fmt=format, components=components,
                                inputs=inputs, load_plugins=_load_plugins, commands=commands)
     if protocol not in (None, "heddle"):
         from heddle.plugin_host.encoder import encoder_for
 
         encoder_for(loaded.host, protocol)
     if session is None:
-        message = _message(loaded.flow, message, str(target), ask=not no_input)
+        message = _message(loaded.flow, message, resolved.name, ask=not no_input)
         _show_model_urls(loaded)
         _run_once(loaded, message=message, outputs=outputs, protocol=protocol, verbose=verbose)
         return
@@ -221,7 +229,7 @@ def run(
         # A resumed run goes on with the message it started with (and --message may be the answer it
         # waits for); only a new run, or the next turn of a conversation, needs one of its own.
         if pending is None:
-            message = _message(loaded.flow, message, str(target), ask=not no_input)
+            message = _message(loaded.flow, message, resolved.name, ask=not no_input)
         elif pending.status == "waiting" and answer is None and message is None and pending.waiting_for \
                 and not resume:
             from heddle.cli.waiting import ask, on_terminal
@@ -338,10 +346,9 @@ def _show_model_urls(loaded: Any) -> None:
 
 
 @takes("tools_dir", "commands", "trust", "allow_unsigned", "plugins", "plugin_configs", "plugin_timeout",
-       "max_node_attempts", "discover_tools")
+       "max_node_attempts", "discover_tools", "plain_http", "offline")
 def validate(
-    target: Path | None = typer.Argument(None, metavar="FLOW|BUNDLE", show_default=False,
-                                            help="A sealed .heddle bundle, or a flow document (.json, .yaml, .yml)."),
+    target: str | None = typer.Argument(None, metavar="FLOW|BUNDLE", show_default=False, help=_TARGET_HELP),
     flow_file: Path | None = _FLOW,
     format: str | None = _FORMAT,
     components: Path | None = _COMPONENTS,
@@ -355,6 +362,8 @@ def validate(
     commands: Path | None,
     trust: list[Path],
     allow_unsigned: bool,
+    plain_http: bool,
+    offline: bool,
 ) -> None:
     """Check a flow without running it: parse, graph, tools and their input-schema fingerprints.
 
@@ -363,27 +372,28 @@ def validate(
     use_output(quiet=quiet, verbose=verbose)
     import json
 
-    from heddle.cli.target import resolve_target
+    from heddle.cli.target import Remote, resolve_target
     from heddle.errors import GraphError, UsageError
     from heddle.settings import settle
     from heddle.validation import validation_report
 
-    resolved = resolve_target(target, flow_file, bundle_options=_bundle_options(trust, allow_unsigned))
-    target = resolved.path
+    resolved = resolve_target(target, flow_file, bundle_options=_bundle_options(trust, allow_unsigned),
+                              remote=Remote(plain_http, offline))
+    path = resolved.path
     if resolved.is_bundle:
         from heddle.cli.opening import open_verified
         from heddle.format.trust import TrustPolicy
 
         for flag, value in (("--tools-dir", tools_dir), ("--components", components), ("--commands", commands)):
             if value is not None:
-                raise UsageError(f"{flag} cannot be used with the bundle {target}: a sealed bundle runs only its "
-                                 "own tools, commands and components")
+                raise UsageError(f"{flag} cannot be used with the bundle {resolved.name}: a sealed bundle runs only "
+                                 "its own tools, commands and components")
         policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
-        sealed = open_verified(target, trust=policy, data_dir=None, fmt=format, seed_data=False,
+        sealed = open_verified(path, trust=policy, data_dir=None, fmt=format, seed_data=False,
                                plugins=settings.plugins).runnable
         host = _load_plugins(settle(settings, given=given, plugins=getattr(sealed, "plugins", ())))
         tools: dict[str, Path] | None = sealed.tools
-        flow, source = sealed.flow, f"{target} (sealed {sealed.digest})"
+        flow, source = sealed.flow, f"{resolved.name} (sealed {sealed.digest})"
         declared = sealed.commands
     else:
         from heddle.spec import load_flow
@@ -392,9 +402,9 @@ def validate(
 
         declared = read_commands(commands) if commands is not None else None
         host = _load_plugins(settings)
-        flow = load_flow(target, fmt=format, node_types=host.node_types() if host else (), components=components)
+        flow = load_flow(path, fmt=format, node_types=host.node_types() if host else (), components=components)
         tools = discover_tools(tools_dir) if tools_dir is not None else None
-        source = str(target)
+        source = str(path)
     from heddle.cli.output import warn
     from heddle.runs import discover_apart
     from heddle.spec.roots import document_root
@@ -434,7 +444,7 @@ def validate(
 
 
 @takes("tools_dir", "commands", "mounts", "mount_max_entries", "mount_max_bytes", "max_tool_rounds", "plugins",
-       "plugin_configs", "plugin_timeout", "max_node_attempts",
+       "plugin_configs", "plugin_timeout", "max_node_attempts", "level",
        help={"max_tool_rounds": "Proposed tool-round limit recorded in the bundle; where it runs, "
                                 "--max-tool-rounds wins over it."})
 def bundle(
@@ -462,6 +472,7 @@ def bundle(
     given: frozenset[str],
     tools_dir: Path | None,
     commands: Path | None,
+    level: str | None,
 ) -> None:
     """Seal a flow, its tools, commands, mounts and plugins into one signed .heddle file.
 
@@ -480,7 +491,9 @@ def bundle(
     use_output(quiet=quiet, verbose=verbose)
     from heddle.cli.seal import seal_flow as seal
     from heddle.cli.target import resolve_flow
+    from heddle.settings import LEVEL
 
+    zstd_level = LEVEL.default if level is None else LEVEL.parse(level, plain="s")[0]
     flow = resolve_flow(flow_path, flow_file)
     # Manifests, and the settings given, are checked before anything is packed; settings are
     # not sealed: the operator gives them where the bundle runs.
@@ -492,7 +505,7 @@ def bundle(
          input_text=input, requires=requires, max_tool_rounds=proposal, sign_key=sign_key, name=name, fmt=format,
          output=output, max_entries=settings.mount_max_entries, max_bytes=settings.mount_max_bytes,
          read_input=_read_input, include_secrets=include_secret, json_out=json_out, components=components,
-         commands=commands)
+         commands=commands, level=zstd_level)
 
 
 def init(

@@ -28,6 +28,7 @@ def seal_flow(
     json_out: bool = False,
     components: Path | None = None,
     commands: Path | None = None,
+    level: int | None = None,
 ) -> None:
     """Seal the flow as the flags say and print what was written (as JSON with `json_out`)."""
     from heddle.bundle.requires import parse_requires
@@ -42,7 +43,7 @@ def seal_flow(
         requires=parse_requires(requires) if requires is not None else None,
         max_tool_rounds=max_tool_rounds, include_secrets=include_secrets or (), flow_format=fmt,
         mount_max_entries=max_entries, mount_max_bytes=max_bytes, progress=terminal_progress(),
-        components=components, commands=commands,
+        components=components, commands=commands, level=level,
     )
     for warning in result.warnings:
         warn(warning)

@@ -9,6 +9,10 @@ only ever adds the proof.
 
 The path is looked at through `safeparse.open_regular`, so a FIFO or a device is refused from
 its stat and never blocks the command.
+
+A reference (`oci://REGISTRY/REPO:TAG`, `oci://REGISTRY/REPO@sha256:...`, an `https://` URL) is
+always a bundle: it is pulled into the cache (heddle.oci) and the file found there is then
+opened exactly as a local bundle is, so nothing about where it came from weakens its proof.
 """
 
 from __future__ import annotations
@@ -31,6 +35,43 @@ _BOTH_WAYS = "run a flow from a .json, .yaml or .yml file, or pass --flow PATH t
 class Target:
     path: Path
     is_bundle: bool
+    reference: str | None = None  # as given, when the bundle was pulled
+    oci_digest: str | None = None
+
+    @property
+    def name(self) -> str:
+        """How messages name the target: its reference, else its path."""
+        return self.reference or str(self.path)
+
+
+@dataclass(frozen=True)
+class Remote:
+    """How a reference is pulled: the flags that only a reference takes, and the cache it goes to."""
+
+    plain_http: bool = False
+    offline: bool = False
+    cache_dir: Path | None = None
+
+
+def bundle_target(text: str | Path, remote: Remote = Remote()) -> Target:
+    """A command's BUNDLE argument: a path, as it is, or a reference pulled into the cache (and
+    said so on stderr). `--plain-http`/`--offline` with a path are refused."""
+    from heddle.oci import source
+
+    pulled = source(text if isinstance(text, str) else Path(text), plain_http=remote.plain_http,
+                    offline=remote.offline, cache_dir=remote.cache_dir)
+    if pulled.reference is None:
+        return Target(pulled.path, True)
+    from heddle.cli import output
+    from heddle.cli.errors import alias
+
+    alias(str(pulled.path), pulled.reference)
+    what = f" ({pulled.oci_digest})" if pulled.oci_digest else ""
+    if pulled.downloaded:
+        output.note(f"pulled {pulled.reference}{what}")
+    output.detail(f"{pulled.reference}{what}: {'downloaded to' if pulled.downloaded else 'in the cache at'} "
+                  f"{pulled.path}")
+    return Target(pulled.path, True, pulled.reference, pulled.oci_digest)
 
 
 def _starts_like_bundle(path: Path) -> bool:
@@ -47,7 +88,7 @@ def _starts_like_bundle(path: Path) -> bool:
     return head == ZSTD_MAGIC or head[: len(GZIP_MAGIC)] == GZIP_MAGIC
 
 
-def _one_of(positional: Path | None, flow: Path | None, what: str) -> Path | None:
+def _one_of(positional: str | Path | None, flow: Path | None, what: str) -> str | Path | None:
     """The path given, or None when it was given with --flow; refuses none and both."""
     if positional is not None and flow is not None:
         raise UsageError(f"give the {what} either as the argument or with --flow PATH, not both "
@@ -56,6 +97,16 @@ def _one_of(positional: Path | None, flow: Path | None, what: str) -> Path | Non
         raise UsageError(f"missing the {what}: give a .heddle bundle or a flow document (.json, .yaml, .yml), "
                          "or --flow PATH")
     return positional
+
+
+def _reference_hint(given: str | Path) -> str:
+    """For REGISTRY/REPO:TAG written without its scheme: how to write it as a reference."""
+    import re
+
+    text = str(given)
+    if isinstance(given, str) and re.fullmatch(r"[\w.-]+[.:][\w.:-]*/[\w./-]+(:[\w.-]+|@sha256:[0-9a-f]{64})", text):
+        return f", or write oci://{text} to pull it from a registry"
+    return ""
 
 
 def _kind(path: Path) -> str | None:
@@ -69,21 +120,29 @@ def _kind(path: Path) -> str | None:
     return None if stat.S_ISREG(mode) else file_kind(mode)
 
 
-def resolve_target(positional: Path | None, flow: Path | None, *, bundle_options: Sequence[str] = ()) -> Target:
-    """What `heddle run` / `heddle validate` are given: a bundle, or a flow document.
+def resolve_target(positional: str | Path | None, flow: Path | None, *, bundle_options: Sequence[str] = (),
+                   remote: Remote = Remote()) -> Target:
+    """What `heddle run` / `heddle validate` are given: a bundle (a path or a reference), or a flow
+    document.
 
     `bundle_options` names the options given that only a bundle takes.
     """
     from heddle.format.errors import MalformedBundleError
+    from heddle.oci.reference import looks_like_reference
     from heddle.safeparse import NotRegularFileError
 
-    path = _one_of(positional, flow, "flow or bundle")
-    if path is None:
+    given = _one_of(positional, flow, "flow or bundle")
+    if isinstance(given, str) and looks_like_reference(given):
+        return bundle_target(given, remote)
+    if remote.plain_http or remote.offline:
+        bundle_target(given if given is not None else Path(str(flow)), remote)  # refuses them, naming the path
+    if given is None:
         assert flow is not None
         if bundle_options:
             raise UsageError(f"{', '.join(bundle_options)} apply to bundles; --flow {flow} reads a flow document: "
                              "leave them out, or give the bundle's path instead of --flow")
         return Target(flow, False)
+    path = Path(given)
     suffix = path.suffix.lower()
     must_be_bundle = suffix == BUNDLE_SUFFIX or bool(bundle_options)
     try:
@@ -97,7 +156,8 @@ def resolve_target(positional: Path | None, flow: Path | None, *, bundle_options
         raise UsageError(f"{path}: is {exc.kind}, not a bundle or a flow document") from None
     except FileNotFoundError:
         if must_be_bundle or suffix not in FLOW_SUFFIXES:
-            raise UsageError(f"{path}: no such file; give the path of a .heddle bundle or a flow document") from None
+            raise UsageError(f"{path}: no such file; give the path of a .heddle bundle or a flow document"
+                             f"{_reference_hint(given)}") from None
         return Target(path, False)  # load_flow says so, as it always has
     except OSError as exc:
         if must_be_bundle or suffix not in FLOW_SUFFIXES:
@@ -120,10 +180,11 @@ def resolve_flow(positional: Path | None, flow: Path | None) -> Path:
     """The flow `heddle bundle` seals: a flow document by the same rule, never a bundle."""
     from heddle.safeparse import NotRegularFileError
 
-    path = _one_of(positional, flow, "flow")
-    if path is None:
+    given = _one_of(positional, flow, "flow")
+    if given is None:
         assert flow is not None
         return flow
+    path = Path(given)
     suffix = path.suffix.lower()
     try:
         bundle = _starts_like_bundle(path)

@@ -14,16 +14,18 @@ from heddle.cli.output import use as use_output
 from heddle.settings import RunSettings
 
 _SETTINGS = ("tools_dir", "commands", "trust", "allow_unsigned", "plugins", "plugin_configs", "plugin_timeout",
-             "discover_tools", "safe", "sandbox", "allow_read", "allow_write", "allow_env", "deny_net")
+             "discover_tools", "safe", "sandbox", "allow_read", "allow_write", "allow_env", "deny_net", "plain_http",
+             "offline")
 
 
 @takes(*_SETTINGS, help={"safe": "Start the plugins asked which tools they serve (--discover-tools) in a "
                                   "bubblewrap sandbox, as a run would."})
 def tools(
-    target: Path | None = typer.Argument(None, metavar="FLOW|BUNDLE", show_default=False,
-                                            help="A flow document (its own tools and the schemas it declares are "
-                                                 "listed too) or a sealed .heddle bundle; leave it out to list "
-                                                 "the tools folder's, the plugins' and the commands' tools."),
+    target: str | None = typer.Argument(None, metavar="FLOW|BUNDLE", show_default=False,
+                                           help="A flow document (its own tools and the schemas it declares are "
+                                                "listed too) or a sealed bundle (a .heddle path or a reference: "
+                                                "oci://REGISTRY/REPO:TAG, an https:// URL); leave it out to list "
+                                                "the tools folder's, the plugins' and the commands' tools."),
     flow_file: Path | None = FLOW,
     format: str | None = FORMAT,
     components: Path | None = COMPONENTS,
@@ -37,6 +39,8 @@ def tools(
     commands: Path | None,
     trust: list[Path],
     allow_unsigned: bool,
+    plain_http: bool,
+    offline: bool,
 ) -> None:
     """List every tool a run would have: its name, where it comes from, its description, its input
     schema and that schema's fingerprint.
@@ -56,8 +60,9 @@ def tools(
     from heddle.tools.catalog import listed
 
     if target is None and flow_file is None:
-        if trust or allow_unsigned:
-            raise UsageError("--trust and --allow-unsigned apply to a bundle: give its path")
+        if trust or allow_unsigned or plain_http or offline:
+            raise UsageError("--trust, --allow-unsigned, --plain-http and --offline apply to a bundle: give its path "
+                             "or reference")
         from heddle.tools.commands import load_commands
         from heddle.tools.registry import discover_tools
 
@@ -66,10 +71,11 @@ def tools(
         found = asyncio.run(listed(tools=discover_tools(tools_dir), flow=None, host=host, settings=settings,
                                    commands=described))
     else:
-        from heddle.cli.target import resolve_target
+        from heddle.cli.target import Remote, resolve_target
         from heddle.runs import from_bundle, from_document
 
-        resolved = resolve_target(target, flow_file, bundle_options=_bundle_options(trust, allow_unsigned))
+        resolved = resolve_target(target, flow_file, bundle_options=_bundle_options(trust, allow_unsigned),
+                                  remote=Remote(plain_http, offline))
         if resolved.is_bundle:
             from heddle.cli.opening import open_verified
             from heddle.format.trust import TrustPolicy

@@ -19,8 +19,6 @@ def declared_inputs(flow: Any) -> list[dict[str, Any]]:
 def input_problem(flow: Any, inputs: dict[str, Any]) -> str | None:
     """Why a given input does not match its declared schema (naming the input), or None.
     Inputs the flow does not declare, and declared ones not given, are not this check's business."""
-    import jsonschema
-
     from heddle.tools.schema import check_arguments
 
     properties = {p["title"]: dict(p) for p in declared_inputs(flow)}
@@ -29,7 +27,12 @@ def input_problem(flow: Any, inputs: dict[str, Any]) -> str | None:
         return None
     try:
         _, problem = check_arguments({"type": "object", "properties": properties}, given)
-    except (jsonschema.exceptions.SchemaError, jsonschema.exceptions.UnknownType) as exc:
+    except Exception as exc:
+        # Only a schema jsonschema checked can be refused by it, so it is imported by then.
+        import jsonschema
+
+        if not isinstance(exc, (jsonschema.exceptions.SchemaError, jsonschema.exceptions.UnknownType)):
+            raise
         start = flow.start_node.name
         first = str(exc).splitlines()[0]
         return f"StartNode {start!r} declares an input schema that cannot be checked ({first}); fix the flow"

@@ -66,6 +66,9 @@ class PreparedRun:
     endpoints: dict[int, ModelEndpoint]  # by id() of the flow's llm_config objects
     plugins: Plugins = NO_PLUGINS
     warnings: tuple[str, ...] = ()  # the graph check's, emitted when the run starts
+    # heddle.tools.provided.kinds of the flow, found once here: a walk of the whole flow, which a
+    # server would otherwise make for every run of it. None: found when the run starts.
+    tool_kinds: tuple[Any, ...] | None = None
 
 
 def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | None, options: RunOptions,
@@ -75,6 +78,7 @@ def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | No
     `plugins` (a heddle.plugin_host.PluginHost) adds its node types, tools, files and seams.
     """
     from heddle.spec.roots import document_root
+    from heddle.tools.provided import kinds
     from heddle.workspace.mounts import check_mounts
     from heddle.workspace.sandbox import check_policy
 
@@ -90,7 +94,7 @@ def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | No
     ws = options.workspace
     check_mounts(ws.mounts, max_entries=ws.max_entries, max_bytes=ws.max_bytes)
     return PreparedRun(flow, tools, tools_dir, options, resolve_endpoints(flow, model_urls=options.model_urls),
-                       plugins, tuple(warnings))
+                       plugins, tuple(warnings), tuple(kinds(flow)))
 
 
 def _label(node: c.Node) -> str:
@@ -354,7 +358,8 @@ async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *, on_even
         ctx.emit(ev.FlowStart(flow=prepared.flow.name, inputs=inputs))
         for warning in prepared.warnings:
             warn(warning)
-        async with _model_client(prepared, transport) as client, open_document_tools(ctx, prepared.flow):
+        kinds = prepared.tool_kinds
+        async with _model_client(prepared, transport) as client, open_document_tools(ctx, prepared.flow, kinds):
             ctx.client = client
             try:
                 walked = await _within(options, run_flow(ctx, prepared.flow, dict(inputs)))

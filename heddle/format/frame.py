@@ -58,8 +58,7 @@ def walk_frame(fd: int, file_size: int, *, what: str, limits: Limits) -> FrameIn
     if fcs_bytes == 2:
         content_size += 256
     at += fcs_bytes
-    ceiling = limits.max_total_bytes + limits.max_manifest_bytes + limits.max_signatures_bytes
-    ceiling += (limits.max_files + 4) * 1024
+    ceiling = limits.max_content_bytes()
     if content_size > ceiling:
         raise BundleLimitError(
             f"{what} declares {content_size} uncompressed bytes, over the cap of {ceiling}"

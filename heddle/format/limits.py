@@ -30,5 +30,16 @@ class Limits:
     def max_expanded_bytes(self, compressed_size: int) -> int:
         return max(self.ratio_floor_bytes, self.max_ratio * compressed_size)
 
+    def max_content_bytes(self) -> int:
+        """The most a bundle's tar stream may declare: payload, manifest, signatures, a header per file."""
+        return self.max_total_bytes + self.max_manifest_bytes + self.max_signatures_bytes + (self.max_files + 4) * KiB
+
+    def max_archive_bytes(self) -> int:
+        """The largest .heddle file a bundle within these caps packs to: zstd stores at most its input,
+        a 3-byte header per 128 KiB block, and at most 22 bytes of frame header and checksum. A pull
+        refuses a larger file from its declared size, before downloading it."""
+        content = self.max_content_bytes()
+        return content + 3 * (content // (128 * KiB) + 1) + 22
+
 
 DEFAULT_LIMITS = Limits()

@@ -13,7 +13,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import pairwise
-from typing import Any, ClassVar, Literal, NoReturn
+from typing import Any, ClassVar, Literal, NamedTuple, NoReturn
 
 from heddle import canonical
 from heddle.format.errors import (
@@ -34,7 +34,7 @@ PAYLOAD = "payload/"
 RESERVED_DEST = ".heddle"
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_HEX = frozenset("0123456789abcdef")
+_HEX_BYTES = b"0123456789abcdef"
 _FILE_KEYS = {"path", "size", "sha256", "mode"}
 _FINGERPRINT = re.compile(r"sha256:[0-9a-f]{64}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -42,8 +42,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MountMode = Literal["ro", "rw"]
 
 
-@dataclass(frozen=True)
-class FileEntry:
+class FileEntry(NamedTuple):
+    # A tuple, not a dataclass: every open of a bundle builds one per file (a hundred thousand).
     path: str
     size: int
     sha256: str
@@ -431,7 +431,10 @@ class _Reader:
             return None
         if not all(type(m) is int and m in MODES for m in modes):
             return None
-        if not all(type(h) is str and len(h) == 64 for h in shas) or not _HEX.issuperset("".join(shas)):
+        if not all(type(h) is str and len(h) == 64 for h in shas):
+            return None
+        hexes = "".join(shas)
+        if not hexes.isascii() or hexes.encode("ascii").translate(None, _HEX_BYTES):
             return None
         if not all_clean(paths, max_depth=limits.max_depth):
             return None

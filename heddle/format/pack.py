@@ -2,8 +2,15 @@
 
 The same plan gives the same bytes: files in UTF-8 byte order, modes reduced to 0644 or
 0755, owners 0, one mtime for every entry (SOURCE_DATE_EPOCH or 0), a fixed compression
-level. The archive is written to a temporary file beside OUT and renamed over it only once
-complete, so OUT is either the old file, the new one, or absent; never half of one.
+level (zstd's worker threads give the same bytes however many there are). The archive is
+written to a temporary file beside OUT and renamed over it only once complete, so OUT is
+either the old file, the new one, or absent; never half of one.
+
+Every file is read twice: once to hash it, once to write it. The manifest, which holds every
+hash, is the archive's first entry, and the frame's content checksum runs over the manifest
+and then the payload, so no payload byte can be compressed before every file is hashed;
+keeping the files from the first read would cost their whole size in memory. The hashing
+pass runs on several threads, and the second read mostly comes from the page cache.
 """
 
 from __future__ import annotations
@@ -13,7 +20,10 @@ import hashlib
 import os
 import stat
 import tempfile
+import threading
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -25,7 +35,9 @@ from heddle.format.archive import (
     MANIFEST_ENTRY,
     META_MODE,
     SIGNATURES_ENTRY,
+    ZSTD_LEVEL,
     ArchiveWriter,
+    compression_threads,
     payload_name,
     read_head,
     tar_size,
@@ -46,17 +58,25 @@ from heddle.format.manifest import (
 from heddle.format.progress import Progress
 from heddle.format.signing import Signatures, sign
 from heddle.format.tar import MAX_SIZE
+from heddle.settings import LEVEL
 
 _CHUNK = 1 << 20
+# What one hashing task takes on: enough that handing it to a thread costs little beside it.
+_BATCH_BYTES = 4 << 20
+_BATCH_FILES = 256
+_local = threading.local()
 
 
 @dataclass(frozen=True)
 class PlanFile:
-    """One file to seal: where it goes under `payload/`, where it comes from, its mode."""
+    """One file to seal: where it goes under `payload/`, where it comes from, its mode, and
+    its size when the walk that found it saw one (a hint for the progress bar and for sharing
+    the hashing out; what is sealed is what the hashing pass reads)."""
 
     path: str
     source: Path
     mode: int = 0o644
+    size: int | None = None
 
 
 @dataclass
@@ -150,32 +170,96 @@ def _size(item: PlanFile) -> int:
         raise PackError(f"{item.source}: cannot be read for {item.path!r}: {exc.strerror}") from None
 
 
-def _chunks(fd: int, size: int, item: PlanFile) -> Iterator[bytes]:
+def _buffer() -> memoryview:
+    """This thread's read buffer."""
+    view: memoryview | None = getattr(_local, "buffer", None)
+    if view is None:
+        view = _local.buffer = memoryview(bytearray(_CHUNK))
+    return view
+
+
+def _chunks(fd: int, size: int, item: PlanFile, buffer: memoryview) -> Iterator[memoryview]:
+    """The file's `size` bytes through `buffer`, each view valid until the next one.
+
+    Each read asks for one byte more than is left, so the end of the file is found by the
+    read that brings its last bytes (a small file is one read), and a file that grew is seen.
+    """
     left = size
-    while left:
-        chunk = os.read(fd, min(left, _CHUNK))
-        if not chunk:
+    while True:
+        want = min(left + 1, len(buffer))
+        n = os.readv(fd, [buffer[:want]])
+        if n > left:
             break
-        left -= len(chunk)
-        yield chunk
-    if left or os.read(fd, 1):
-        raise PackError(f"{item.source} changed size while it was being packed; pack again")
+        if n:
+            left -= n
+            yield buffer[:n]
+        if n == 0 or (left == 0 and n < want):
+            if not left:
+                return
+            break
+    raise PackError(f"{item.source} changed size while it was being packed; pack again")
 
 
-def _hash_files(files: Sequence[PlanFile], progress: Progress | None) -> list[tuple[FileEntry, tuple[int, ...]]]:
+Hashed = tuple[FileEntry, tuple[int, ...]]
+
+
+def _hash_batch(items: Sequence[PlanFile]) -> list[Hashed]:
     out = []
-    for item in files:
+    buffer = _buffer()
+    for item in items:
         fd = _open_source(item)
         try:
             st = os.fstat(fd)
             digest = hashlib.sha256()
-            for chunk in _chunks(fd, st.st_size, item):
+            for chunk in _chunks(fd, st.st_size, item, buffer):
                 digest.update(chunk)
-                if progress is not None:
-                    progress.advance(len(chunk))
         finally:
             os.close(fd)
         out.append((FileEntry(item.path, st.st_size, digest.hexdigest(), item.mode), _identity(st)))
+    return out
+
+
+def _batches(files: Sequence[PlanFile], sizes: Sequence[int]) -> Iterator[list[PlanFile]]:
+    batch: list[PlanFile] = []
+    size = 0
+    for item, item_size in zip(files, sizes, strict=True):
+        batch.append(item)
+        size += item_size
+        if size >= _BATCH_BYTES or len(batch) >= _BATCH_FILES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _hash_files(
+    files: Sequence[PlanFile], sizes: Sequence[int], progress: Progress | None, threads: int
+) -> list[Hashed]:
+    """Every file's manifest entry and identity, in order, hashed on `threads` threads."""
+    out: list[Hashed] = []
+
+    def done(rows: list[Hashed]) -> None:
+        out.extend(rows)
+        if progress is not None:
+            progress.advance(sum(entry.size for entry, _ in rows))
+
+    if threads <= 1:
+        for batch in _batches(files, sizes):
+            done(_hash_batch(batch))
+        return out
+    pending: deque[Future[list[Hashed]]] = deque()
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="heddle-hash") as pool:
+        try:
+            for batch in _batches(files, sizes):
+                pending.append(pool.submit(_hash_batch, batch))
+                if len(pending) > 2 * threads:  # a bounded window: memory stays flat for any tree
+                    done(pending.popleft().result())
+            while pending:
+                done(pending.popleft().result())
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
     return out
 
 
@@ -218,39 +302,52 @@ def pack(
     source_date_epoch: int | None = None,
     progress: Progress | None = None,
     limits: Limits = DEFAULT_LIMITS,
+    level: int = ZSTD_LEVEL,
+    threads: int | None = None,
 ) -> PackResult:
-    """Seal `plan` into the bundle `out`. Checks everything first; nothing is at `out` on failure."""
+    """Seal `plan` into the bundle `out`. Checks everything first; nothing is at `out` on failure.
+
+    `level` is the zstd level (1 to 22); `threads` the threads that hash and compress (None:
+    this machine's CPUs, capped). The bytes depend on the level, never on the threads.
+    """
     out = Path(out)
     what = f"bundle {out.name}"
+    problem = LEVEL.problem(level) if type(level) is int else f"{LEVEL.flag} {level!r}: must be a whole number"
+    if problem is not None:
+        raise UsageError(problem)
+    workers = compression_threads() if threads is None else threads
     mtime = resolve_source_date_epoch(source_date_epoch)
     files = sorted(plan.files, key=lambda f: f.path.encode("utf-8"))
     for a, b in pairwise(files):
         if a.path == b.path:
             raise PackError(f"{what}: {a.source} and {b.source} would both be stored at {a.path!r}")
-    total = sum(_size(f) for f in files)
+    sizes = [f.size if f.size is not None else _size(f) for f in files]
+    total = sum(sizes)
     # Two passes over the same bytes (hash, then write), each its own bar counting `total`.
     if progress is not None:
         progress.start(total, f"hashing {out.name}")
     try:
-        hashed = _hash_files(files, progress)
+        hashed = _hash_files(files, sizes, progress, workers)
         if progress is not None:
             progress.finish()
             progress.start(total, f"packing {out.name}")
         manifest = build_manifest(plan, [entry for entry, _ in hashed], limits=limits, what=what)
-        manifest_bytes = manifest.to_bytes()
+        manifest_bytes = canonical.dumps(manifest.to_json(), strict=False)  # build_manifest proved it canonical
         signatures = Signatures(tuple(sign(manifest_bytes, k) for k in _as_signing_keys(signing_key)))
         signatures_bytes = signatures.to_bytes()
         with atomic_output(out) as fh:
-            writer = ArchiveWriter(fh, total=tar_size(manifest, len(manifest_bytes), len(signatures_bytes)))
+            writer = ArchiveWriter(fh, total=tar_size(manifest, len(manifest_bytes), len(signatures_bytes)),
+                                   level=level, threads=workers)
             writer.add(MANIFEST_ENTRY, manifest_bytes, META_MODE, mtime)
             writer.add(SIGNATURES_ENTRY, signatures_bytes, META_MODE, mtime)
+            buffer = _buffer()
             for item, (entry, identity) in zip(files, hashed, strict=True):
                 fd = _open_source(item)
                 try:
                     if _identity(os.fstat(fd)) != identity:
                         raise PackError(f"{item.source} changed while it was being packed; pack again")
                     writer.begin(payload_name(entry.path), entry.size, entry.mode, mtime)
-                    for chunk in _chunks(fd, entry.size, item):
+                    for chunk in _chunks(fd, entry.size, item, buffer):
                         writer.write(chunk)
                         if progress is not None:
                             progress.advance(len(chunk))

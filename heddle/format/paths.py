@@ -70,7 +70,11 @@ def path_problem(path: object, *, max_depth: int) -> str | None:
     return None
 
 
+# Every character whose upper case begins with C, P, A, N or L (U+1E9A upper-cases to "A" and a
+# modifier letter), so a name starting with any other is no device and need not be split and folded.
+_DEVICE_INITIALS = frozenset("cCpPaAnNlL\u1e9a")
 _BAD_CHARS = frozenset(chr(c) for c in [*range(0x20), *range(0x7F, 0xA0)]) - {"\n"} | set('\\<>:"|?*')
+_BAD_CHAR = re.compile("[" + "".join(re.escape(c) for c in sorted(_BAD_CHARS)) + "]")
 
 
 def all_clean(paths: list[str], *, max_depth: int) -> bool:
@@ -84,22 +88,21 @@ def all_clean(paths: list[str], *, max_depth: int) -> bool:
     if not all(type(p) is str and p for p in paths):
         return False
     blob = "\n".join(paths)
-    if blob.count("\n") != len(paths) - 1 or not _BAD_CHARS.isdisjoint(blob):
+    if blob.count("\n") != len(paths) - 1 or _BAD_CHAR.search(blob):
         return False
     if not blob.isascii() and not unicodedata.is_normalized("NFC", blob):
         return False
     if max(p.count("/") for p in paths) >= max_depth:
         return False
-    for part in set(blob.replace("\n", "/").split("/")):
-        if (
-            not part
-            or part in (".", "..")
-            or part[-1] in " ."
-            or len(part) > MAX_COMPONENT_BYTES // 4
-            or windows_reserved(part)
-        ):
-            return False
-    return True
+    parts = set(blob.replace("\n", "/").split("/"))
+    if "" in parts or "." in parts or ".." in parts or max(map(len, parts)) > MAX_COMPONENT_BYTES // 4:
+        return False
+    # A name ends in a space or a dot where one stands before a separator or the end.
+    if " /" in blob or "./" in blob or " \n" in blob or ".\n" in blob or blob[-1] in " .":
+        return False
+    # A device name is 3 to 7 characters before a dot, a space or the end.
+    return not any(windows_reserved(part) for part in parts if part[0] in _DEVICE_INITIALS
+                   and (len(part) <= 7 or "." in part[3:8] or " " in part[3:8]))
 
 
 def collision_free(paths: list[str]) -> bool:

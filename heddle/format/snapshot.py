@@ -32,6 +32,9 @@ SEALED_DIR_MODE = stat.S_IFDIR | 0o555
 _HASH_CHUNK = 1 << 20
 # O_NONBLOCK: a FIFO planted where a file should be is refused, never waited on.
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Deeper than any bundle's paths go (32 components): a tree that does is not one heddle sealed.
+_MAX_WALK_DEPTH = 64
 
 
 class SnapshotError(Exception):
@@ -152,10 +155,10 @@ def _walk(top: str, rel: str = "") -> Iterable[tuple[str, os.stat_result]]:
 def parent_dirs(paths: Iterable[str]) -> set[str]:
     out: set[str] = set()
     for path in paths:
-        folder = posixpath.dirname(path)
+        folder = path.rpartition("/")[0]
         while folder and folder not in out:
             out.add(folder)
-            folder = posixpath.dirname(folder)
+            folder = folder.rpartition("/")[0]
     return out
 
 
@@ -218,9 +221,10 @@ def consistent(snapshot: Snapshot, manifest: Manifest, *, exact_dirs: bool) -> s
     listed = manifest.by_path
     if len(snapshot.files) != len(listed):
         return "the snapshot does not list this bundle's files"
+    modes = (sealed_mode(False), sealed_mode(True))
     for f in snapshot.files:
         item = listed.get(f.path)
-        if item is None or f.size != item.size or f.mode != sealed_mode(item.executable):
+        if item is None or f.size != item.size or f.mode != modes[item.mode == 0o755]:
             return f"the snapshot does not match the manifest at {f.path!r}"
     implied = parent_dirs(listed)
     dirs = set(snapshot.dirs)
@@ -248,55 +252,98 @@ def prove(
         return Proof(problem)
     top = os.fspath(payload)
     try:
-        st = os.lstat(top)
+        fd = os.open(top, _DIR_FLAGS)
     except FileNotFoundError:
         return Proof("the payload folder is missing")
-    if st.st_mode != SEALED_DIR_MODE or st.st_uid != os.geteuid():
-        return Proof("the payload folder is not read-only and ours")
-    listed = manifest.by_path
-    recorded = {f.path: f for f in snapshot.files}
-    dirs = set(snapshot.dirs)
-    hashed = frozenset(listed) if deep else always_hashed(top, manifest)
-    uid = os.geteuid()
-    seen_files: list[FileStat] = []
-    seen_dirs = 0
-    moved = False
+    except OSError:
+        return Proof("the payload folder is not a folder of this user's")
     try:
-        for rel, st in _walk(top):
-            if stat.S_ISDIR(st.st_mode):
-                if rel not in dirs:
-                    return Proof(f"{rel!r} is a folder the bundle does not have")
-                if st.st_mode != SEALED_DIR_MODE or st.st_uid != uid:
-                    return Proof(f"folder {rel!r} is no longer read-only")
-                seen_dirs += 1
-                continue
-            item = listed.get(rel)
-            if item is None:
-                return Proof(f"{rel!r} is not in the manifest")
-            if not stat.S_ISREG(st.st_mode):
-                return Proof(f"{rel!r} is not a regular file")
-            if st.st_mode != sealed_mode(item.executable):
-                return Proof(f"{rel!r} changed mode")
-            now = FileStat.of(rel, st)
-            if now != recorded[rel] or rel in hashed:
-                if not _same_bytes(os.path.join(top, rel), item.size, item.sha256):
-                    return Proof(f"{rel!r} changed content")
-                moved = moved or now != recorded[rel]
-            seen_files.append(now)
-    except FileNotFoundError:
-        return Proof("a file vanished while it was being checked")
-    if len(seen_files) != len(listed):
-        missing = sorted(set(listed) - {f.path for f in seen_files})
+        st = os.fstat(fd)
+        if st.st_mode != SEALED_DIR_MODE or st.st_uid != os.geteuid():
+            return Proof("the payload folder is not read-only and ours")
+        hashed = frozenset(manifest.by_path) if deep else always_hashed(top, manifest)
+        walk = _ProofWalk(snapshot, manifest, hashed)
+        try:
+            problem = walk.folder(fd, "", 1)
+        except FileNotFoundError:
+            return Proof("a file vanished while it was being checked")
+        except OSError as exc:
+            return Proof(f"the payload could not be walked ({exc.strerror})")
+    finally:
+        os.close(fd)
+    if problem is not None:
+        return Proof(problem)
+    if len(walk.seen_files) != len(manifest.by_path):
+        missing = sorted(set(manifest.by_path) - {row[0] for row in walk.seen_files})
         return Proof(f"{missing[0]!r} is missing")
-    if seen_dirs != len(dirs):
+    if walk.seen_dirs != len(set(snapshot.dirs)):
         return Proof("a folder of the bundle is missing")
-    fresh = Snapshot(snapshot.key, snapshot.name, tuple(seen_files), snapshot.dirs, snapshot.legacy) if moved else None
-    return Proof(None, fresh)
+    if not walk.moved:
+        return Proof(None)
+    rows = tuple(FileStat._make(row) for row in walk.seen_files)
+    return Proof(None, Snapshot(snapshot.key, snapshot.name, rows, snapshot.dirs, snapshot.legacy))
 
 
-def _same_bytes(path: str, size: int, sha256: str) -> bool:
+class _ProofWalk:
+    """The walk of a cached tree by `prove`: each folder read through its own descriptor
+    (opened without following links), each entry stat-ed by name relative to it, so no path
+    is resolved twice and no folder swapped for a link mid-walk can lead elsewhere."""
+
+    def __init__(self, snapshot: Snapshot, manifest: Manifest, hashed: frozenset[str]) -> None:
+        self.listed = manifest.by_path
+        self.recorded = {f.path: f for f in snapshot.files}
+        self.dirs = frozenset(snapshot.dirs)
+        self.hashed = hashed
+        self.uid = os.geteuid()
+        self.modes = (sealed_mode(False), sealed_mode(True))
+        self.seen_files: list[tuple[str, int, int, int, int, int, int]] = []
+        self.seen_dirs = 0
+        self.moved = False
+
+    def folder(self, fd: int, rel: str, depth: int) -> str | None:
+        """The first problem in the folder open at `fd` (at `rel`), or None."""
+        prefix = f"{rel}/" if rel else ""
+        listed, recorded, seen = self.listed, self.recorded, self.seen_files
+        for name in os.listdir(fd):
+            path = prefix + name
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            mode = st.st_mode
+            if stat.S_ISDIR(mode):
+                if path not in self.dirs:
+                    return f"{path!r} is a folder the bundle does not have"
+                if mode != SEALED_DIR_MODE or st.st_uid != self.uid:
+                    return f"folder {path!r} is no longer read-only"
+                if depth >= _MAX_WALK_DEPTH:
+                    return f"folder {path!r} is deeper than a bundle's paths go"
+                self.seen_dirs += 1
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                try:
+                    problem = self.folder(child, path, depth + 1)
+                finally:
+                    os.close(child)
+                if problem is not None:
+                    return problem
+                continue
+            item = listed.get(path)
+            if item is None:
+                return f"{path!r} is not in the manifest"
+            if not stat.S_ISREG(mode):
+                return f"{path!r} is not a regular file"
+            if mode != self.modes[item.mode == 0o755]:
+                return f"{path!r} changed mode"
+            now = (path, mode, st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+            row = recorded.get(path)
+            if now != row or path in self.hashed:
+                if not _same_bytes(fd, name, item.size, item.sha256):
+                    return f"{path!r} changed content"
+                self.moved = self.moved or now != row
+            seen.append(now)
+        return None
+
+
+def _same_bytes(dir_fd: int, name: str, size: int, sha256: str) -> bool:
     try:
-        fd = os.open(path, _READ_FLAGS)
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
     except OSError:
         return False
     digest = hashlib.sha256()

@@ -7,7 +7,10 @@ climbs is refused before anything is created for it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,6 +76,15 @@ def _octal(value: int, width: int) -> bytes:
     return format(value, "o").rjust(width - 1, "0").encode("ascii") + b"\0"
 
 
+_ZERO_OCTAL = _octal(0, 8)
+_OWNERS = _ZERO_OCTAL * 2
+# The fields after the checksum up to the prefix, the same in every header: typeflag, an empty
+# linkname, magic, version, empty owner names, devices 0.
+_AFTER_CHECKSUM = REGULAR.encode() + bytes(100) + b"ustar\0" + b"00" + bytes(64) + _ZERO_OCTAL * 2
+# What the fixed fields add to the checksum, which counts its own field as eight spaces.
+_FIXED_SUM = sum(_OWNERS) + 8 * 0x20 + sum(_AFTER_CHECKSUM)
+
+
 def header(name: str, size: int, mode: int, mtime: int) -> bytes:
     """The header of a regular file, byte for byte as SPEC.md describes it."""
     split = split_name(name)
@@ -82,22 +94,14 @@ def header(name: str, size: int, mode: int, mtime: int) -> bytes:
     # A wider number would not be cut: it would shift every later field of the header.
     if not (0 <= size <= MAX_SIZE and 0 <= mtime <= MAX_SIZE):
         raise ValueError(f"{name!r}: size {size} or mtime {mtime} does not fit a ustar header")
-    block = bytearray(BLOCK)
-    block[0 : len(short.encode())] = short.encode("utf-8")
-    block[100:108] = _octal(mode, 8)
-    block[108:116] = _octal(0, 8)
-    block[116:124] = _octal(0, 8)
-    block[124:136] = _octal(size, 12)
-    block[136:148] = _octal(mtime, 12)
-    block[148:156] = b" " * 8
-    block[156:157] = REGULAR.encode()
-    block[257:263] = b"ustar\0"
-    block[263:265] = b"00"
-    block[329:337] = _octal(0, 8)
-    block[337:345] = _octal(0, 8)
-    block[345 : 345 + len(prefix.encode())] = prefix.encode("utf-8")
-    block[148:156] = format(sum(block), "o").rjust(6, "0").encode("ascii") + b"\0 "
-    return bytes(block)
+    name_field, prefix_field = short.encode("utf-8"), prefix.encode("utf-8")
+    mode_field, size_field, mtime_field = _octal(mode, 8), _octal(size, 12), _octal(mtime, 12)
+    total = _FIXED_SUM + sum(name_field) + sum(prefix_field) + sum(mode_field) + sum(size_field) + sum(mtime_field)
+    checksum = format(total, "o").rjust(6, "0").encode("ascii") + b"\0 "
+    return b"".join((
+        name_field.ljust(NAME_BYTES, b"\0"), mode_field, _OWNERS, size_field, mtime_field, checksum,
+        _AFTER_CHECKSUM, prefix_field.ljust(PREFIX_BYTES, b"\0"), bytes(12),
+    ))
 
 
 @dataclass(frozen=True)
@@ -173,40 +177,145 @@ class Readable(Protocol):
     def readinto(self, buffer: memoryview) -> int: ...
 
 
+# (a buffer the reader is done with, the call that hands it back to be filled again)
+Retire = Callable[[bytearray, Callable[[bytearray], None]], None]
+
+
 _ZERO_BLOCK = bytes(BLOCK)
+# Room before each buffer's data for the unread tail of the previous one: a header or a
+# padding is at most one block, so that tail is always shorter than a block.
+_HEADROOM = BLOCK
+
+
+class _Spent:
+    """A stream a read-ahead thread had: at its end, or not to be read again (what the
+    thread had read past the reader's position is gone with it)."""
+
+    def __init__(self, ended: bool) -> None:
+        self._ended = ended
+
+    def readinto(self, buffer: memoryview) -> int:
+        if self._ended:
+            return 0
+        raise RuntimeError("this tar reader's stream was read ahead on a thread and is used up")
+
+
+class _Ahead:
+    """A thread filling buffers from the stream while the reader consumes the previous ones,
+    so decompressing overlaps hashing and writing."""
+
+    def __init__(self, raw: Readable, size: int, count: int) -> None:
+        self._raw = raw
+        self._free: queue.SimpleQueue[bytearray | None] = queue.SimpleQueue()
+        for _ in range(count):
+            self._free.put(bytearray(size))
+        self._filled: queue.SimpleQueue[tuple[bytearray, int] | BaseException] = queue.SimpleQueue()
+        self._stop = False
+        self.ended = False  # the stream's end was read
+        self._failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="heddle-read-ahead", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                buffer = self._free.get()
+                if buffer is None or self._stop:
+                    return
+                n = self._raw.readinto(memoryview(buffer)[_HEADROOM:])
+                self._filled.put((buffer, n))
+                if not n:
+                    return
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader, which raises it where the bytes were due
+            self._filled.put(exc)
+
+    def next(self) -> tuple[bytearray, int]:
+        """The next filled buffer and how many bytes it holds after its headroom (0: the end)."""
+        if self._failed is not None:
+            raise self._failed
+        item = self._filled.get()
+        if isinstance(item, BaseException):
+            self._failed = item
+            raise item
+        self.ended = not item[1]
+        return item
+
+    def release(self, buffer: bytearray) -> None:
+        self._free.put(buffer)
+
+    def close(self) -> None:
+        self._stop = True
+        self._free.put(None)
+        self._thread.join()
 
 
 class TarReader:
     """Walks a tar stream entry by entry; the caller consumes each entry's data in turn.
 
     Reads go through one buffer, so a run of small entries costs one call to the
-    decompressor per megabyte rather than three per entry.
+    decompressor per megabyte rather than three per entry. Inside `reading_ahead()`, a
+    thread fills the next buffers while the caller works on this one.
     """
 
     CHUNK = 1 << 20
+    AHEAD = 3  # buffers a read-ahead thread may fill before the reader takes them
 
     def __init__(self, raw: Readable, *, what: str, strict: bool = True) -> None:
         self._raw = raw
         self._what = what
         self._strict = strict
         self.offset = 0
-        self._buffer = bytearray(self.CHUNK)
+        self._buffer = bytearray(_HEADROOM + self.CHUNK)
         self._view = memoryview(self._buffer)
-        self._pos = 0
-        self._end = 0
+        self._pos = _HEADROOM
+        self._end = _HEADROOM
+        self._ahead: _Ahead | None = None
+        self._retire: Retire | None = None
+
+    @contextlib.contextmanager
+    def reading_ahead(self, retire: Retire | None = None) -> Iterator[None]:
+        """Decompress ahead on a thread for the block's duration. The stream is the thread's
+        from then on: once the block ends, the reader has nothing more to give.
+
+        The views the reader hands out stay valid until it moves to its next buffer; with
+        `retire`, longer: a buffer it has moved past goes to `retire(buffer, release)`, and is
+        filled again only once `release(buffer)` is called (by whoever still reads its views).
+        """
+        if self._ahead is not None:
+            yield
+            return
+        ahead = _Ahead(self._raw, len(self._buffer), self.AHEAD + (self.AHEAD if retire is not None else 0))
+        self._ahead, self._raw, self._retire = ahead, _Spent(False), retire
+        try:
+            yield
+        finally:
+            ahead.close()
+            self._ahead, self._raw, self._retire = None, _Spent(ahead.ended), None
 
     def _refill(self) -> int:
         """Keep the unread bytes, read more after them; 0 at the end of the stream."""
         left = self._end - self._pos
-        if left and self._pos:
-            self._buffer[:left] = self._buffer[self._pos : self._end]
-        self._pos, self._end = 0, left
-        n = self._raw.readinto(self._view[left:])
-        self._end += n
+        tail = bytes(self._view[self._pos : self._end])
+        ahead = self._ahead
+        if ahead is None:
+            buffer, view = self._buffer, self._view
+            n = self._raw.readinto(view[_HEADROOM:])
+        elif ahead.ended:
+            return 0
+        else:
+            buffer, n = ahead.next()
+            view = memoryview(buffer)
+            if self._retire is not None:
+                self._retire(self._buffer, ahead.release)
+            else:
+                ahead.release(self._buffer)
+        view[_HEADROOM - left : _HEADROOM] = tail
+        self._buffer, self._view = buffer, view
+        self._pos, self._end = _HEADROOM - left, _HEADROOM + n
         return n
 
     def _take(self, n: int, during: str) -> memoryview:
-        """Exactly `n` (at most CHUNK) contiguous bytes, valid until the next read."""
+        """Exactly `n` (at most one block) contiguous bytes, valid until the next read."""
         while self._end - self._pos < n:
             if not self._refill():
                 raise MalformedBundleError(f"{self._what} is truncated in {during}")

@@ -38,9 +38,9 @@ from heddle.format.limits import DEFAULT_LIMITS, Limits
 from heddle.format.manifest import FileEntry, Manifest, MountEntry
 from heddle.format.progress import Progress
 from heddle.format.signing import Signatures, decide_trust
-from heddle.format.snapshot import Snapshot, SnapshotError, prove, record
-from heddle.format.staging import StagedFile, StagingTree
-from heddle.format.tar import TarHeader, TarReader
+from heddle.format.snapshot import Snapshot, SnapshotError, prove
+from heddle.format.staging import StagingTree, StagingWriter
+from heddle.format.tar import Retire, TarHeader, TarReader
 
 # (sealed flow path, manifest) -> {tool name: input-schema fingerprint}
 ToolFingerprints = Callable[[Path, Manifest], Mapping[str, str]]
@@ -244,15 +244,26 @@ def _fill(
     staging: Staging = cache.new_staging()
     try:
         tree = StagingTree(staging.payload, what=what)
+        # Three threads: the reader's decompresses, this one checks entries and hashes, the
+        # writer's creates and writes the files.
+        writer = StagingWriter(tree)
         try:
-            walk_payload(reader, manifest, lambda item: StagedFile(tree, item.path, item.executable),
-                         what=what, progress=progress)
+            walk_payload(reader, manifest, lambda item: writer.file(item.path, item.executable, item.size),
+                         what=what, progress=progress, retire=writer.retire)
+            writer.close()
+            if len(tree.rows) != len(manifest.files):
+                raise OSError(f"{what}: {len(tree.rows)} of its {len(manifest.files)} files were written")
+        except BaseException:
+            writer.abort()
+            raise
         finally:
             tree.close()
         if tool_fingerprints is not None:
             check_tools(staging.payload, manifest, tool_fingerprints, what=what)
         tree.seal()
-        snapshot = record(staging.payload, key=digest, name=manifest.name)
+        # The rows were taken from each file's descriptor once it was whole (heddle.format.staging):
+        # what a walk of the sealed tree would find, without a second stat of every file.
+        snapshot = Snapshot(digest, manifest.name, tuple(tree.rows), tuple(tree.dirs))
         cache.commit(staging, digest, snapshot, lambda: reprove(cache, digest, manifest) is None)
     except BaseException:
         staging.discard()
@@ -274,45 +285,64 @@ def walk_payload(
     *,
     what: str,
     progress: Progress | None = None,
+    retire: Retire | None = None,
 ) -> None:
     """Check each payload entry against the manifest, in order, feeding its bytes to a sink
-    from `begin` while hashing them; then check nothing follows but the end of the tar."""
+    from `begin` while hashing them; then check nothing follows but the end of the tar.
+
+    The stream is decompressed ahead on a thread meanwhile (the trust decision and the
+    manifest's checks are behind us: nothing of the payload is read before them). A sink that
+    keeps the views it is fed past its `write` gives `retire` (TarReader.reading_ahead).
+    """
     expected = {payload_name(f.path): i for i, f in enumerate(manifest.files)}
     if progress is not None:
         progress.start(manifest.total_size, f"verifying {Path(what).name}")
     try:
-        for index, item in enumerate(manifest.files):
-            entry = reader.next_header()
-            want = payload_name(item.path)
-            if entry is None:
-                raise MalformedBundleError(f"{what}: entry {want!r} is missing (the archive ends before it)")
-            check_entry(entry, what)
-            if entry.name != want:
-                found = expected.get(entry.name)
-                if found is None:
-                    raise MalformedBundleError(f"{what}: entry {entry.name!r} is not listed in the manifest")
-                if found < index:
-                    raise MalformedBundleError(f"{what}: entry {entry.name!r} appears twice or out of manifest order")
-                raise MalformedBundleError(
-                    f"{what}: expected entry {want!r} but found {entry.name!r}: "
-                    "an entry is missing or out of manifest order"
-                )
-            if entry.size != item.size:
-                raise ContentMismatchError(
-                    f"{what}: {item.path!r} is {entry.size} bytes in the archive but {item.size} in the manifest"
-                )
-            if entry.mode != item.mode:
-                raise ContentMismatchError(
-                    f"{what}: {item.path!r} has mode {entry.mode:o} in the archive but {item.mode:o} in the manifest"
-                )
-            _copy_checked(reader, entry, item, begin(item), what=what, progress=progress)
-        trailing = reader.next_header()
-        if trailing is not None:
-            raise MalformedBundleError(f"{what}: entry {trailing.name!r} is not listed in the manifest")
-        reader.expect_end()
+        with reader.reading_ahead(retire):
+            _walk_entries(reader, manifest, begin, expected, what=what, progress=progress)
     finally:
         if progress is not None:
             progress.finish()
+
+
+def _walk_entries(
+    reader: TarReader,
+    manifest: Manifest,
+    begin: Callable[[FileEntry], FileSink],
+    expected: Mapping[str, int],
+    *,
+    what: str,
+    progress: Progress | None,
+) -> None:
+    for index, item in enumerate(manifest.files):
+        entry = reader.next_header()
+        want = payload_name(item.path)
+        if entry is None:
+            raise MalformedBundleError(f"{what}: entry {want!r} is missing (the archive ends before it)")
+        check_entry(entry, what)
+        if entry.name != want:
+            found = expected.get(entry.name)
+            if found is None:
+                raise MalformedBundleError(f"{what}: entry {entry.name!r} is not listed in the manifest")
+            if found < index:
+                raise MalformedBundleError(f"{what}: entry {entry.name!r} appears twice or out of manifest order")
+            raise MalformedBundleError(
+                f"{what}: expected entry {want!r} but found {entry.name!r}: "
+                "an entry is missing or out of manifest order"
+            )
+        if entry.size != item.size:
+            raise ContentMismatchError(
+                f"{what}: {item.path!r} is {entry.size} bytes in the archive but {item.size} in the manifest"
+            )
+        if entry.mode != item.mode:
+            raise ContentMismatchError(
+                f"{what}: {item.path!r} has mode {entry.mode:o} in the archive but {item.mode:o} in the manifest"
+            )
+        _copy_checked(reader, entry, item, begin(item), what=what, progress=progress)
+    trailing = reader.next_header()
+    if trailing is not None:
+        raise MalformedBundleError(f"{what}: entry {trailing.name!r} is not listed in the manifest")
+    reader.expect_end()
 
 
 def _copy_checked(

@@ -137,6 +137,11 @@ class ModelClient:
         self.retries = max(0, retries)
         self.backoff = backoff
         self.timeout = timeout
+        if transport is None:
+            from heddle.lazytls import LazyTLSTransport
+
+            # A model at http://127.0.0.1 never needs the certificate store loaded (heddle.lazytls).
+            transport = LazyTLSTransport()
         self._http = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(timeout, connect=min(timeout, 15.0)))
 
     async def __aenter__(self) -> Self:

@@ -8,6 +8,7 @@ against the other. Each POST takes the next entry; when none is left the answer 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import socket
@@ -21,9 +22,11 @@ import uvicorn
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from heddle.errors import UsageError
 from heddle.model.script import ScriptError, check_script, load_script
+from heddle.tcp import no_delay
 
 __all__ = ["ScriptError", "ScriptedModel", "check_script", "chunks", "completion", "load_script", "serve"]
 
@@ -161,6 +164,14 @@ class ScriptedModel:
         return StreamingResponse(events(), status_code=200, headers=headers)
 
 
+class Protocol(H11Protocol):
+    """uvicorn's h11 protocol, each answer sent at once (heddle.tcp)."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        no_delay(transport)
+        super().connection_made(transport)
+
+
 class _Server(uvicorn.Server):
     """uvicorn's server, announcing its URL once listening and stopping cleanly on a signal."""
 
@@ -221,7 +232,7 @@ def serve(script: list[dict[str, Any]], host: str = "127.0.0.1", port: int = 0, 
         sock = bind(host, port)
         url = base_url(sock)
         config = uvicorn.Config(ScriptedModel(script, record, loop=loop), lifespan="off", log_config=None,
-                                log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+                                log_level="warning", access_log=False, timeout_graceful_shutdown=2, http=Protocol)
         server = _Server(config, lambda: on_ready(url))
         with sock:
             server.run(sockets=[sock])

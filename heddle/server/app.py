@@ -141,7 +141,9 @@ def build_app(service: Service) -> Starlette:
 
         auth.append(Middleware(BearerAuth, token=config.auth_token))
 
+    # Matched in order: the route of nearly every request first.
     routes = [
+        Route("/v1/runs", runs, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -149,7 +151,6 @@ def build_app(service: Service) -> Starlette:
         Route("/v1/capabilities", capabilities, methods=["GET"]),
         Route("/v1/tools", tools, methods=["GET"]),
         Route("/v1/validate", validate, methods=["POST"]),
-        Route("/v1/runs", runs, methods=["POST"]),
         Route("/v1/sessions", new_session, methods=["POST"]),
         Route("/v1/sessions/{session_id}", session, methods=["GET", "DELETE"]),
     ]

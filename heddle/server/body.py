@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -14,6 +15,10 @@ from heddle.server.errors import ApiError, bad_request
 # Past the cap the rest of the body is still read (up to this much) and dropped, so the client
 # gets the 413 instead of a reset connection while it is still sending.
 DISCARD_LIMIT = 8 << 20
+
+# Strict UTF-8 refuses an encoded surrogate, so a JSON text can hold one only as a \uD800-\uDFFF
+# escape; a body without any such spelling (most) needs no second look.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class Gone(Exception):
@@ -69,7 +74,8 @@ async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
         raise bad_request(f"the request body must be a JSON object, not {type(value).__name__}")
     try:
         # JSON escapes can spell lone surrogates, which no file, pipe or tool can carry.
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
+        if _SURROGATE_ESCAPE.search(raw):
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         raise bad_request("the request body has a string with a lone surrogate escape (such as \\ud800); "
                           "send valid Unicode text") from None

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
+    from heddle.format.trust import TrustPolicy
+    from heddle.oci import Pulled
     from heddle.server.config import ServerConfig
     from heddle.settings import Setting
 
@@ -23,6 +25,8 @@ environment:
                           (--auth-token wins; prefer this over the flag, which others can see in ps)
   HEDDLE_STREAM           1 (default) or 0: whether models are asked to stream their answers
   HEDDLE_LLM_DEFAULT_KEY  API key sent to the --llm-default-url endpoint (only with that flag)
+  HEDDLE_SESSION_STORE    the --session-store, such as a postgres:// URL with its password (the flag
+                          wins; this keeps the password out of ps, and no tool is given it)
 
 browsers and proxies (every route, /healthz and /readyz too):
   Host     must name this server, at any port: localhost, 127.0.0.1, [::1], the --host address,
@@ -118,7 +122,15 @@ def _value(spec: Setting, raw: Any) -> Any:
 
 
 def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerConfig:
-    from heddle.server.config import ENV_LLM_DEFAULT_KEY, ENV_STREAM, ServerConfig, auth_token_from, stream_from_env
+    from heddle.server.config import (
+        ENV_LLM_DEFAULT_KEY,
+        ENV_SESSION_STORE,
+        ENV_STREAM,
+        ServerConfig,
+        auth_token_from,
+        session_store_from_env,
+        stream_from_env,
+    )
     from heddle.settings import BY_NAME, RunSettings
 
     own: dict[str, Any] = {}
@@ -131,6 +143,8 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerC
     if ENV_STREAM in environ:
         run["stream"] = stream_from_env(environ)
     own["auth_token"] = auth_token_from(own.get("auth_token"), environ)
+    if "session_store" not in run and ENV_SESSION_STORE in environ:
+        run["session_store"] = session_store_from_env(environ)
     return ServerConfig(**own, settings=RunSettings(**run), given=frozenset(run),
                         llm_default_key=environ.get(ENV_LLM_DEFAULT_KEY) or None)
 
@@ -182,21 +196,33 @@ def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = N
         config = replace(config, work_dir=_prepare_work_dir(config.work_dir), max_connections=connections)
         # The engine and the HTTP stack load only once the command line has passed its checks.
         from heddle.server.serve import serve
-        from heddle.server.served_bundle import close_served, digest_of, open_served
+        from heddle.server.served_bundle import close_served, digest_of, open_served, pull_served
         from heddle.server.service import Service
 
-        sealed = None
+        sealed: Any = None
+        pulled: Pulled | None = None
+        policy: TrustPolicy | None = None
         if config.bundle is not None:
             from heddle.format.trust import TrustPolicy
 
-            # Trust is decided here, once, and handed down whole.
+            # Trust is decided here, once, and handed down whole (a following server's new digests too).
             policy = TrustPolicy.from_names(config.trust, allow_unsigned=config.allow_unsigned)
-            sealed = open_served(config, policy).runnable
+            pulled = pull_served(config)
+            sealed = open_served(config, policy, pulled).runnable
         try:
-            service = Service(config, sealed=sealed)
+            service = Service(config, sealed=sealed, oci_digest=pulled.oci_digest if pulled is not None else None)
         except BaseException:
             close_served(sealed)
             raise
+        if config.pull_interval is not None:
+            from heddle.server.follow import Follower, OciSource
+
+            # check_config let --pull-interval through only with an oci:// tag, which pulling resolved.
+            assert config.bundle is not None and pulled is not None and pulled.oci_digest is not None
+            assert policy is not None
+            source = OciSource(config.bundle, config=config, trust=policy, service=service,
+                               plain_http=config.plain_http)
+            service.follower = Follower(service, source, interval=config.pull_interval, digest=pulled.oci_digest)
         for warning in warnings:
             sys.stderr.write(f"warning: {warning}\n")
         if sealed is not None:

@@ -23,6 +23,8 @@ from heddle.settings import (
     COMMANDS,
     DATA_DIR,
     LIMITS,
+    OFFLINE,
+    PLAIN_HTTP,
     SESSIONS,
     SOURCE,
     TOOLS_DIR,
@@ -38,6 +40,7 @@ MAX_BODY_BYTES = 1 << 20
 ENV_AUTH_TOKEN = secret_env.AUTH_TOKEN
 ENV_STREAM = "HEDDLE_STREAM"
 ENV_LLM_DEFAULT_KEY = secret_env.LLM_DEFAULT_KEY
+ENV_SESSION_STORE = secret_env.SESSION_STORE
 
 NETWORK, REQUESTS = "network", "requests"
 
@@ -54,12 +57,23 @@ def _shared(spec: Setting) -> Mapping[str, Setting]:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    bundle: Path | None = field(default=None, metadata=_own(
-        kind="path", flag="--bundle", metavar="X.heddle", group=SOURCE,
-        help="Serve this sealed bundle, verified before the port opens."))
+    # Text, not a path: a reference (oci://REGISTRY/REPO:TAG, an https:// URL) is pulled first.
+    bundle: str | None = field(default=None, metadata=_own(
+        kind="text", flag="--bundle", metavar="X.heddle|REF", group=SOURCE,
+        help="Serve this sealed bundle (a path, oci://REGISTRY/REPO:TAG, oci://REGISTRY/REPO@sha256:DIGEST or an "
+             "https:// URL, pulled into the cache), verified before the port opens."))
     trust: tuple[Path, ...] = field(default=TRUST.default, metadata=_shared(TRUST))
     allow_unsigned: bool = field(default=ALLOW_UNSIGNED.default, metadata=_shared(ALLOW_UNSIGNED))
     data_dir: Path | None = field(default=DATA_DIR.default, metadata=_shared(DATA_DIR))
+    plain_http: bool = field(default=PLAIN_HTTP.default, metadata=_shared(PLAIN_HTTP))
+    offline: bool = field(default=OFFLINE.default, metadata=_shared(OFFLINE))
+    # None: the bundle served at start is served until the server stops.
+    pull_interval: float | None = field(default=None, metadata=_own(
+        kind="duration", flag="--pull-interval", metavar="DURATION", minimum=0.1, group=BUNDLES,
+        shown="none (the bundle resolved at start is served until the server stops)",
+        help="With --bundle oci://REGISTRY/REPO:TAG: resolve the tag again this often, and serve a new digest once "
+             "it is pulled and verified (runs in flight finish on the one they started with; one that does not "
+             "verify is refused and the served one stays)."))
     tools_dir: Path | None = field(default=TOOLS_DIR.default, metadata=_shared(TOOLS_DIR))
     commands: Path | None = field(default=COMMANDS.default, metadata=_shared(COMMANDS))
     flows_root: Path | None = field(default=None, metadata=_own(
@@ -206,6 +220,14 @@ def auth_token_from(flag: str | None, environ: Mapping[str, str]) -> str | None:
     return value
 
 
+def session_store_from_env(environ: Mapping[str, str]) -> str:
+    value = environ[ENV_SESSION_STORE]
+    if not value.strip():
+        raise UsageError(f"{ENV_SESSION_STORE} is set but empty; give it a store (such as a postgres:// URL) or "
+                         "unset it")
+    return value
+
+
 def check_session_flags(settings: RunSettings) -> None:
     """A store's folder or file only with that store: the server keeps no sessions by default, so
     `--session-db` alone would otherwise be read and then ignored."""
@@ -217,6 +239,23 @@ def check_session_flags(settings: RunSettings) -> None:
                 if store else "no --session-store (sessions are off)"
             raise UsageError(f"{flag} applies only to --session-store {wanted}, and this server has {now}; give "
                              f"--session-store {wanted} or drop {flag}")
+
+
+def check_following(bundle: object) -> None:
+    """`--pull-interval` follows a tag: refused with anything else, which would never change."""
+    from heddle.oci.reference import OCI_SCHEME, looks_like_reference, parse_oci
+
+    text = str(bundle) if bundle is not None else None
+    if text is None or not looks_like_reference(text):
+        given = f"--bundle {text}, a file" if text is not None else "no --bundle"
+        raise UsageError(f"--pull-interval follows a tag of a registry, and this server has {given}; give "
+                         "--bundle oci://REGISTRY/REPO:TAG or drop --pull-interval")
+    if not text.lower().startswith(OCI_SCHEME):
+        raise UsageError(f"--pull-interval follows a tag of a registry, and --bundle {text} is a URL; push the "
+                         "bundle to a registry and give --bundle oci://REGISTRY/REPO:TAG, or drop --pull-interval")
+    if parse_oci(text).digest is not None:
+        raise UsageError(f"--pull-interval follows a tag, and --bundle {text} names a digest, which never changes; "
+                         "give the tag (oci://REGISTRY/REPO:TAG) or drop --pull-interval")
 
 
 def check_config(config: ServerConfig) -> list[str]:
@@ -237,11 +276,18 @@ def check_config(config: ServerConfig) -> list[str]:
         raise UsageError("--plugin-config sets a plugin component's settings; load the plugin with --plugin MANIFEST")
     bundle_only = [name for name, given in (("--trust", bool(config.trust)),
                                             ("--allow-unsigned", config.allow_unsigned),
-                                            ("--data-dir", config.data_dir is not None)) if given]
+                                            ("--data-dir", config.data_dir is not None),
+                                            ("--plain-http", config.plain_http),
+                                            ("--offline", config.offline)) if given]
     if bundle_only and config.bundle is None:
         verb = "applies" if len(bundle_only) == 1 else "apply"
         raise UsageError(f"{', '.join(bundle_only)} {verb} only to --bundle; give --bundle X.heddle or drop "
                          f"{'it' if len(bundle_only) == 1 else 'them'}")
+    if config.pull_interval is not None:
+        check_following(config.bundle)
+        if config.offline:
+            raise UsageError("--pull-interval resolves the tag on every interval, and --offline never asks the "
+                             "registry; drop one of them")
     check_session_flags(config.settings)
     for flag, folder in (("--tools-dir", config.tools_dir), ("--flows-root", config.flows_root)):
         if folder is not None and not folder.is_dir():

@@ -28,6 +28,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from heddle.errors import UsageError
 from heddle.server.errors import error_body
 from heddle.surface import SERVER
+from heddle.tcp import no_delay
 
 # How long a refused connection is kept to read what the client sends, so closing it does not
 # reset the connection before the client has read the 503.
@@ -62,6 +63,7 @@ class GuardedH11Protocol(H11Protocol):
     # ------------------------------------------------------------------ the cap
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        no_delay(transport)
         if len(self.connections) >= self.limits.max_connections:
             self._refuse(transport)
             return

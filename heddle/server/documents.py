@@ -68,13 +68,11 @@ def flow_from_value(value: Any, *, source: str = "flow", node_types: frozenset[s
     return _typed(value, source, node_types)
 
 
-def flow_from_file(root: Path, name: str, *, node_types: frozenset[str] = frozenset()) -> Flow:
-    """A request's `flowPath`, read under `root` the way `heddle run` reads a file (the operator
-    put it there); errors name the path as the caller wrote it, not where it lives."""
-    from heddle.server.flows_root import read_flow_text
+def flow_from_text(text: str, name: str, *, node_types: frozenset[str] = frozenset()) -> Flow:
+    """The `flowPath` document `name` from its text (read under the server's flows root), errors naming
+    the path as the caller wrote it, not where it lives."""
     from heddle.spec import load_flow_text
 
-    text = read_flow_text(root, name)
     fmt: Format = "yaml" if Path(name).suffix.lower() in (".yaml", ".yml") else "json"
     source = f"flowPath {name}"
     try:

@@ -38,6 +38,43 @@ class Metrics:
             "heddle_command_duration_seconds", "Command calls (--commands), by command, revision and exit code "
             "(none: it did not run to an exit).", ["command", "revision", "exit_code"], buckets=RUN_BUCKETS,
             registry=self.registry)
+        # The bundle served, and what a following server (--pull-interval) did not serve, and why.
+        self.bundle = Gauge("heddle_bundle_info", "The bundle served: 1 for its name, manifest digest and OCI "
+                            "digest (empty when it did not come from a registry).", ["name", "digest", "oci_digest"],
+                            registry=self.registry)
+        self.swaps = Counter("heddle_bundle_swaps", "Times a following server started serving a new digest.",
+                             registry=self.registry)
+        self.refusals = Counter("heddle_bundle_refusals", "New digests of the followed tag not served, because they "
+                                "did not verify or could not be served.", registry=self.registry)
+        self.last_refusal = Gauge("heddle_bundle_last_refusal_timestamp_seconds", "When the last new digest was "
+                                  "refused (Unix time; 0: none was).", registry=self.registry)
+        self.refused = Gauge("heddle_bundle_last_refusal_info", "The last refused digest: 1 for its OCI digest and the "
+                             "kind of error (see GET /v1/capabilities for the message).", ["oci_digest", "reason"],
+                             registry=self.registry)
+        self.pull_errors = Counter("heddle_bundle_pull_errors", "Checks of the followed tag that could not reach or "
+                                   "read the registry (retried on the next interval).", registry=self.registry)
+        self._serving = False
+
+    def bundle_served(self, sealed: Any, oci_digest: str | None) -> None:
+        """`sealed` (a SealedRun, or None for a server of flows) is what is served from now on."""
+        if sealed is None:
+            return
+        from heddle.bundle.verified import digest_text
+
+        if self._serving:
+            self.swaps.inc()
+        self._serving = True
+        self.bundle.clear()
+        self.bundle.labels(name=sealed.name, digest=digest_text(str(sealed.digest)), oci_digest=oci_digest or "").set(1)
+
+    def bundle_refused(self, oci_digest: str, reason: str, when: float) -> None:
+        self.refusals.inc()
+        self.last_refusal.set(when)
+        self.refused.clear()
+        self.refused.labels(oci_digest=oci_digest, reason=reason).set(1)
+
+    def pull_failed(self) -> None:
+        self.pull_errors.inc()
 
     def runs_changed(self, active: int) -> None:
         self.active.set(active)

@@ -83,6 +83,27 @@ async def _addresses(host: str, port: int) -> list[ipaddress.IPv4Address | ipadd
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """A step of a policy plan: the document is refused, whatever the network says."""
+
+    message: str
+    type: str
+
+
+@dataclass(frozen=True)
+class Address:
+    """A step of a policy plan: the host of `url` must resolve outside this server's network."""
+
+    where: str
+    url: str
+    what: str = "model url"
+    exempt_default: bool = True
+
+
+PolicyPlan = tuple[Refusal | Address, ...]
+
+
+@dataclass(frozen=True)
 class ModelPolicy:
     allow_net: tuple[str, ...] = ()
     default_url: str | None = None
@@ -91,25 +112,36 @@ class ModelPolicy:
     def _is_default(self, url: str) -> bool:
         return self.default_url is not None and _normalised(url) == _normalised(self.default_url)
 
-    async def check_request_flow(self, flow: Flow) -> None:
-        """Refuse (400) a request's flow that reads server secrets or reaches the server's network."""
+    def plan(self, flow: Flow) -> PolicyPlan:
+        """What `check` refuses of a request's flow (one that reads server secrets or reaches the server's
+        network), in its order: the refusals the document alone
+        decides, and the addresses to resolve. A function of the flow, so it can be kept with it; the
+        addresses are resolved anew each time the plan is checked."""
+        steps: list[Refusal | Address] = []
         for where, config in llm_configs(flow):
             key = config.api_key
             if isinstance(key, str) and key.startswith("$"):
-                raise bad_request(f"{where}: api_key {key!r} would read this server's environment, which a "
-                                  "request may not do; send the key itself, or use the server's default model",
-                                  "forbidden_key")
+                return (*steps, Refusal(f"{where}: api_key {key!r} would read this server's environment, which a "
+                                        "request may not do; send the key itself, or use the server's default "
+                                        "model", "forbidden_key"))
             if config.url.startswith("$"):
-                raise bad_request(f"{where}: url {config.url!r} would read this server's environment, which a "
-                                  "request may not do; send the URL itself", "forbidden_url")
-            await self._check_url(where, config.url)
-        await self._check_mcp(flow)
-        await self._check_remote_tools(flow)
+                return (*steps, Refusal(f"{where}: url {config.url!r} would read this server's environment, which "
+                                        "a request may not do; send the URL itself", "forbidden_url"))
+            steps.append(Address(where, config.url))
+        if self._plan_mcp(flow, steps):
+            self._plan_remote_tools(flow, steps)
+        return tuple(steps)
 
-    async def _check_remote_tools(self, flow: Flow) -> None:
+    async def check(self, plan: PolicyPlan) -> None:
+        for step in plan:
+            if isinstance(step, Refusal):
+                raise bad_request(step.message, step.type)
+            await self._check_url(step.where, step.url, step.what, exempt_default=step.exempt_default)
+
+    def _plan_remote_tools(self, flow: Flow, steps: list[Refusal | Address]) -> bool:
         """A request's RemoteTools: the model URLs' rules for the host each names (its placeholders
         fill only path and query, and its redirects stay on that host), and no header read from
-        this server's environment."""
+        this server's environment. False once a refusal ends the plan."""
         from heddle.spec.components import env_reference
         from heddle.tools.remote import remote_tools
 
@@ -117,26 +149,32 @@ class ModelPolicy:
             where = f"RemoteTool {tool.name!r} at {path}"
             for name, value in {**tool.headers, **tool.sensitive_headers}.items():
                 if isinstance(value, str) and env_reference(value) is not None:
-                    raise bad_request(f"{where}: header {name!r} {value!r} would read this server's environment, "
-                                      "which a request may not do; send the value itself", "forbidden_key")
-            await self._check_url(where, tool.url, "url", exempt_default=False)
+                    steps.append(Refusal(f"{where}: header {name!r} {value!r} would read this server's environment, "
+                                         "which a request may not do; send the value itself", "forbidden_key"))
+                    return False
+            steps.append(Address(where, tool.url, "url", exempt_default=False))
+        return True
 
-    async def _check_mcp(self, flow: Flow) -> None:
-        """MCP servers of a request's flow: never a program started here, and the model URLs' rules."""
+    def _plan_mcp(self, flow: Flow, steps: list[Refusal | Address]) -> bool:
+        """MCP servers of a request's flow: never a program started here, and the model URLs' rules.
+        False once a refusal ends the plan."""
         from heddle.spec.components import StdioTransport, env_reference
         from heddle.tools.mcp import transports_of
 
         for where, transport in transports_of(flow):
             if isinstance(transport, StdioTransport):
-                raise bad_request(f"{where}: a flow sent in a request may not start a program on this server; "
-                                  "seal the flow in a bundle the server runs, or use an HTTP MCP server",
-                                  "forbidden_field")
+                steps.append(Refusal(f"{where}: a flow sent in a request may not start a program on this server; "
+                                     "seal the flow in a bundle the server runs, or use an HTTP MCP server",
+                                     "forbidden_field"))
+                return False
             headers = {**(transport.headers or {}), **(transport.sensitive_headers or {})}
             for name, value in headers.items():
                 if env_reference(value) is not None:
-                    raise bad_request(f"{where}: header {name!r} {value!r} would read this server's environment, "
-                                      "which a request may not do; send the value itself", "forbidden_key")
-            await self._check_url(where, transport.url, "MCP server url")
+                    steps.append(Refusal(f"{where}: header {name!r} {value!r} would read this server's environment, "
+                                         "which a request may not do; send the value itself", "forbidden_key"))
+                    return False
+            steps.append(Address(where, transport.url, "MCP server url"))
+        return True
 
     async def _check_url(self, where: str, url: str, what: str = "model url", *, exempt_default: bool = True) -> None:
         if exempt_default and self._is_default(url):

@@ -201,6 +201,13 @@ def _schemas() -> dict[str, Any]:
                                                        "source": {"type": "string", "enum": ["mcp"]}}}},
             },
         },
+        "FollowEvent": {
+            "type": "object", "required": ["time", "reason", "kind"],
+            "properties": {"time": {"type": "string", "format": "date-time"},
+                           "ociDigest": {"type": "string"},
+                           "reason": {"type": "string", "description": "The error, in one line."},
+                           "kind": {"type": "string", "description": "The error's type, as error bodies name it."}},
+        },
         "Capabilities": {
             "type": "object",
             "required": ["version", "allowRequestCode", "acceptsFlowPath", "sandbox", "tools", "protocols",
@@ -221,9 +228,23 @@ def _schemas() -> dict[str, Any]:
                 "draining": {"type": "boolean"},
                 "bundle": {"type": "object", "required": ["name", "digest", "signers", "tools"],
                            "properties": {"name": {"type": "string"}, "digest": {"type": "string"},
+                                          "ociDigest": {"type": "string",
+                                                        "description": "The registry's digest of the artifact "
+                                                                       "it was pulled as."},
                                           "signers": {"type": "array", "items": {"type": "string"}},
                                           "tools": {"type": "object",
                                                     "additionalProperties": {"type": "string"}}}},
+                "follow": {"type": "object", "required": ["reference", "pullIntervalMs", "ociDigest", "lastRefusal",
+                                                          "lastError"],
+                           "description": "With --pull-interval: the tag followed, the digest served, and the last "
+                                          "new digest refused (it did not verify or could not be served) and the "
+                                          "last registry error, or null.",
+                           "properties": {"reference": {"type": "string"},
+                                          "pullIntervalMs": {"type": "integer", "minimum": 0},
+                                          "ociDigest": {"type": "string"},
+                                          "lastCheck": {"type": "string", "format": "date-time"},
+                                          "lastRefusal": {"oneOf": [{"type": "null"}, _ref("FollowEvent")]},
+                                          "lastError": {"oneOf": [{"type": "null"}, _ref("FollowEvent")]}}},
             },
         },
     }

@@ -202,14 +202,16 @@ class RunResponse:
             else:
                 outcome = await self._answered(receive, send)
         finally:
-            self._finish()
+            await self._finish()
             self.service.metrics.run_finished(outcome, time.perf_counter() - started)
 
-    def _finish(self) -> None:
+    async def _finish(self) -> None:
         """Free the slot and remove the run's folder. Called before the last bytes go out, so a
         caller that has its answer can count on both; safe to call again."""
-        self.job.close()
-        self.ticket.release()
+        try:
+            await self.job.aclose()
+        finally:
+            self.ticket.release()
 
     async def _watch(self, run: RunTask, receive: Receive) -> bool:
         """Wait for the run to end; True if the client left first (the run is then cancelled)."""
@@ -240,7 +242,7 @@ class RunResponse:
 
     async def _send_json(self, send: Send, status: int, body: dict[str, Any]) -> None:
         data = json.dumps(body, ensure_ascii=False, default=str).encode("utf-8")
-        self._finish()
+        await self._finish()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(data)).encode())]})
@@ -331,7 +333,7 @@ class RunResponse:
                     continue
                 await send({"type": "http.response.body", "body": render(item), "more_body": True})
             last = tail()
-            self._finish()
+            await self._finish()
             if last is None:
                 log.warning("a run in a session failed after its encoder had rendered it (%s); its response is "
                             "cut short", _reason(run))

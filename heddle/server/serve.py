@@ -62,10 +62,15 @@ class DrainingServer(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started:
+            if self.service.follower is not None:
+                self.service.follower.start()
             self._on_ready()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await super().shutdown(sockets)
+        if self.service.follower is not None:
+            self.service.follower.stop()
+            await self.service.follower.wait_stopped()
         # Every run has ended (or been cancelled): the plugin processes they shared can stop.
         await self.service.aclose()
 
@@ -99,6 +104,9 @@ class DrainingServer(uvicorn.Server):
     async def _drain_then_exit(self) -> None:
         admission = self.service.admission
         admission.start_draining()
+        if self.service.follower is not None:
+            # No bundle is swapped in while the runs in flight drain.
+            self.service.follower.stop()
         if not await admission.wait_idle(self.service.config.drain_timeout):
             cancelled = admission.cancel_all()
             _say(f"--drain-timeout passed: {cancelled} run(s) cancelled")

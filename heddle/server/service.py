@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from heddle.errors import HeddleError, SessionError, SessionNotFound
 from heddle.server.admission import Admission
 from heddle.server.config import ServerConfig
+from heddle.server.edition import Edition, Lease, build_edition
 from heddle.server.errors import ApiError, bad_request
+from heddle.server.flow_cache import FlowCache, Ready
 from heddle.server.metrics import REQUEST_TOOL, Metrics
 from heddle.server.model_policy import ModelPolicy, check_allow_net
 from heddle.server.request_code import ToolFolder
@@ -28,6 +30,7 @@ from heddle.tools.command_run import with_commands
 
 if TYPE_CHECKING:
     from heddle.engine.run import PreparedRun
+    from heddle.server.model_policy import PolicyPlan
     from heddle.sessions.store import SessionStore
     from heddle.sessions.turn import SessionUse
     from heddle.spec.components import Flow
@@ -52,6 +55,8 @@ class Job:
     document: str = ""
     inputs_given: bool = False
     source: str = ""
+    # The edition it was prepared on, held until the run ends (a following server may swap meanwhile).
+    lease: Lease | None = None
 
     @property
     def flow_name(self) -> str:
@@ -64,6 +69,17 @@ class Job:
         if self.folder is not None:
             self.folder.close()
             self.folder = None
+        if self.lease is not None:
+            self.lease.release()
+
+    async def aclose(self) -> None:
+        """`close`, the request's tools folder removed in a worker thread while the loop serves others."""
+        folder, self.folder = self.folder, None
+        try:
+            if folder is not None:
+                await asyncio.to_thread(folder.close)
+        finally:
+            self.close()
 
 
 @dataclass
@@ -77,6 +93,7 @@ class _Resolved:
     inputs: dict[str, Any] = field(default_factory=dict)
     message: str | None = None
     request: RunRequest = field(default_factory=RunRequest)
+    ready: Ready | None = None  # the flow as read (and prepared) from its document, perhaps kept (flow_cache)
 
 
 def run_settings(config: ServerConfig, sealed: Any = None) -> RunSettings:
@@ -149,48 +166,82 @@ def check_run(flow: Flow, inputs: dict[str, Any], message: str | None, *, source
 class Service:
     """The server's state: its configuration, what it runs, its run slots and its metrics."""
 
-    def __init__(self, config: ServerConfig, *, sealed: Any = None) -> None:
-        from heddle.engine.run import prepare_run
-        from heddle.tools.registry import discover_tools
-        from heddle.workspace.sandbox import check_policy
-        from heddle.workspace.workspace import Workspaces
-
+    def __init__(self, config: ServerConfig, *, sealed: Any = None, oci_digest: str | None = None) -> None:
         self.config = config
-        self.sealed = sealed
         self.metrics = Metrics(config.max_concurrent)
         self.admission = Admission(config.max_concurrent, self.metrics)
         self.policy = ModelPolicy(allow_net=check_allow_net(config.allow_net), default_url=config.llm_default_url,
                                   default_key=config.llm_default_key if config.llm_default_url else None)
-        if sealed is not None:
-            self.tools: dict[str, Path] = dict(sealed.tools)
-            self.tools_dir: Path | None = sealed.tools_dir
-            self.commands: CommandSet | None = sealed.commands
-        else:
-            from heddle.tools.commands import read_commands
-
-            self.tools = discover_tools(config.tools_dir)
-            self.tools_dir = config.tools_dir.absolute() if config.tools_dir else None
-            self.commands = read_commands(config.commands) if config.commands is not None else None
-        self.host = load_plugins(config, sealed)
-        self.node_types: frozenset[str] = self.host.node_types() if self.host is not None else frozenset()
-        self.options = run_options(config, sealed)
         # Everything that can be refused without a request is refused now, before the port opens.
-        check_policy(self.options.sandbox, explicitly_set=config.sandbox_flags)
-        Workspaces(self.options.workspace, self.tools, tools_dir=self.tools_dir, warn=lambda message: None).check()
-        # --discover-tools: the plugins asked now which tools they serve (never a plugin a request brings).
-        from heddle.runs import discover_apart
-
-        discover_apart(self.host, run_settings(config, sealed), self.options)
-        self.bundle_run = None
-        if sealed is not None:
-            self.bundle_run = prepare_run(sealed.flow, tools=self.tools, tools_dir=self.tools_dir,
-                                          options=self.options, sandbox_flags=config.sandbox_flags,
-                                          plugins=with_commands(self.host, self.commands, sealed.flow))
-            self.policy.assign_keys(sealed.flow, self.bundle_run.endpoints, from_request=False)
-        # What GET /v1/tools answers, listed once (a plugin tool taking a tools folder's name is refused now).
-        self.tool_listing = self._tool_listing()
+        # The one reference to what is served: a following server swaps it whole (swap).
+        self.edition: Edition = build_edition(config, self.policy, sealed)
+        self.edition.oci_digest = oci_digest  # the registry's digest of a bundle pulled by reference
+        self._closing: set[asyncio.Task[None]] = set()
+        self._retired: set[Edition] = set()  # swapped out, closed once their last run ends (or at aclose)
+        # Request flows as read and prepared, by document (heddle.server.flow_cache).
+        self.flows = FlowCache()
+        self.follower: Any = None  # a heddle.server.follow.Follower when --pull-interval follows a tag
+        self.metrics.bundle_served(sealed, oci_digest)
         # Last, so that nothing else can fail once it is open: the caller closes it (aclose).
         self.sessions = open_sessions(config, self.host)
+
+    # What the served edition holds, read through the one reference a swap changes.
+    @property
+    def sealed(self) -> Any:
+        return self.edition.sealed
+
+    @property
+    def tools(self) -> dict[str, Path]:
+        return self.edition.tools
+
+    @property
+    def tools_dir(self) -> Path | None:
+        return self.edition.tools_dir
+
+    @property
+    def commands(self) -> CommandSet | None:
+        return self.edition.commands
+
+    @property
+    def host(self) -> Any:
+        return self.edition.host
+
+    @property
+    def node_types(self) -> frozenset[str]:
+        return self.edition.node_types
+
+    @property
+    def options(self) -> Any:
+        return self.edition.options
+
+    @property
+    def bundle_run(self) -> PreparedRun | None:
+        return self.edition.bundle_run
+
+    @property
+    def tool_listing(self) -> dict[str, Any]:
+        return self.edition.tool_listing
+
+    def swap(self, edition: Edition) -> Edition:
+        """Serve `edition` from the next request on. One assignment on the event loop, so a request is
+        prepared wholly on the old edition or wholly on the new; runs already going keep the old one
+        (their lease), which is closed once the last of them ends."""
+        old, self.edition = self.edition, edition
+        self.metrics.bundle_served(edition.sealed, edition.oci_digest)
+        self._retired.add(old)
+        old.retire(self._close_later)
+        return old
+
+    def _close_later(self, edition: Edition) -> None:
+        async def close() -> None:
+            try:
+                await edition.aclose()
+            finally:
+                self._retired.discard(edition)
+
+        task = asyncio.get_running_loop().create_task(close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     # ------------------------------------------------------------------ requests
 
@@ -203,24 +254,25 @@ class Service:
                               f"({digest_of(self.sealed)}) and nothing else; send only 'inputs'", "bundle_only")
 
     async def _resolve(self, body: dict[str, Any], *, run: bool = False) -> _Resolved:
-        from heddle.server.documents import flow_from_file, flow_from_value
-
         request = parse_run_request(body, allow_request_code=self.config.allow_request_code,
                                     sessions=self.sessions is not None if run else None)
+        edition = self.edition
         if self.sealed is not None:
             self._refuse_for_bundle(request)
             return _Resolved(self.sealed.flow, self.tools, self.tools_dir, f"bundle {self.sealed.name}",
                              False, inputs={**self.sealed.input, **request.inputs}, message=request.message,
                              request=request)
+        # A request's own tools make its preparation its own: such a flow is read (or found) here and
+        # prepared later, with them.
         if request.flow is not None:
-            flow = await asyncio.to_thread(flow_from_value, request.flow, node_types=self.node_types)
+            ready = await self._ready_value(request.flow, edition, prepare=not request.tools)
             source, from_request = "flow", True
         elif request.flow_path is not None:
             if self.config.flows_root is None:
                 raise bad_request("request field 'flowPath': this server has no --flows-root; send the "
                                   "document itself as 'flow'", "no_flows_root")
-            flow = await asyncio.to_thread(flow_from_file, self.config.flows_root, request.flow_path,
-                                           node_types=self.node_types)
+            ready = await asyncio.to_thread(self._ready_file, self.config.flows_root, request.flow_path, edition,
+                                            prepare=not request.tools)
             source, from_request = f"flowPath {request.flow_path}", False
         else:
             raise bad_request("the request names no flow; give 'flow' (the document) or 'flowPath'")
@@ -232,26 +284,83 @@ class Service:
             folder = await asyncio.to_thread(ToolFolder, request.tools, parent=self.config.work_dir)
             tools.update(folder.tools)
             tools_dir = tools_dir or folder.root
-        return _Resolved(flow, tools, tools_dir, source, from_request, folder, dict(request.inputs),
-                         request.message, request)
+        return _Resolved(ready.flow, tools, tools_dir, source, from_request, folder, dict(request.inputs),
+                         request.message, request, ready)
+
+    def _preparer(self, edition: Edition, *, from_request: bool) -> Callable[[Flow], PreparedRun]:
+        """How a request flow without tools of its own is prepared on `edition` (in a worker thread)."""
+        from heddle.engine.run import prepare_run
+
+        def prepare(flow: Flow) -> PreparedRun:
+            prepared = prepare_run(flow, tools=dict(edition.tools), tools_dir=edition.tools_dir,
+                                   options=edition.options, sandbox_flags=self.config.sandbox_flags,
+                                   plugins=with_commands(edition.host, edition.commands, flow))
+            self.policy.assign_keys(flow, prepared.endpoints, from_request=from_request)
+            return prepared
+
+        return prepare
+
+    async def _ready_value(self, value: Any, edition: Edition, *, prepare: bool) -> Ready:
+        """A request's `flow`, kept from an earlier request of the same document or read and prepared
+        now, in one worker thread."""
+        from heddle.server.documents import flow_from_value
+        from heddle.server.flow_cache import read_ready, value_key
+
+        keyed = value_key(value)
+        if keyed is not None:
+            kept = self.flows.get(keyed[0], edition)
+            if kept is not None:
+                return kept
+        ready = await asyncio.to_thread(read_ready, lambda: flow_from_value(value, node_types=edition.node_types),
+                                        self._preparer(edition, from_request=True) if prepare else None,
+                                        edition=edition, plan=self.policy.plan, size=keyed[1] if keyed else 0)
+        if keyed is not None:
+            self.flows.put(keyed[0], ready)
+        return ready
+
+    def _ready_file(self, root: Path, name: str, edition: Edition, *, prepare: bool) -> Ready:
+        """A request's `flowPath`, read again (it may have changed) and, unless its bytes are those of
+        a kept one, parsed and prepared. Blocking: runs in a worker thread."""
+        from heddle.server.documents import flow_from_text
+        from heddle.server.flow_cache import file_key, read_ready
+        from heddle.server.flows_root import read_flow_text
+
+        text = read_flow_text(root, name)
+        data = text.encode("utf-8")
+        key = file_key(name, data)
+        kept = self.flows.get(key, edition)
+        if kept is not None:
+            return kept
+        ready = read_ready(lambda: flow_from_text(text, name, node_types=edition.node_types),
+                           self._preparer(edition, from_request=False) if prepare else None,
+                           edition=edition, plan=None, size=len(data))
+        self.flows.put(key, ready)
+        return ready
 
     async def prepare(self, body: dict[str, Any]) -> Job:
         """The request as a job ready to run, or the 400 saying what is wrong with it."""
-        resolved = await self._resolve(body, run=True)
+        # Leased before anything reads the edition, so that a swap meanwhile leaves this request on it.
+        lease = self.edition.lease()
+        try:
+            resolved = await self._resolve(body, run=True)
+        except BaseException:
+            lease.release()
+            raise
         request = resolved.request
         try:
             if request.session is None:
                 self._refuse_waits(resolved.flow, resolved.source)
                 check_run(resolved.flow, resolved.inputs, resolved.message, source=resolved.source)
-            prepared = self.bundle_run or await self._prepare(resolved)
+            prepared = lease.edition.bundle_run or await self._prepare(resolved)
         except BaseException:
+            lease.release()
             if resolved.folder is not None:
-                resolved.folder.close()
+                await asyncio.to_thread(resolved.folder.close)
             raise
         # The server's plugins, if any, are in `prepared`: its runs go through their seams.
         job = Job(prepared, resolved.inputs, frozenset(self.tools) | self._plugin_tools() | self._command_names(),
                   resolved.folder,
-                  resolved.message, source=resolved.source)
+                  resolved.message, source=resolved.source, lease=lease)
         if request.session is not None:
             # In a session the message and the inputs are checked once the turn is known: a run that
             # resumes keeps the ones it started with (heddle.sessions.turn).
@@ -288,7 +397,7 @@ class Service:
             return digest_text(str(self.sealed.digest)), f"bundle {self.sealed.name!r}"
         from heddle.sessions.turn import flow_digest
 
-        digest = flow_digest(resolved.flow)
+        digest = resolved.ready.binding() if resolved.ready is not None else flow_digest(resolved.flow)
         document = resolved.source if resolved.request.flow_path is not None else f"flow {resolved.flow.name!r}"
         return digest, document
 
@@ -352,8 +461,16 @@ class Service:
     async def _prepare(self, resolved: _Resolved) -> Any:
         from heddle.engine.run import prepare_run
 
+        ready = resolved.ready
         if resolved.from_request:
-            await self.policy.check_request_flow(resolved.flow)
+            # Every request: the plan's refusals raised and its addresses resolved again.
+            plan: PolicyPlan | None = ready.plan if ready is not None else None
+            await self.policy.check(plan if plan is not None else self.policy.plan(resolved.flow))
+        if ready is not None and resolved.folder is None:
+            if ready.failure is not None:
+                raise ready.failure
+            if ready.run is not None:
+                return ready.run
         prepared = await asyncio.to_thread(
             prepare_run, resolved.flow, tools=resolved.tools, tools_dir=resolved.tools_dir,
             options=self.options, sandbox_flags=self.config.sandbox_flags,
@@ -365,7 +482,12 @@ class Service:
         """The validation report for the request's flow (or the bundle's); nothing runs."""
         from heddle.validation import validation_report
 
-        resolved = await self._resolve(body)
+        lease = self.edition.lease()
+        try:
+            resolved = await self._resolve(body)
+        except BaseException:
+            lease.release()
+            raise
         try:
             plugins = with_commands(self.host, self.commands, resolved.flow)
             tools = plugins.known_tools(resolved.tools) if plugins is not None else resolved.tools
@@ -383,8 +505,9 @@ class Service:
                     report["problems"].append(exc.message)
                 report["valid"] = not report["problems"]
         finally:
+            lease.release()
             if resolved.folder is not None:
-                resolved.folder.close()
+                await asyncio.to_thread(resolved.folder.close)
         return report
 
     # ------------------------------------------------------------------ plugins
@@ -415,31 +538,19 @@ class Service:
         return [{k: v for k, v in row.items() if k != "manifest"} for row in self.host.describe()]
 
     async def aclose(self) -> None:
-        """Stop the plugin processes, remove their homes and the bundle's temporary data folder."""
-        from heddle.server.served_bundle import close_served
-
+        """Stop the plugin processes, remove their homes and the bundle's temporary data folder
+        (of the edition served and of any a swap retired)."""
         try:
-            if self.host is not None:
-                await self.host.aclose()
+            await self.edition.aclose()
+            # And a retired edition a run still held when the server stopped (after a second signal).
+            await asyncio.gather(*self._closing, *(edition.aclose() for edition in list(self._retired)),
+                                 return_exceptions=True)
         finally:
-            try:
-                if self.sessions is not None:
-                    sessions, self.sessions = self.sessions, None
-                    await asyncio.to_thread(sessions.close)
-            finally:
-                close_served(self.sealed)
+            if self.sessions is not None:
+                sessions, self.sessions = self.sessions, None
+                await asyncio.to_thread(sessions.close)
 
     # ------------------------------------------------------------------ description
-
-    def _tool_listing(self) -> dict[str, Any]:
-        """Every tool this server's runs have (heddle.tools.catalog): the bundle's with its flow's own, or
-        the tools folder's, the commands' and the plugins' (a request's own tools are its own), as a
-        caller may see them: without paths, programs or argv templates."""
-        from heddle.tools.catalog import catalog
-
-        flow = self.sealed.flow if self.sealed is not None else None
-        return catalog(tools=self.tools, flow=flow, host=self.host,
-                       commands=self.commands or ()).as_json(public=True)
 
     def capabilities(self) -> dict[str, Any]:
         from heddle import __version__
@@ -482,4 +593,8 @@ class Service:
         if self.sealed is not None:
             caps["bundle"] = {"name": self.sealed.name, "digest": digest_of(self.sealed),
                               "signers": list(self.sealed.signers), "tools": dict(self.sealed.tool_fingerprints)}
+            if self.edition.oci_digest is not None:
+                caps["bundle"]["ociDigest"] = self.edition.oci_digest
+        if self.follower is not None:
+            caps["follow"] = self.follower.describe()
         return caps

@@ -16,8 +16,22 @@ Property = dict[str, Any]
 """A JSON Schema fragment with a `title`: an input or output of a component."""
 
 
+# Every model is built when it first validates, not when it is defined (defer_build): a document
+# is validated as a Flow (or an Agent, or a node), whose validator holds every type it reaches,
+# while building all fifty models on import built that tree again for each model that reaches it
+# (each node holding a subflow, both edges, the Flow), in every process. The default factories are
+# Python functions, not `list` and `dict`: pydantic reads each factory's signature while building,
+# and a builtin's signature is parsed from its text each time.
+def _list() -> list[Any]:
+    return []
+
+
+def _dict() -> dict[str, Any]:
+    return {}
+
+
 class Component(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=False, populate_by_name=True)
+    model_config = ConfigDict(extra="allow", frozen=False, populate_by_name=True, defer_build=True)
 
     id: str = ""
     name: str = ""
@@ -42,8 +56,8 @@ def _check_properties(value: list[Property] | None) -> list[Property]:
 
 
 class WithIO(Component):
-    inputs: list[Property] = Field(default_factory=list)
-    outputs: list[Property] = Field(default_factory=list)
+    inputs: list[Property] = Field(default_factory=_list)
+    outputs: list[Property] = Field(default_factory=_list)
 
     _io = field_validator("inputs", "outputs", mode="before")(
         classmethod(lambda cls, v: _check_properties(v))
@@ -116,10 +130,10 @@ class RemoteTool(WithIO):
     url: str
     http_method: str
     api_spec_uri: str | None = None  # describes the API; heddle never fetches it
-    data: Any = Field(default_factory=dict)
-    query_params: dict[str, Any] = Field(default_factory=dict)
-    headers: dict[str, Any] = Field(default_factory=dict)
-    sensitive_headers: dict[str, Any] = Field(default_factory=dict)
+    data: Any = Field(default_factory=_dict)
+    query_params: dict[str, Any] = Field(default_factory=_dict)
+    headers: dict[str, Any] = Field(default_factory=_dict)
+    sensitive_headers: dict[str, Any] = Field(default_factory=_dict)
     url_allow_list: list[str] | None = None
     retry_policy: Any = None
     timeout: float | None = Field(default=None, gt=0)
@@ -166,7 +180,7 @@ def env_reference(value: str) -> str | None:
 
 
 class SessionParameters(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     read_timeout_seconds: float = Field(default=60.0, gt=0)
 
@@ -180,7 +194,7 @@ class StdioTransport(_ClientTransport):
 
     component_type: Literal["StdioTransport"] = "StdioTransport"
     command: str = Field(min_length=1)
-    args: list[str] = Field(default_factory=list)
+    args: list[str] = Field(default_factory=_list)
     env: dict[str, str] | None = None
     cwd: str | None = None
 
@@ -241,6 +255,8 @@ class StreamableHTTPTransport(_RemoteTransport):
 
 
 class _MutualTLS(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
     key_file: str = Field(min_length=1)
     cert_file: str = Field(min_length=1)
     ca_file: str = Field(min_length=1)
@@ -311,8 +327,8 @@ class Agent(WithIO):
     component_type: Literal["Agent"] = "Agent"
     llm_config: LlmConfig
     system_prompt: str = ""
-    tools: list[Tool] = Field(default_factory=list)
-    toolboxes: list[MCPToolBox] = Field(default_factory=list)
+    tools: list[Tool] = Field(default_factory=_list)
+    toolboxes: list[MCPToolBox] = Field(default_factory=_list)
     # The specification's default: the agent may answer the user instead of giving its outputs.
     human_in_the_loop: bool = True
 
@@ -602,7 +618,7 @@ class AgentNode(NodeBase):
 
 class BranchingNode(NodeBase):
     component_type: Literal["BranchingNode"] = "BranchingNode"
-    mapping: dict[str, str] = Field(default_factory=dict)
+    mapping: dict[str, str] = Field(default_factory=_dict)
 
     def next_branches(self) -> list[str]:
         # Without a DEFAULT_BRANCH entry an unmapped value leaves by "default".
@@ -757,7 +773,7 @@ class ParallelFlowNode(NodeBase):
     """Runs every subflow concurrently (at most --max-parallel at once); its outputs are the union of theirs."""
 
     component_type: Literal["ParallelFlowNode"] = "ParallelFlowNode"
-    subflows: list[Flow] = Field(default_factory=list)
+    subflows: list[Flow] = Field(default_factory=_list)
 
     def inferred_inputs(self) -> list[Property]:
         merged: dict[str, Property] = {}
@@ -948,8 +964,8 @@ class Flow(WithIO):
     component_type: Literal["Flow"] = "Flow"
     agentspec_version: str | None = None
     start_node: Node
-    nodes: list[Node] = Field(default_factory=list)
-    control_flow_connections: list[ControlFlowEdge] = Field(default_factory=list)
+    nodes: list[Node] = Field(default_factory=_list)
+    control_flow_connections: list[ControlFlowEdge] = Field(default_factory=_list)
     data_flow_connections: list[DataFlowEdge] | None = None
     # What the document's top level was (a heddle.spec.roots.DocumentRoot): the Flow heddle runs may
     # stand for an Agent or a single node. Never serialised; set by the document reader.
@@ -960,10 +976,6 @@ class Flow(WithIO):
     def _none_is_empty(cls, v: Any) -> Any:
         return [] if v is None else v
 
-
-FlowNode.model_rebuild()
-for _composite in COMPOSITE_NODES:
-    _composite.model_rebuild()
 
 KNOWN_COMPONENT_TYPES: tuple[str, ...] = (
     "Flow",

@@ -69,11 +69,13 @@ def kinds(flow: c.Flow) -> Sequence[ToolKind]:
 
 
 @contextlib.asynccontextmanager
-async def open_document_tools(ctx: RunContext, flow: c.Flow) -> AsyncIterator[Mapping[str, ProvidedTool]]:
-    """Every document tool of `flow`, open for the run."""
+async def open_document_tools(ctx: RunContext, flow: c.Flow, found_kinds: Sequence[ToolKind] | None = None
+                              ) -> AsyncIterator[Mapping[str, ProvidedTool]]:
+    """Every document tool of `flow`, open for the run. `found_kinds` are its `kinds`, when found
+    before (a prepared run found them once for all its runs)."""
     found = DocumentTools()
     async with contextlib.AsyncExitStack() as stack:
-        for kind in kinds(flow):
+        for kind in kinds(flow) if found_kinds is None else found_kinds:
             if kind.wants(flow):
                 found.merge(await stack.enter_async_context(kind.open(ctx, flow)))
         ctx.document_tools = found

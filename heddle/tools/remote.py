@@ -528,7 +528,10 @@ class RemoteToolKind:
                              "gives tools no network; run without --deny-net to let it")
         secrets = {name: header_secrets(tool, where) for name, (where, tool) in found.items()}
         # Redirects are followed by hand (RemoteCall._send), each hop checked before it is sent.
-        async with httpx.AsyncClient(follow_redirects=False, timeout=httpx.Timeout(options.tool_timeout)) as client:
+        from heddle.lazytls import LazyTLSTransport
+
+        async with httpx.AsyncClient(follow_redirects=False, timeout=httpx.Timeout(options.tool_timeout),
+                                     transport=LazyTLSTransport()) as client:
             yield DocumentTools(tools={
                 name: RemoteCall(tool, client, secrets[name], _timeout(tool, options.tool_timeout), options.surface)
                 for name, (_, tool) in found.items()})

@@ -108,9 +108,12 @@ def _require_bwrap() -> str:
 
 
 def _probe(bwrap: str) -> None:
-    """Run an empty sandbox once, so a kernel without user namespaces fails at start-up."""
+    """Run an empty sandbox once, so a kernel without user namespaces fails at start-up. It mounts a
+    /proc and a /dev as every tool's sandbox does: a container whose /proc is masked allows the
+    namespaces but not that mount, and must fail here too, not at a run's first tool call."""
     true = shutil.which("true") or "/bin/true"
-    argv = [bwrap, "--ro-bind", "/", "/", *_NAMESPACES, "--cap-drop", "ALL", "--", true]
+    argv = [bwrap, "--ro-bind", "/", "/", *_NAMESPACES, "--proc", "/proc", "--dev", "/dev", "--cap-drop", "ALL",
+            "--", true]
     try:
         done = subprocess.run(argv, capture_output=True, timeout=30, stdin=subprocess.DEVNULL, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:

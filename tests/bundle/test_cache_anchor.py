@@ -1,7 +1,11 @@
 """The cache is not a trust anchor: a cached tree is proved again on every open, through the
 real `heddle` command. Edited tools, planted entries, files swapped with their mtime put back,
 caches and trust stores other users can write, tampered files whose digest is cached, dead
-staging folders, gzip bombs, leaked temporary folders, and cache paths that are files."""
+staging folders, gzip bombs, leaked temporary folders, and cache paths that are files.
+
+`heddle run` of a cached bundle, `heddle verify`'s refusal of a cache, `heddle cache ls` and
+`heddle inspect`'s refusal are each seen from a real process once; the other commands against
+the same states run through the entry function in this process (`heddle_here`)."""
 
 from __future__ import annotations
 
@@ -174,16 +178,20 @@ def test_a_data_file_swapped_with_its_mtime_put_back_is_caught(sandbox: Path, ke
 
 
 def test_a_cache_or_trust_store_others_can_write_is_refused(sandbox: Path, keypair: KeyPair,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+                                                            capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     bundle = seal(sandbox, keypair)
     shared = sandbox / "shared-cache"
     shared.mkdir()
     shared.chmod(0o777)
-    proc = heddle("verify", bundle, "--trust", keypair.pub_path, env={"HEDDLE_CACHE_DIR": str(shared)})
+    # The command in this process (a cache refusal from a process: test_a_cache_path_that_is_a_file_...).
+    with monkeypatch.context() as env:
+        env.setenv("HEDDLE_CACHE_DIR", str(shared))
+        proc = heddle_here(capsys, "verify", bundle, "--trust", keypair.pub_path)
     assert proc.returncode == 2 and f"run `chmod go-w {shared}`" in error_line(proc)
     assert os.listdir(shared) == []
     # The same check on a cache owned by another user, and on one inside a folder others can
-    # write, in-process (the message is the command's error line, as shown above).
+    # write, through the library (the message is the command's error line, as shown above).
     from heddle.errors import UsageError
 
     shared.chmod(0o700)
@@ -203,7 +211,7 @@ def test_a_cache_or_trust_store_others_can_write_is_refused(sandbox: Path, keypa
     # The trust store: a run trusting the store refuses to read one anyone can add a key to.
     TrustStore().add(keypair.pub_path)
     (sandbox / "trust").chmod(0o777)
-    proc = heddle_here(capsys, "run", bundle)  # in-process: the command's refusal of a cache is shown above
+    proc = heddle_here(capsys, "run", bundle)  # the command's refusal of a cache, as shown above
     assert proc.returncode == 2
     assert f"trust store {sandbox / 'trust'}" in error_line(proc) and "chmod go-w" in error_line(proc)
     (sandbox / "trust").chmod(0o700)
@@ -232,7 +240,8 @@ def test_verify_proves_the_file_even_when_its_digest_is_cached(sandbox: Path, ke
     tampered = sandbox / "copy.heddle"
     _flip(bundle, tampered, b"'sealed'")
     assert peek(tampered).digest == peek(bundle).digest
-    proc = heddle("verify", tampered, "--trust", keypair.pub_path)
+    # `verify`'s exit 6 from a process is tests/bundle/test_cli.py's: the command in this process.
+    proc = heddle_here(capsys, "verify", tampered, "--trust", keypair.pub_path)
     assert proc.returncode == 6, proc.stdout + proc.stderr
     assert "tools/who.py" in error_line(proc) and str(tampered) in error_line(proc)
     # --deep (re-hash the cached tree too) proves the file all the same: what `verify --deep` opens with.
@@ -344,15 +353,23 @@ def test_a_legacy_gzip_bomb_meets_the_same_ratio_cap(sandbox: Path, capsys: pyte
     assert not (sandbox / "cache").exists() or os.listdir(sandbox / "cache") == []
 
 
-def test_a_run_leaves_nothing_in_tmpdir(sandbox: Path, keypair: KeyPair) -> None:
+def test_a_run_leaves_nothing_in_tmpdir(sandbox: Path, keypair: KeyPair, capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
     bundle = seal(sandbox, keypair)
     tmp = sandbox / "tmp"
     tmp.mkdir()
-    assert state_of(run(bundle, keypair, env={"TMPDIR": str(tmp)}))["who"] == "sealed"
+    # The command in this process, its temporary folder (and its tools') under TMPDIR as a
+    # process started with it would have; checked before anything this process might tidy at exit.
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    assert tempfile.gettempdir() == str(tmp)
+    assert state_of(heddle_here(capsys, "run", bundle, "--trust", keypair.pub_path))["who"] == "sealed"
     assert os.listdir(tmp) == []
 
 
-def test_a_cached_format_1_bundle_is_not_unpacked_again(sandbox: Path) -> None:
+def test_a_cached_format_1_bundle_is_not_unpacked_again(sandbox: Path, capsys: pytest.CaptureFixture[str]) -> None:
     legacy = VECTORS / "legacy-gzip.heddle"
     assert not open_bundle(legacy, trusted_keys=[], allow_unsigned=True).cached  # unpacked into the cache
 
@@ -374,7 +391,7 @@ def test_a_cached_format_1_bundle_is_not_unpacked_again(sandbox: Path) -> None:
     unseal(tool)
     tool.write_text(tool.read_text() + "\n# edited\n")
     reseal(tool, 0o555)
-    proc = heddle("run", legacy, "--allow-unsigned")
+    proc = heddle_here(capsys, "run", legacy, "--allow-unsigned")  # `heddle run`'s process: the first test
     assert state_of(proc) == {"text": "hi", "echoed": "hi"}
     assert "tools/echo.py" in proc.stderr and "edited" not in tool.read_text()
 

@@ -81,7 +81,9 @@ def test_outputs_alone_and_a_message_for_a_flow_refused(tmp_path: Path, capsys: 
     doc = write(tmp_path / "node.json", {"component_type": "ToolNode", "id": "t", "name": "t",
                                         "agentspec_version": "25.4.1",
                                         "tool": server_tool("upper", [prop("text")], [prop("loud")])})
-    assert state_of(heddle("run", doc, "-t", tools, "--input", '{"text": "hey"}', "--outputs")) == {"loud": "HEY"}
+    # --outputs from a process is test_an_agent_document_takes_the_users_message's; a node document's here.
+    assert state_of(heddle_here(capsys, "run", doc, "-t", tools, "--input", '{"text": "hey"}', "--outputs")) == {
+        "loud": "HEY"}
     # Without --outputs the final state is printed: the state the engine ends with, in-process.
     from tests.support.inproc import run_doc
 
@@ -90,7 +92,8 @@ def test_outputs_alone_and_a_message_for_a_flow_refused(tmp_path: Path, capsys: 
     assert proc.returncode == 2 and error_line(proc).startswith(f"error: --message: {doc} is not an agent")
 
 
-def test_a_newer_feature_than_declared_is_warned_on_stderr(tmp_path: Path) -> None:
+def test_a_newer_feature_than_declared_is_warned_on_stderr(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
     refs = {"ss": {"component_type": "StartNode", "id": "ss", "name": "ss"},
             "se": {"component_type": "EndNode", "id": "se", "name": "se"}}
     sub = {"component_type": "Flow", "id": "sub", "name": "sub", "start_node": {"$component_ref": "ss"},
@@ -99,7 +102,7 @@ def test_a_newer_feature_than_declared_is_warned_on_stderr(tmp_path: Path) -> No
                                          "from_node": {"$component_ref": "ss"}, "to_node": {"$component_ref": "se"}}]}
     doc = write(tmp_path / "catch.json", {"component_type": "CatchExceptionNode", "id": "c", "name": "guard",
                                           "subflow": sub, "agentspec_version": "25.4.1"})
-    proc = heddle("run", doc, "--outputs")
+    proc = heddle_here(capsys, "run", doc, "--outputs")  # the warning is the command's line on stderr
     assert proc.returncode == 0, proc.stderr
     assert ("warning: " + f"{doc}: $ is a CatchExceptionNode, which Agent Spec 26.1.2 introduced, but the document "
             "declares agentspec_version 25.4.1") in proc.stderr
@@ -111,8 +114,9 @@ def test_components_from_a_second_file_are_sealed_into_the_bundle(sandbox: Path,
         main = write(sandbox / "main.json", {**agent({"$component_ref": "brain"})})
         comps = write(sandbox / "shared.json", {"$referenced_components": {
             "brain": llm_config(model.url, name="brain")}})
-        # The run from the two files and the reading of the bundle in-process; `heddle bundle` and
-        # the run from the bundle are the processes this test is about.
+        # The run from the two files, the reading of the bundle and the run from it in-process:
+        # `heddle bundle --components` is the process this test is about (`heddle run` of a bundle
+        # has its own in tests/bundle/test_run_bundle.py).
         proc = heddle_here(capsys, "run", main, "--components", comps, "--input", '{"user": "Ann"}', "--message",
                            "hi", "--outputs")
         assert state_of(proc) == {"result": "one"}
@@ -123,8 +127,8 @@ def test_components_from_a_second_file_are_sealed_into_the_bundle(sandbox: Path,
         # The sealed copy is what runs (verified first, as every run from a bundle is): editing
         # the source file afterwards changes nothing.
         comps.write_text("{}", encoding="utf-8")
-        proc = heddle("run", out, "--trust", keypair.pub_path, "--input", '{"user": "Ann"}', "--message", "hi",
-                      "--outputs")
+        proc = heddle_here(capsys, "run", out, "--trust", keypair.pub_path, "--input", '{"user": "Ann"}',
+                           "--message", "hi", "--outputs")
         assert state_of(proc) == {"result": "two"}
         proc = heddle_here(capsys, "run", out, "--trust", keypair.pub_path, "--components", comps, "--message", "hi")
         assert proc.returncode == 2 and "--components cannot be used with the bundle" in error_line(proc)

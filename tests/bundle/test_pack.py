@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -12,7 +13,7 @@ import pytest
 from heddle.format.errors import PackError
 from heddle.bundle.fingerprints import flow_tool_fingerprints
 from heddle.bundle.plan import ToolSpec, make_plan
-from heddle.format.pack import pack
+from heddle.format.pack import PackPlan, pack
 from heddle.format.verify import open_bundle, peek
 from heddle.workspace.mounts import Mount
 
@@ -204,3 +205,59 @@ def test_progress_is_a_bar_on_a_terminal_and_silent_in_a_pipe(sandbox: Path, key
     quiet = Terminal()
     pack(agent_plan(paths), sandbox / "small.heddle", progress=TerminalProgress(quiet, min_bytes=1 << 30))
     assert quiet.getvalue() == ""
+
+
+def _sizable_plan(root: Path) -> PackPlan:
+    """About 6 MiB, half random and half text: three zstd jobs at level 1, so the bytes show
+    whether they depend on how many workers compressed them."""
+    import random
+
+    from heddle.format.pack import PlanFile
+
+    rng = random.Random(15)
+    root.mkdir()
+    (root / "flow.json").write_text("{}\n")
+    files = [PlanFile("flow.json", root / "flow.json")]
+    text = " ".join(rng.choice(("seal", "verify", "tool", "flow", "mount")) for _ in range(20_000)).encode() * 20
+    for i in range(3):
+        (root / f"part{i}").write_bytes(rng.randbytes(1 << 20) + text[i : i + (1 << 20)])
+        files.append(PlanFile(f"data/part{i}", root / f"part{i}"))
+    return PackPlan(name="sizable", flow="flow.json", files=files)
+
+
+def test_the_bytes_depend_on_the_level_never_on_the_threads(sandbox: Path) -> None:
+    from heddle.format.archive import ArchiveWriter
+
+    plan = _sizable_plan(sandbox / "tree")
+    one, three, default = sandbox / "one.heddle", sandbox / "three.heddle", sandbox / "default.heddle"
+    digest = pack(plan, one, level=1, threads=1).digest
+    assert pack(plan, three, level=1, threads=3).digest == digest
+    assert one.read_bytes() == three.read_bytes()
+    assert pack(plan, default).digest == digest and default.read_bytes() != one.read_bytes()
+    assert open_bundle(one, trusted_keys=[], allow_unsigned=True).digest == digest
+    # Files of 2 MiB span the reader's buffers as they are written: every cached byte is re-hashed
+    # and every snapshot row must be there.
+    again = open_bundle(one, trusted_keys=[], allow_unsigned=True, deep=True)
+    assert again.cached and again.repaired is None
+    with open(os.devnull, "wb") as sink, pytest.raises(ValueError, match="one zstd worker thread or more"):
+        ArchiveWriter(sink, total=0, threads=0)  # zstd's single-threaded mode writes other bytes
+
+
+def test_the_level_is_a_setting_checked_before_anything_is_written(
+    sandbox: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from heddle.errors import UsageError
+    from tests.support.cli_inproc import heddle_inproc
+
+    paths = write_agent(sandbox / "agent")
+    for level, message in (("23", "--level 23: must be at most 22"), ("0", "--level 0: must be at least 1"),
+                           ("fast", "--level: 'fast' is not a whole number")):
+        rc, _, err = heddle_inproc(capsys, "bundle", paths["flow"], "-t", paths["tools"], "--level", level,
+                                   "-o", sandbox / "app.heddle")
+        assert rc == 2 and err.strip() == f"error: {message}"
+    assert not (sandbox / "app.heddle").exists()
+    rc, out, _ = heddle_inproc(capsys, "bundle", paths["flow"], "-t", paths["tools"], "--level", "19",
+                               "-o", sandbox / "app.heddle", "--json")
+    assert rc == 0 and json.loads(out)["bundle"] == str(sandbox / "app.heddle")
+    with pytest.raises(UsageError, match="must be at most 22"):
+        pack(agent_plan(paths), sandbox / "lib.heddle", level=30)

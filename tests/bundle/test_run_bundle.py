@@ -1,4 +1,11 @@
-"""`heddle bundle` and `heddle run X.heddle` end to end, through the real command."""
+"""`heddle bundle` and `heddle run X.heddle` end to end, through the real command.
+
+Each command's success and refusal is seen from a real process (`heddle bundle` and `heddle run`
+of a bundle in test_bundle_then_run_exactly_what_was_sealed, their refusals in
+test_a_failed_bundle_leaves_nothing_at_the_output and test_untrusted_and_tampered_bundles_never_run);
+the other flags and refusals run the same entry function in this process (`heddle_here`), which
+prints the same lines and returns the same status without a process start each.
+"""
 
 from __future__ import annotations
 
@@ -95,7 +102,8 @@ def test_bundle_then_run_exactly_what_was_sealed(sandbox, keypair, capsys):
 def test_rw_mounts_are_seeded_into_a_data_dir_never_the_cache(sandbox, sealed, capsys):
     out, keypair = sealed.bundle, sealed.keypair
     data = sandbox / "data-dir"
-    proc = heddle("run", out, "--trust", keypair.pub_path, "--data-dir", data, "--input", '{"text": "one"}')
+    proc = heddle_here(capsys, "run", out, "--trust", keypair.pub_path, "--data-dir", data, "--input",
+                       '{"text": "one"}')
     assert state_of(proc)["lines"] == ["seed", "one"]
     assert f"rw mounts are seeded in {data}" in proc.stderr
     # The next run in the same data dir (what --data-dir opens with) goes on from there.
@@ -117,15 +125,16 @@ def test_rw_mounts_are_seeded_into_a_data_dir_never_the_cache(sandbox, sealed, c
                 assert Path(top, name).read_text() == "seed\n"
 
 
-def test_tools_dir_with_a_bundle_is_refused(sandbox, sealed):
-    proc = heddle("run", sealed.bundle, "--trust", sealed.keypair.pub_path, "--tools-dir", sealed.src / "tools")
+def test_tools_dir_with_a_bundle_is_refused(sandbox, sealed, capsys):
+    proc = heddle_here(capsys, "run", sealed.bundle, "--trust", sealed.keypair.pub_path, "--tools-dir",
+                       sealed.src / "tools")
     assert proc.returncode == 2
     assert "--tools-dir cannot be used with the bundle" in error_line(proc)
     # A flow document given with --trust (exit 7, "apply to bundles"): see
     # tests/bundle/test_disguised.py::test_a_flow_named_heddle_or_given_with_trust_is_refused_not_run.
 
 
-def test_a_mount_given_at_run_time_adds_to_the_bundles(sandbox, keypair):
+def test_a_mount_given_at_run_time_adds_to_the_bundles(sandbox, keypair, capsys):
     (sandbox / "src").mkdir()
     flow, tools = project(sandbox / "src")
     write_tool(tools, "work.py", "out = {'extra': open('extra/x.txt').read(), 'notes': os.listdir('notes'), "
@@ -135,20 +144,20 @@ def test_a_mount_given_at_run_time_adds_to_the_bundles(sandbox, keypair):
                     output=out)
     (sandbox / "extra").mkdir()
     (sandbox / "extra" / "x.txt").write_text("added")
-    state = state_of(heddle("run", out, "--trust", keypair.pub_path, "--mount", sandbox / "extra",
-                            "--input", '{"text": "t"}'))
+    state = state_of(heddle_here(capsys, "run", out, "--trust", keypair.pub_path, "--mount", sandbox / "extra",
+                                 "--input", '{"text": "t"}'))
     assert state["extra"] == "added" and state["notes"] == ["readme.md"]
 
 
-def test_git_folders_are_left_out_and_listed(sandbox, keypair):
+def test_git_folders_are_left_out_and_listed(sandbox, keypair, capsys):
     src = sandbox / "src"
     src.mkdir()
     flow, tools = project(src)
     (src / "notes" / ".git").mkdir()
     (src / "notes" / ".git" / "config").write_text("[core]\n")
     out = sandbox / "app.heddle"
-    proc = heddle("bundle", flow, "-t", tools, "--mount", src / "notes", "--mount", f"{src / 'data'}:data:rw",
-                  "--sign-key", keypair.key_path, "-o", out)
+    proc = heddle_here(capsys, "bundle", flow, "-t", tools, "--mount", src / "notes", "--mount",
+                       f"{src / 'data'}:data:rw", "--sign-key", keypair.key_path, "-o", out)
     assert proc.returncode == 0, proc.stderr
     assert f"left out {src / 'notes' / '.git'}" in proc.stderr
     listing = [f.path for f in peek(out).manifest.files]
@@ -227,7 +236,7 @@ def test_an_unsigned_bundle_runs_only_with_allow_unsigned(sandbox, capsys):
     proc = heddle_here(capsys, "bundle", flow, "-t", tools, "--mount", src / "notes", "--mount",
                        f"{src / 'data'}:data:rw", "-o", out)
     assert proc.returncode == 0 and "unsigned" in proc.stdout
-    proc = heddle("run", out, "--input", '{"text": "x"}')
+    proc = heddle_here(capsys, "run", out, "--input", '{"text": "x"}')
     assert proc.returncode == 3
     assert state_of(heddle_here(capsys, "run", out, "--allow-unsigned", "--input", '{"text": "x"}'))["lines"] == [
         "seed", "x"]
@@ -250,16 +259,16 @@ def test_recorded_tool_round_proposal_and_command_line_override(sandbox, keypair
         flow = f.write(src / "flow.json")
         out = sandbox / "app.heddle"
         seal_in_process(flow, tools_dir=src / "tools", max_tool_rounds=2, sign_key=keypair.signing, output=out)
-        proc = heddle("run", out, "--trust", keypair.pub_path, "--input", '{"query": "q"}')
+        proc = heddle_here(capsys, "run", out, "--trust", keypair.pub_path, "--input", '{"query": "q"}')
         assert proc.returncode == 1 and "--max-tool-rounds 2" in error_line(proc)
         proc = heddle_here(capsys, "run", out, "--trust", keypair.pub_path, "--input", '{"query": "q"}',
                            "--max-tool-rounds", "5")
         assert state_of(proc)["result"] == "done"
 
 
-def test_a_format_1_bundle_runs_only_with_allow_unsigned(sandbox):
+def test_a_format_1_bundle_runs_only_with_allow_unsigned(sandbox, capsys):
     legacy = VECTORS / "legacy-gzip.heddle"
-    proc = heddle("run", legacy)
+    proc = heddle_here(capsys, "run", legacy)
     assert proc.returncode == 3
     # With --allow-unsigned it runs (through the command in
     # tests/bundle/test_cache_anchor.py::test_a_cached_format_1_bundle_is_not_unpacked_again).

@@ -15,6 +15,7 @@ from heddle.bundle.flowenv import env_reads, literal_keys
 from heddle.format.errors import PackError
 from tests.support.cli import error_line, heddle
 from tests.support.cli_inproc import heddle_inproc
+from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc, llm_config
 
 from .conftest import KeyPair, agent_plan, write_agent
@@ -172,12 +173,15 @@ def test_doctor_lists_the_variables_the_flow_reads(sandbox: Path, capsys: pytest
     bundle = sandbox / "app.heddle"
     seal(flow, output=bundle)
 
-    proc = heddle("doctor", bundle, env={"HEDDLE_TEST_MODEL_KEY": ""})
+    # Through the command's entry in this process (`doctor`'s exit 9 from a process is
+    # tests/bundle/test_cli.py::test_doctor_json_keeps_the_exit_status's).
+    monkeypatch.setenv("HEDDLE_TEST_MODEL_KEY", "")
+    proc = heddle_here(capsys, "doctor", bundle)
     assert proc.returncode == 9, proc.stdout + proc.stderr
     assert "MISSING env  HEDDLE_TEST_MODEL_KEY: not set; the flow reads it (api_key of llm_config 'gpt'" in proc.stdout
     assert "1 of 1 requirements missing: env HEDDLE_TEST_MODEL_KEY" in error_line(proc)
 
-    # Set, through the command's entry in-process (the real process is the refusal above).
+    # Set.
     monkeypatch.setenv("HEDDLE_TEST_MODEL_KEY", "very-secret-value")
     rc, out, err = heddle_inproc(capsys, "doctor", bundle)
     assert rc == 0, err

@@ -15,9 +15,12 @@ from heddle.canonical import fingerprint
 from heddle.errors import UsageError
 from heddle.tools.commands import load_commands
 from tests.support.cli import error_line, heddle, state_of
+from tests.support.cli_inproc_proc import heddle_here
 from tests.support.commands import day_flow, entry, version_of, write_commands
 from tests.support.flows import FlowDoc, server_tool
-from tests.support.scripted_model import scripted_model
+from tests.support.threaded_model import threaded_model
+
+Capsys = pytest.CaptureFixture[str]
 
 MKDIR = shutil.which("mkdir") or "/usr/bin/mkdir"
 
@@ -110,6 +113,9 @@ def test_a_commands_revision_is_the_fingerprint_of_its_configuration(tmp_path: P
 
 
 # ---------------------------------------------------------------- calls through the CLI
+# `heddle run --commands` succeeds in a process in the first test below and refuses in one in the
+# second, `heddle validate --commands` refuses in one in the third; the other runs of a state go
+# through the same entry function in this process (`heddle_here`: the same lines and statuses).
 
 
 def test_a_toolnode_runs_a_command_of_the_real_date_and_its_telemetry_holds_no_arguments_or_output(
@@ -133,7 +139,8 @@ def test_a_toolnode_runs_a_command_of_the_real_date_and_its_telemetry_holds_no_a
     assert result["duration_ms"] > 0
 
 
-def test_a_drifted_version_fails_closed_naming_both_and_the_command_never_runs(tmp_path: Path) -> None:
+def test_a_drifted_version_fails_closed_naming_both_and_the_command_never_runs(tmp_path: Path,
+                                                                               capsys: Capsys) -> None:
     real = version_of(MKDIR)
     drifted = real.replace(real.splitlines()[0], "mkdir (GNU coreutils) 0.1", 1)
     f = FlowDoc("make")
@@ -158,7 +165,8 @@ def test_a_drifted_version_fails_closed_naming_both_and_the_command_never_runs(t
     assert not (tmp_path / "made").exists()
     # With the version it reports, it runs where it says: beside the commands file.
     write_commands(commands, {**made, "expected_version": real})
-    assert state_of(heddle("run", flow, "--commands", commands, "--input", '{"name": "made"}'))["exit_code"] == 0
+    assert state_of(heddle_here(capsys, "run", flow, "--commands", commands, "--input", '{"name": "made"}'))[
+        "exit_code"] == 0
     assert (tmp_path / "made").is_dir()
 
 
@@ -181,7 +189,7 @@ def test_arguments_are_checked_against_the_schema_and_never_quoted_back(tmp_path
         assert "86400" not in str(caught.value) and "hunter2" not in str(caught.value)
 
 
-def test_a_command_takes_a_tools_name_only_as_an_error_naming_both(tmp_path: Path) -> None:
+def test_a_command_takes_a_tools_name_only_as_an_error_naming_both(tmp_path: Path, capsys: Capsys) -> None:
     flow = day_flow(tmp_path / "flow.json")
     commands = write_commands(tmp_path / "commands.json", entry())
     tools = tmp_path / "tools"
@@ -192,15 +200,15 @@ def test_a_command_takes_a_tools_name_only_as_an_error_naming_both(tmp_path: Pat
     assert proc.returncode == 2
     line = error_line(proc)
     assert f"--commands {commands}: command 'day_of' has the name of the tool {tools.resolve() / 'day_of.sh'}" in line
-    report = json.loads(heddle("validate", flow, "--commands", commands, "--json").stdout)
+    report = json.loads(heddle_here(capsys, "validate", flow, "--commands", commands, "--json").stdout)
     assert report["valid"] and report["commands"][0]["revision"] == load_commands(commands)[0].revision
     assert report["tools"][0]["command"] == report["commands"][0]["revision"]
 
 
-def test_an_agent_calls_a_command_and_the_model_gets_its_output(tmp_path: Path) -> None:
+def test_an_agent_calls_a_command_and_the_model_gets_its_output(tmp_path: Path, capsys: Capsys) -> None:
     script = [{"tool_calls": [{"name": "day_of", "arguments": {"seconds": 172800}}]}, {"content": "done"}]
     commands = write_commands(tmp_path / "commands.json", entry())
-    with scripted_model(script, tmp_path) as model:
+    with threaded_model(script) as model:
         f = FlowDoc("ask")
         start = f.start(["query"])
         agent = f.agent("agent", model.url, tools=[server_tool("day_of", [{"title": "seconds", "type": "integer"}])])
@@ -208,7 +216,8 @@ def test_an_agent_calls_a_command_and_the_model_gets_its_output(tmp_path: Path) 
         f.control(start, agent)
         f.control(agent, end)
         flow = f.write(tmp_path / "flow.json")
-        proc = heddle("run", flow, "--commands", commands, "--input", '{"query": "when?"}', "--protocol", "heddle")
+        proc = heddle_here(capsys, "run", flow, "--commands", commands, "--input", '{"query": "when?"}',
+                           "--protocol", "heddle")
         assert proc.returncode == 0, proc.stderr
         sent = json.dumps(model.requests()[1]["body"]["messages"])
     assert "1970-01-03" in sent
@@ -235,19 +244,23 @@ def coreutil(name: str, program: str, argv: list[str], where: str, schema: dict[
             "timeout_seconds": 10, "working_directory": where, "adapter_version": "1", "output": "text"}
 
 
-def test_a_command_gets_an_empty_environment_and_under_safe_the_tools_sandbox(tmp_path: Path) -> None:
+def test_a_command_gets_an_empty_environment_and_under_safe_the_tools_sandbox(
+        tmp_path: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch) -> None:
     no_args = {"type": "object", "properties": {}}
     named = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
     commands = write_commands(tmp_path / "commands.json",
                               coreutil("show_env", "printenv", [], "workspace", no_args),
                               coreutil("make_dir", "mkdir", ["--", "{name}"], "bundle", named))
     keep = tmp_path / "ws"
-    state = state_of(heddle("run", one_tool_flow(tmp_path / "env.json", "show_env", []), "--commands", commands,
-                            "--workspace", keep, env={"HEDDLE_AUTH_TOKEN": "s3cret", "SOME_SETTING": "x"}))
+    # The environment of the run that starts the command holds a secret and a setting of its own.
+    monkeypatch.setenv("HEDDLE_AUTH_TOKEN", "s3cret")
+    monkeypatch.setenv("SOME_SETTING", "x")
+    state = state_of(heddle_here(capsys, "run", one_tool_flow(tmp_path / "env.json", "show_env", []), "--commands",
+                                 commands, "--workspace", keep))
     assert state["stdout"] == f"HEDDLE_WORKSPACE={keep / 'show_env'}\n", state
     # Under --safe it runs in the sandbox a tool gets: its bundle folder is there, read-only.
-    proc = heddle("run", one_tool_flow(tmp_path / "mk.json", "make_dir", ["name"]), "--commands", commands,
-                  "--safe", "--input", '{"name": "made"}')
+    proc = heddle_here(capsys, "run", one_tool_flow(tmp_path / "mk.json", "make_dir", ["name"]), "--commands",
+                       commands, "--safe", "--input", '{"name": "made"}')
     state = state_of(proc)
     assert state["exit_code"] == 1 and "Read-only file system" in state["stderr"], state
     assert not (tmp_path / "made").exists()
@@ -267,9 +280,7 @@ def test_a_command_past_its_timeout_is_killed_naming_the_limit(tmp_path: Path) -
 
 
 def test_a_flow_must_name_a_command_as_a_server_tool_whose_inputs_it_takes(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.support.cli_inproc_proc import heddle_here
-
+        tmp_path: Path, capsys: Capsys) -> None:
     commands = write_commands(tmp_path / "commands.json", entry())
     f = FlowDoc("odd")
     start = f.start(["when"])

@@ -10,6 +10,7 @@ from heddle.errors import DocumentError
 from heddle.spec import load_flow, load_flow_text
 from heddle.spec.references import resolve_references
 from tests.support.cli import error_line, heddle, state_of
+from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc
 from tests.support.inproc import check_doc, run_doc
 
@@ -29,14 +30,16 @@ def test_json_and_yaml_run_the_same(tmp_path):
         assert run_doc(path, None, {"text": "héllo"}) == {"text": "héllo"}
 
 
-def test_format_flag_forces_yaml(tmp_path):
+def test_format_flag_forces_yaml(tmp_path, capsys):
     yaml_path = passthrough(tmp_path, ".yaml")
     odd = tmp_path / "flow.agent"
     odd.write_text(yaml_path.read_text())
     # A name that does not say flow is read as one only with --flow; then it is JSON unless --format says.
-    proc = heddle("run", "--flow", odd, "--input", '{"text": "x"}')
+    # The command's flags through its entry function in this process (its process: the test below).
+    proc = heddle_here(capsys, "run", "--flow", odd, "--input", '{"text": "x"}')
     assert proc.returncode == 2 and "is not valid JSON" in error_line(proc)
-    assert state_of(heddle("run", "--flow", odd, "--format", "yaml", "--input", '{"text": "x"}')) == {"text": "x"}
+    assert state_of(heddle_here(capsys, "run", "--flow", odd, "--format", "yaml", "--input", '{"text": "x"}')) == {
+        "text": "x"}
 
 
 def test_inline_components_without_references(tmp_path):
@@ -97,8 +100,8 @@ def test_agentspec_versions(tmp_path, version, ok):
             load_flow(path)
 
 
-def test_missing_file_and_bad_json_are_one_line_errors(tmp_path):
-    proc = heddle("run", tmp_path / "nope.json")
+def test_missing_file_and_bad_json_are_one_line_errors(tmp_path, capsys):
+    proc = heddle_here(capsys, "run", tmp_path / "nope.json")  # the refusal from a process: `validate` below
     assert proc.returncode == 2 and "nope.json: no such file" in error_line(proc)
     bad = tmp_path / "bad.json"
     bad.write_text('{"component_type": "Flow",')

@@ -1,18 +1,21 @@
 """Graph checks: every problem at once, each naming its node or edge; `heddle validate` output.
 
-`heddle validate` and `heddle run` show the report and the refusals; single graph rules are
-checked in-process (the same load and prepare steps, no process start each)."""
+`heddle validate` shows the report and its refusal from a real process; `validate --json` and
+`heddle run`'s refusals go through the command's entry function in this process (a refusal of
+`heddle run` from a process is tests/engine/test_run.py's); single graph rules are checked
+in-process (the same load and prepare steps, no process start each)."""
 
 from __future__ import annotations
 
 import json
 
 from tests.support.cli import heddle
+from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc, server_tool, write_tool
 from tests.support.inproc import check_doc
 
 
-def test_validate_prints_what_it_parsed_and_fingerprints(tmp_path):
+def test_validate_prints_what_it_parsed_and_fingerprints(tmp_path, capsys):
     f = FlowDoc("calc")
     s = f.start(["a", "b"])
     add = server_tool("add", [{"title": "a", "type": "integer"}, {"title": "b", "type": "integer", "default": 1}])
@@ -30,7 +33,7 @@ def test_validate_prints_what_it_parsed_and_fingerprints(tmp_path):
     expected = fingerprint({"type": "object", "required": ["a"], "properties": {
         "a": {"title": "a", "type": "integer"}, "b": {"title": "b", "type": "integer", "default": 1}}})
     assert expected in proc.stdout and "add.py" in proc.stdout
-    report = json.loads(heddle("validate", path, "--tools-dir", tmp_path / "tools", "--json").stdout)
+    report = json.loads(heddle_here(capsys, "validate", path, "--tools-dir", tmp_path / "tools", "--json").stdout)
     assert report["valid"] is True and report["tools"][0]["fingerprint"] == expected
 
 
@@ -90,7 +93,7 @@ def test_start_node_must_be_a_start_node(tmp_path):
     assert code == 2 and "start_node 'end' is a EndNode, not a StartNode" in error
 
 
-def test_missing_tools_are_refused_before_a_run(tmp_path):
+def test_missing_tools_are_refused_before_a_run(tmp_path, capsys):
     f = FlowDoc()
     s = f.start(["x"])
     t = f.tool_node("step", server_tool("ghost"))
@@ -98,10 +101,10 @@ def test_missing_tools_are_refused_before_a_run(tmp_path):
     f.control(s, t)
     f.control(t, e)
     path = f.write(tmp_path / "f.json")
-    proc = heddle("run", path, "--input", '{"x": 1}')
+    proc = heddle_here(capsys, "run", path, "--input", '{"x": 1}')
     assert proc.returncode == 2
     assert "ServerTool 'ghost' has no executable (no --tools-dir was given)" in proc.stderr
-    proc = heddle("run", path, "--tools-dir", tmp_path / "nowhere", "--input", '{"x": 1}')
+    proc = heddle_here(capsys, "run", path, "--tools-dir", tmp_path / "nowhere", "--input", '{"x": 1}')
     assert "the tools directory" in proc.stderr and "does not exist" in proc.stderr
 
 

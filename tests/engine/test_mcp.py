@@ -340,10 +340,10 @@ def test_a_request_flow_may_not_start_a_stdio_server(tmp_path: Path) -> None:
 
     flow = load_flow(_adder_flow(_stdio(tmp_path / "server.py")).write(tmp_path / "flow.json"))
     with pytest.raises(ApiError) as caught:
-        asyncio.run(ModelPolicy().check_request_flow(flow))
+        asyncio.run(ModelPolicy().check(ModelPolicy().plan(flow)))
     assert caught.value.status == 400 and "may not start a program" in str(caught.value)
     remote = {"component_type": "StreamableHTTPTransport", "id": "h", "name": "h", "url": "http://127.0.0.1:9/mcp"}
     flow = load_flow(_adder_flow(remote).write(tmp_path / "remote.json"))
     with pytest.raises(ApiError) as caught:
-        asyncio.run(ModelPolicy().check_request_flow(flow))
+        asyncio.run(ModelPolicy().check(ModelPolicy().plan(flow)))
     assert "MCP server url" in str(caught.value) and "--allow-net" in str(caught.value)

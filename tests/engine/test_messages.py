@@ -17,8 +17,8 @@ from heddle.engine import events as ev
 from heddle.errors import DocumentError
 from heddle.graph import check_flow
 from heddle.spec import load_flow
-from tests.support.cli import heddle as heddle_cli
 from tests.support.cli import state_of
+from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc, llm_config, prop
 from tests.support.inproc import URL, check_doc, run_outcome, served_model
 
@@ -200,8 +200,11 @@ def test_the_server_answer_carries_the_messages(tmp_path: Path) -> None:
     assert "event: message\n" in streamed.text and '"text":"Hello Ann, you have [3]."' in streamed.text
 
 
-def test_heddle_run_outputs_prints_the_messages_in_its_one_json_object(tmp_path: Path) -> None:
+def test_heddle_run_outputs_prints_the_messages_in_its_one_json_object(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # The command's entry function in this process (`--outputs` from a process:
+    # tests/bundle/test_documents_cli.py).
     flow = greeting_flow(tmp_path)
-    proc = heddle_cli("run", flow, "--outputs", "--input", '{"name": "Ann", "items": [1]}')
+    proc = heddle_here(capsys, "run", flow, "--outputs", "--input", '{"name": "Ann", "items": [1]}')
     assert state_of(proc) == {"name": "Ann", "messages": ["Hello Ann, you have [1]."]}
     assert "message from hello: Hello Ann, you have [1]." in proc.stderr

@@ -16,7 +16,8 @@ import pytest
 
 from heddle.errors import DocumentError, NeedsSessionError
 from tests.plugins.support import make_plugin, run_in_process
-from tests.support.cli import error_line, heddle
+from tests.support.cli import error_line
+from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc, llm_config, prop, server_tool, write_script, write_tool
 from tests.support.inproc import URL, check_doc, run_doc, served_model
 
@@ -229,13 +230,14 @@ def test_one_name_for_two_tools_is_refused(tmp_path):
                           "$.nodes[1].agent.tools[0], another tool") in line
 
 
-def test_the_cli_refuses_in_one_line(tmp_path):
+def test_the_cli_refuses_in_one_line(tmp_path, capsys):
     tool = {**server_tool("get_weather", ["city"]), "requires_confirmation": True}
     doc = write(tmp_path, agent("weather", tools=[tool]))
     # The document is otherwise runnable (its tool is in the tools folder): what is refused is running
     # it without a session.
     write_script(tmp_path / "tools", "get_weather", 'print("{}")')
-    proc = heddle("run", doc, "--tools-dir", tmp_path / "tools", "--message", "Weather in Paris?")
+    # The command's entry function in this process (a one-line refusal from a process: test_run.py's).
+    proc = heddle_here(capsys, "run", doc, "--tools-dir", tmp_path / "tools", "--message", "Weather in Paris?")
     assert proc.returncode == 2 and proc.stdout == ""
     line = error_line(proc)
     assert "requires_confirmation: true" in line and "--session NAME" in line and str(doc) in line

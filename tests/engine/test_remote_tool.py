@@ -18,7 +18,8 @@ import pytest
 
 from heddle.errors import DocumentError
 from heddle.settings import RunSettings
-from tests.support.cli import heddle, state_of
+from tests.support.cli import state_of
+from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc, llm_config, prop
 from tests.support.inproc import URL, check_doc, refusal, run_doc, served_model
 
@@ -278,11 +279,12 @@ def test_inputs_are_inferred_and_the_allow_list_holds(tmp_path, stub, monkeypatc
     assert code == 2 and "--deny-net gives tools no network" in line and len(stub.requests) == before
 
 
-def test_the_cli_runs_it_and_validate_needs_no_executable(tmp_path, stub):
+def test_the_cli_runs_it_and_validate_needs_no_executable(tmp_path, stub, capsys):
     tool = remote_tool("weather", stub.base + "/echo/{{city}}", inputs=["city"], outputs=[prop("echo", "object")])
     flow = tool_flow(tmp_path, tool)
     assert check_doc(flow) == (0, "")  # no executable is looked for: the document holds the tool
-    state = state_of(heddle("run", flow, "--input", '{"city": "Bern"}'))
+    # The command's entry function in this process: the request is made by the run, not the process.
+    state = state_of(heddle_here(capsys, "run", flow, "--input", '{"city": "Bern"}'))
     assert state["echo"]["path"] == "/echo/Bern"
 
 
@@ -293,7 +295,7 @@ def test_request_flows_meet_the_model_url_guard(tmp_path):
 
     def check(policy: ModelPolicy, url: str, **fields: Any) -> None:
         flow = load_flow(tool_flow(tmp_path, remote_tool("api", url, outputs=["x"], **fields)))
-        asyncio.run(policy.check_request_flow(flow))
+        asyncio.run(policy.check(policy.plan(flow)))
 
     for url in ("http://127.0.0.1:9/a", "http://localhost:9/a", "http://169.254.169.254/latest", "http://10.0.0.1/"):
         with pytest.raises(ApiError) as err:

@@ -18,6 +18,7 @@ import pytest
 from heddle.settings import RunSettings
 from tests.support.cli import error_line, heddle, state_of
 from tests.support.cli_inproc import heddle_inproc
+from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc, llm_config, server_tool, write_script, write_tool
 from tests.support.inproc import refusal, run_doc, served_model
 from tests.support.threaded_model import threaded_model
@@ -223,10 +224,11 @@ def test_protocol_heddle_prints_events_as_json_lines(tmp_path: Path) -> None:
     assert all(e["duration_ms"] >= 0 for e in events if e["type"] == "tool_result")
 
 
-def test_verbose_shows_nodes_and_tools_on_stderr_only(tmp_path: Path) -> None:
+def test_verbose_shows_nodes_and_tools_on_stderr_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The command in this process: its streams as a process has them are the runs above and below.
     flow, tools = chain(tmp_path)
     (tmp_path / "in.json").write_text('{"a": 1, "b": 1}')
-    proc = heddle("run", flow, "-t", tools, "--input", f"@{tmp_path / 'in.json'}", "--verbose")
+    proc = heddle_here(capsys, "run", flow, "-t", tools, "--input", f"@{tmp_path / 'in.json'}", "--verbose")
     assert state_of(proc) == {"a": 1, "b": 1, "sum": 2, "doubled": 4}
     assert "> ToolNode adder" in proc.stderr and "tool add ok" in proc.stderr
 
@@ -275,7 +277,7 @@ def test_agent_loop_recovers_from_every_model_mistake(tmp_path: Path) -> None:
     assert json.loads(tool_msgs[3]["content"]) == {"sum": 5, "unit": "apples"}
 
 
-def test_max_tool_rounds_and_unlimited(tmp_path: Path) -> None:
+def test_max_tool_rounds_and_unlimited(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     tools = tmp_path / "tools"
     write_script(tools, "echo.sh", "#!/bin/sh\ncat\n")  # 22 calls: a shell starts faster than python
     echo = server_tool("echo", ["m"])
@@ -289,7 +291,8 @@ def test_max_tool_rounds_and_unlimited(tmp_path: Path) -> None:
         flow = agent_flow(tmp_path, model.url, tools=[echo])
         unlimited = RunSettings(max_tool_rounds=None)
         assert run_doc(flow, tools, {"query": "q"}, settings=unlimited, transport=model.transport)["result"] == "done"
-    proc = heddle("run", flow, "-t", tools, "--max-tool-rounds", "0")
+    # The command's refusal of a setting, in this process (a refusal from a process: the first tests).
+    proc = heddle_here(capsys, "run", flow, "-t", tools, "--max-tool-rounds", "0")
     assert proc.returncode == 2 and "--max-tool-rounds 0: must be at least 1" in error_line(proc)
 
 

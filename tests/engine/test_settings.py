@@ -25,6 +25,7 @@ from heddle.settings import (
 from tests.server.support import SERVER
 from tests.support.cli import error_line, heddle
 from tests.support.cli_inproc import heddle_inproc
+from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc, server_tool, write_script
 
 
@@ -181,12 +182,13 @@ def test_cli_durations_with_a_unit_and_plain_seconds_behave_the_same(tmp_path, c
     flow = f.write(tmp_path / "f.json")
     expected = "error: tool 'nap': timed out after 0.3 s and was killed (raise --tool-timeout if it needs longer)"
     with_unit = heddle("run", flow, "-t", tools, "--input", '{"x": 1}', "--tool-timeout", "300ms")
-    plain = heddle("run", flow, "-t", tools, "--input", '{"x": 1}', "--tool-timeout", "0.3")
+    # The plain number through the same entry function in this process (the one above is a process).
+    plain = heddle_here(capsys, "run", flow, "-t", tools, "--input", '{"x": 1}', "--tool-timeout", "0.3")
     assert (with_unit.returncode, error_line(with_unit)) == (plain.returncode, error_line(plain)) == (1, expected)
     assert "note:" not in with_unit.stderr
     assert ("note: --tool-timeout 0.3: a plain number is read as seconds, which is deprecated; write it with its "
             "unit: --tool-timeout 300ms") in plain.stderr
-    # The refused values: the same command in this process (the two runs above are real processes).
+    # The refused values: the same command in this process.
     rc, _, err = heddle_inproc(capsys, "run", flow, "-t", tools, "--tool-timeout", "soon")
     assert rc == 2 and err.splitlines()[-1].startswith("error: --tool-timeout: 'soon' is not a duration"), err
     rc, _, err = heddle_inproc(capsys, "run", flow, "-t", tools, "--tool-timeout", "0s")

@@ -14,8 +14,9 @@ from heddle.engine.tool_output import MARKER, cut, file_stem, lines_cut, truncat
 from heddle.graph import check_flow
 from heddle.spec import load_flow
 from heddle.spec.components import ServerTool
-from tests.support.cli import heddle, state_of
+from tests.support.cli import state_of
 from tests.support.cli_inproc import heddle_inproc
+from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc, server_tool, write_script
 from tests.support.threaded_model import threaded_model
 
@@ -47,7 +48,8 @@ def _tool_message(requests: list[dict[str, Any]], call_id: str) -> str:
     raise AssertionError(f"no tool message for {call_id}")
 
 
-def test_a_long_result_reaches_the_model_cut_and_the_workspace_whole(tmp_path: Path) -> None:
+def test_a_long_result_reaches_the_model_cut_and_the_workspace_whole(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     assert len(TEXT) == 100_000
     tools = tmp_path / "tools"
     write_script(tools, "produce.sh", PRODUCE)
@@ -72,7 +74,10 @@ def test_a_long_result_reaches_the_model_cut_and_the_workspace_whole(tmp_path: P
             f.control(a, b)
         flow = f.write(tmp_path / "flow.json")
         keep = tmp_path / "kept"
-        proc = heddle("run", flow, "-t", tools, "--input", '{"query": "go"}', "--safe", "--workspace", keep)
+        # The command in this process, its tools under the sandbox as ever (`--tool-output-limit`
+        # from a process: the docs/tools.md blocks).
+        proc = heddle_here(capsys, "run", flow, "-t", tools, "--input", '{"query": "go"}', "--safe", "--workspace",
+                           keep)
         state = state_of(proc)
         requests = model.requests()
     # A ToolNode's output reaches the state whole.

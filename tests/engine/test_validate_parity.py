@@ -2,13 +2,16 @@
 accepts; both say it in the same words, because both run the same checks before any node.
 
 Single rules are checked in-process (check_doc takes the steps `heddle validate`/`heddle run` take
-before a node runs); one CLI test shows the two commands agreeing."""
+before a node runs); one test shows the two commands agreeing, through their entry function."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.cli import error_line, heddle
+import pytest
+
+from tests.support.cli import error_line
+from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc, llm_config, server_tool, write_tool
 from tests.support.inproc import check_doc, refusal, run_doc
 
@@ -118,7 +121,7 @@ def test_a_component_type_the_reader_does_not_have_is_refused_with_its_reason(tm
     assert "\n" not in error
 
 
-def test_validate_and_run_agree(tmp_path: Path) -> None:
+def test_validate_and_run_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     tool = write_tool(tmp_path / "tools", "echo.py", "out = args")
     tool.chmod(0o644)
     f = FlowDoc("echo")
@@ -130,8 +133,10 @@ def test_validate_and_run_agree(tmp_path: Path) -> None:
     f.control(router, t, "go")
     f.control(t, e)
     flow = f.write(tmp_path / "flow.json")
-    checked = heddle("validate", flow, "--tools-dir", tmp_path / "tools")
-    ran = heddle("run", flow, "--tools-dir", tmp_path / "tools", "--input", '{"kind": "x"}')
+    # Both commands through their entry function in this process: what they decide is the subject
+    # (their refusals from a process are tests/engine/test_graph.py's and test_run.py's).
+    checked = heddle_here(capsys, "validate", flow, "--tools-dir", tmp_path / "tools")
+    ran = heddle_here(capsys, "run", flow, "--tools-dir", tmp_path / "tools", "--input", '{"kind": "x"}')
     assert checked.returncode == ran.returncode == 2
     problem = f"ServerTool 'echo': {tool.resolve()} is not executable; run chmod +x on it"
     assert f"  - {problem}\n" in checked.stdout and problem in error_line(ran)

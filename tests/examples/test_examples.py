@@ -64,7 +64,7 @@ def run(bundle: Path, env: Env, inputs: dict, *extra) -> dict:
 def test_skills_agent_reads_its_mounted_skills(env):
     script = EXAMPLES / "skills-agent" / "model.yaml"
     with threaded_model(script) as model:
-        # Run through the library from the verified bundle; notes-rw and triage run the real `heddle run`.
+        # Run through the library from the verified bundle; notes-rw runs the real `heddle run`.
         opened = library.open_bundle(sealed("skills-agent", env, model.url),
                                      trust=library.TrustPolicy.keys(env / "me.pub"))
         state = library.run(opened, inputs=CASES["skills-agent"][1]).state
@@ -87,10 +87,10 @@ def test_notes_rw_hands_the_agents_write_to_the_next_node(env):
 def test_triage_routes_each_kind_of_message(env):
     with threaded_model(EXAMPLES / "triage" / "model.yaml") as model:
         bundle = sealed("triage", env, model.url)
-        question = run(bundle, env, CASES["triage"][1])
-        # The other two branches call no model: the library runs the same verified bundle without
-        # a process start each.
+        # Each branch through the library, from the same verified bundle (notes-rw runs the real
+        # `heddle run` of a sealed example).
         opened = library.open_bundle(bundle, trust=library.TrustPolicy.keys(env / "me.pub"))
+        question = library.run(opened, inputs=CASES["triage"][1]).state
         bug = library.run(opened, inputs={"message": "The app crashes on start"}).state
         other = library.run(opened, inputs={"message": "thanks!"}).state
         assert len(model.requests()) == 2

@@ -12,6 +12,7 @@ import pytest
 from heddle.format.keys import generate
 from tests.support.cli import heddle, state_of
 from tests.support.cli_inproc import heddle_inproc
+from tests.support.cli_inproc_proc import heddle_here
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plugins"
 
@@ -62,23 +63,23 @@ def test_a_bundle_installs_its_middleware_and_takes_settings_where_it_runs(tmp_p
     bundle, key = seal(tmp_path, capsys, "audit-log", "--requires", '{"bins": ["node"]}')
     env = elsewhere(tmp_path)
     log = tmp_path / "audit.jsonl"
-    with monkeypatch.context() as m:
-        # The refusal in this process (the same command and error line); the run below is real.
-        for name, value in env.items():
-            m.setenv(name, value)
-        rc, _, err = heddle_inproc(capsys, "run", bundle, "--trust", key, "--input", '{"title": "a b c"}')
+    # The refusal and the run through the command's entry in this process, in the same elsewhere
+    # (a bundle's plugin started from a process: the test above).
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    rc, _, err = heddle_inproc(capsys, "run", bundle, "--trust", key, "--input", '{"title": "a b c"}')
     assert rc == 2
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert errors and "--plugin-config AuditLog: the settings do not match the schema of plugin 'audit' " \
                       "(AuditLog): 'path' is a required property" in errors[-1], err
-    proc = heddle("run", bundle, "--trust", key, "--input", '{"title": "a b c"}',
-                  "--plugin-config", f'AuditLog={{"path": "{log}"}}', env=env)
+    proc = heddle_here(capsys, "run", bundle, "--trust", key, "--input", '{"title": "a b c"}',
+                       "--plugin-config", f'AuditLog={{"path": "{log}"}}')
     assert state_of(proc)["words"] == 3
     assert [json.loads(line)["node"] for line in log.read_text().splitlines()] == [
         "start", "start", "slug", "slug", "count", "count"]
 
 
-def test_a_flow_naming_a_plugin_tool_is_sealed_with_the_plugin_not_the_tools_folder(tmp_path):
+def test_a_flow_naming_a_plugin_tool_is_sealed_with_the_plugin_not_the_tools_folder(tmp_path, capsys, monkeypatch):
     from tests.plugins.support import make_plugin
     from tests.support.flows import FlowDoc, server_tool
 
@@ -96,9 +97,12 @@ def reverse(call):
     f.control(s, t)
     f.control(t, e)
     f.write(src / "flow.json")
-    proc = heddle("bundle", src / "flow.json", "--plugin", src / "plugin" / "plugin.json", "-o", tmp_path / "app.heddle")
+    proc = heddle("bundle", src / "flow.json", "--plugin", src / "plugin" / "plugin.json", "-o",
+                  tmp_path / "app.heddle")
     assert proc.returncode == 0, proc.stderr
     shutil.rmtree(src)
-    proc = heddle("run", tmp_path / "app.heddle", "--allow-unsigned", "--input", '{"text": "abc"}',
-                  env=elsewhere(tmp_path))
+    # The run through the command's entry in this process, elsewhere (the seal is the process here).
+    for name, value in elsewhere(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    proc = heddle_here(capsys, "run", tmp_path / "app.heddle", "--allow-unsigned", "--input", '{"text": "abc"}')
     assert state_of(proc) == {"text": "abc", "reversed": "cba"}

@@ -15,6 +15,7 @@ from heddle.plugin_host.errors import PluginLoadError
 from heddle.plugin_host.manifest import load_manifest
 from tests.plugins.support import make_plugin, middleware, tool_chain_flow
 from tests.support.cli import error_line, heddle
+from tests.support.cli_inproc_proc import heddle_here
 
 EVIL = "import pathlib, os; pathlib.Path(os.environ['EVIL_MARK']).write_text('ran')\n"
 
@@ -89,7 +90,7 @@ def test_a_program_linked_out_of_the_folder_is_refused(tmp_path):
     assert "command[0] './py' leads out of the plugin folder" in _refusal(manifest)
 
 
-def test_inline_code_never_runs_from_a_plugin_flag_a_seal_or_a_bundle(tmp_path, monkeypatch):
+def test_inline_code_never_runs_from_a_plugin_flag_a_seal_or_a_bundle(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HEDDLE_TRUST_DIR", str(tmp_path / "trust"))
     monkeypatch.setenv("HEDDLE_CACHE_DIR", str(tmp_path / "cache"))
     mark = tmp_path / "ran.txt"
@@ -104,11 +105,14 @@ def test_inline_code_never_runs_from_a_plugin_flag_a_seal_or_a_bundle(tmp_path, 
     assert f"{manifest}: command[1]" in error_line(proc) and "-c" in error_line(proc)
     assert not mark.exists()
 
-    # heddle bundle --plugin: refused at seal, nothing written.
+    # heddle bundle --plugin: refused at seal, nothing written. This and the bundle's refusal below
+    # through the command's entry in this process (the plugins it would start inherit EVIL_MARK
+    # from it as from a `heddle` process).
+    monkeypatch.setenv("EVIL_MARK", str(mark))
     out = tmp_path / "app.heddle"
     generate(tmp_path / "me", None)
-    proc = heddle("bundle", flow, "-t", tools, "--plugin", manifest, "--sign-key", tmp_path / "me.key", "-o", out,
-                  env=env)
+    proc = heddle_here(capsys, "bundle", flow, "-t", tools, "--plugin", manifest, "--sign-key", tmp_path / "me.key",
+                       "-o", out)
     assert proc.returncode == 2 and f"{manifest}: command[1]" in error_line(proc)
     assert not out.exists() and not mark.exists()
 
@@ -122,7 +126,7 @@ def test_inline_code_never_runs_from_a_plugin_flag_a_seal_or_a_bundle(tmp_path, 
     plan = make_plan(flow, tools_dir=tools, tools={n: ToolSpec(tools / f"{n}.py", fp) for n, fp in fps.items()},
                      plugins=[manifest])
     pack(plan, out, signing_key=load_signing_key(tmp_path / "me.key"))
-    proc = heddle("run", out, "--trust", tmp_path / "me.pub", "--input", "{}", env=env)
+    proc = heddle_here(capsys, "run", out, "--trust", tmp_path / "me.pub", "--input", "{}")
     assert proc.returncode != 0
     assert "plugins/plug/plugin.json: command[1]" in error_line(proc) and "Traceback" not in proc.stderr
     assert not mark.exists()

@@ -1,4 +1,10 @@
-"""The plugin examples, end to end through the real `heddle` command and real plugin processes."""
+"""The plugin examples, end to end through the `heddle` command and real plugin processes.
+
+`heddle run --plugin` runs as a real process for the retry policy (its warnings on stderr) and the
+encoder (a plugin's rendering on stdout); the other examples run the same command through its
+entry function in this process (`heddle_here`), their plugins still real processes.
+`heddle validate --plugin` as a process is tests/plugins/test_cli.py's.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import pytest
 import heddle as library
 from tests.support.cli import heddle, state_of
 from tests.support.cli_inproc import heddle_inproc
+from tests.support.cli_inproc_proc import heddle_here
 from tests.support.inproc import check_doc
 from tests.support.threaded_model import threaded_model
 
@@ -47,16 +54,17 @@ def test_retry_policy_runs_a_flaky_tool_again(tmp_path):
                                                 "unavailable (call 2), try again")
 
 
-def test_approval_gate_refuses_a_dangerous_call_and_the_model_sees_why(tmp_path):
+def test_approval_gate_refuses_a_dangerous_call_and_the_model_sees_why(tmp_path, capsys):
     script = EXAMPLES / "approval-gate" / "model.yaml"
     with threaded_model(script) as model:
         root = copy_example("approval-gate", tmp_path, model.url)
-        proc = heddle("run", root / "flow.yaml", "-t", root / "tools", "--plugin", root / "plugin" / "plugin.json",
-                      "--input", '{"request": "free some disk space"}', "--protocol", "heddle")
+        proc = heddle_here(capsys, "run", root / "flow.yaml", "-t", root / "tools", "--plugin",
+                           root / "plugin" / "plugin.json", "--input", '{"request": "free some disk space"}',
+                           "--protocol", "heddle")
         requests = model.requests()
     assert proc.returncode == 0, proc.stderr
     events = [json.loads(line) for line in proc.stdout.splitlines()]
-    refused = [m for m in requests[1]["body"]["messages"] if m["role"] == "tool"][0]["content"]
+    refused = next(m for m in requests[1]["body"]["messages"] if m["role"] == "tool")["content"]
     assert "the call was rejected by plugin 'approval-gate' (ApprovalGate): run_shell command='rm -rf build' " \
            "needs a person's approval because it deletes or changes the system" in refused
     ran = [e["output"]["command"] for e in events if e["type"] == "tool_result" and e["ok"]]
@@ -77,17 +85,18 @@ def test_the_operator_can_approve_a_call(tmp_path):
                                        plugin_configs=('ApprovalGate={"approved": ["rm -rf build"]}',))
         state = library.run(root / "flow.yaml", inputs={"request": "free some disk space"}, tools_dir=root / "tools",
                             settings=settings).state
-        first_result = [m for m in model.requests()[1]["body"]["messages"] if m["role"] == "tool"][0]["content"]
+        first_result = next(m for m in model.requests()[1]["body"]["messages"] if m["role"] == "tool")["content"]
     assert json.loads(first_result)["command"] == "rm -rf build" and state["result"]
 
 
-def test_audit_log_in_javascript_keeps_a_hash_chain(tmp_path):
+def test_audit_log_in_javascript_keeps_a_hash_chain(tmp_path, capsys):
     root = copy_example("audit-log", tmp_path)
     log = tmp_path / "audit.jsonl"
     args = ["run", root / "flow.yaml", "-t", root / "tools", "--plugin", root / "plugin" / "plugin.json",
             "--plugin-config", json.dumps({"path": str(log)}).join(["AuditLog=", ""]),
             "--input", '{"title": "Hello, Heddle World"}']
-    assert state_of(heddle(*args)) == {"title": "Hello, Heddle World", "slug": "hello-heddle-world", "words": 3}
+    assert state_of(heddle_here(capsys, *args)) == {"title": "Hello, Heddle World", "slug": "hello-heddle-world",
+                                                    "words": 3}
     # A second run appends to the same chain; the library starts the same plugin process.
     settings = library.RunSettings(plugins=(root / "plugin" / "plugin.json",),
                                    plugin_configs=(json.dumps({"path": str(log)}).join(["AuditLog=", ""]),))
@@ -100,19 +109,19 @@ def test_audit_log_in_javascript_keeps_a_hash_chain(tmp_path):
         ("count", "after")]
     assert len(records) == 12 and len({r["run"] for r in records}) == 2
     verify = ["node", str(root / "plugin" / "audit.js"), "--verify", str(log)]
-    checked = subprocess.run(verify, capture_output=True, text=True)
+    checked = subprocess.run(verify, capture_output=True, text=True, check=False)
     assert checked.returncode == 0 and "12 records, chain intact" in checked.stdout
     lines = log.read_text().splitlines()
     lines[3] = lines[3].replace('"slug"', '"sluggish"')
     log.write_text("\n".join(lines) + "\n")
-    checked = subprocess.run(verify, capture_output=True, text=True)
+    checked = subprocess.run(verify, capture_output=True, text=True, check=False)
     assert checked.returncode == 1 and "line 5 does not follow line 4" in checked.stderr
 
 
-def test_a_custom_node_type_routes_by_its_branches(tmp_path):
+def test_a_custom_node_type_routes_by_its_branches(tmp_path, capsys):
     root = EXAMPLES / "custom-node"
     base = ["run", root / "flow.yaml", "-t", root / "tools", "--plugin", root / "plugin" / "plugin.json"]
-    short = state_of(heddle(*base, "--input", '{"text": "Short. Sweet."}'))
+    short = state_of(heddle_here(capsys, *base, "--input", '{"text": "Short. Sweet."}'))
     assert short == {"text": "Short. Sweet.", "words": 2, "sentences": 2, "reading_seconds": 1}
     text = "This text is long enough to take the long branch of the flow, and so it is shortened by a tool."
     # The other branch, with the node's settings, through the library (the same plugin process).
@@ -120,8 +129,10 @@ def test_a_custom_node_type_routes_by_its_branches(tmp_path):
                                    plugin_configs=('TextStats={"words_per_minute": 60}',))
     long = library.run(root / "flow.yaml", inputs={"text": text}, tools_dir=root / "tools", settings=settings).state
     assert long["summary"] == "This text is long enough to take the ..." and long["reading_seconds"] == 21
-    proc = heddle("validate", root / "flow.yaml", "-t", root / "tools", "--plugin", root / "plugin" / "plugin.json")
-    assert proc.returncode == 0 and "1 TextStats" in proc.stdout and "plugin    text-stats 1.0.0: TextStats (node)" in proc.stdout
+    proc = heddle_here(capsys, "validate", root / "flow.yaml", "-t", root / "tools", "--plugin",
+                       root / "plugin" / "plugin.json")
+    assert proc.returncode == 0 and "1 TextStats" in proc.stdout
+    assert "plugin    text-stats 1.0.0: TextStats (node)" in proc.stdout
     # Without the plugin the type is unknown: the document check, in-process.
     code, line = check_doc(root / "flow.yaml", root / "tools")
     assert code == 2 and "unknown component_type 'TextStats'" in line

@@ -12,6 +12,7 @@ from heddle.plugin_host import PluginHost, load_manifest, manifest_schema
 from heddle.plugin_host.errors import PluginLoadError
 from tests.plugins.support import make_plugin, middleware, node_type
 from tests.support.cli import error_line, heddle
+from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import write_tool
 
 
@@ -190,15 +191,17 @@ def test_settings_are_checked_against_the_component_schema(tmp_path):
         assert expected in caught.value.message, caught.value.message
 
 
-def test_the_cli_reports_a_load_error_as_one_line_and_exit_2(tmp_path):
+def test_the_cli_reports_a_load_error_as_one_line_and_exit_2(tmp_path, capsys):
     flow = tmp_path / "flow.json"
     flow.write_text("{}")
     manifest = rewrite(make_plugin(tmp_path / "p"), tools=[{"name": "t", "description": "", "inputSchema": {},
                                                            "path": "../escape.sh"}])
-    for command in ("run", "validate"):
-        proc = heddle(command, flow, "--plugin", manifest)
+    # `heddle run` as a process; `validate` and the second refusal through the same entry in this process.
+    for command, real in (("run", True), ("validate", False)):
+        proc = heddle(command, flow, "--plugin", manifest) if real else heddle_here(capsys, command, flow, "--plugin",
+                                                                                     manifest)
         assert proc.returncode == 2
         assert error_line(proc) == (f"error: {manifest}: tools[0].path '../escape.sh' leaves the plugin folder; "
                                     f"keep it inside {(tmp_path / 'p').resolve()}")
-    proc = heddle("run", flow, "--plugin-config", "Gate={}")
+    proc = heddle_here(capsys, "run", flow, "--plugin-config", "Gate={}")
     assert proc.returncode == 2 and "load the plugin with --plugin MANIFEST" in error_line(proc)

@@ -22,6 +22,7 @@ from heddle.tools.schema import input_fingerprint
 from tests.plugins.support import make_plugin
 from tests.support.cli import heddle, state_of
 from tests.support.cli_inproc import heddle_inproc
+from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc, server_tool, write_script
 
 SHOUT_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
@@ -121,7 +122,8 @@ def _lookup_flow(tmp_path: Path) -> Path:
 
 def test_a_discovered_tool_runs_only_with_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     flow, plugin = _lookup_flow(tmp_path), finder(tmp_path)
-    proc = heddle("run", flow, "--plugin", plugin, "--discover-tools", "--input", '{"word": "loom"}')
+    # The command's entry in this process (`heddle run --plugin` from a process: tests/plugins/test_cli.py).
+    proc = heddle_here(capsys, "run", flow, "--plugin", plugin, "--discover-tools", "--input", '{"word": "loom"}')
     assert state_of(proc)["meaning"] == "the meaning of loom"
     rc, _, err = heddle_inproc(capsys, "run", flow, "--plugin", plugin, "--input", '{"word": "loom"}')
     assert rc == 2 and "ServerTool 'lookup' has no executable" in err, err

@@ -7,6 +7,7 @@ import pytest
 
 from tests.server.flows import one_tool_flow
 from tests.server.support import start_server
+from tests.support.server_thread import threaded_server
 
 APP = "https://app.example.com"
 EVIL = "https://evil.example"
@@ -89,20 +90,15 @@ def test_allowed_pages_get_cors_answers_and_others_nothing(guarded):
 
 
 def test_a_wildcard_address_accepts_any_ip_and_star_accepts_any_name(tmp_path):
-    server = start_server(tmp_path, "--host", "0.0.0.0")
-    try:
+    # Served from a thread by the command's own entry (what is checked is the answers; a real
+    # `heddle-server --host 0.0.0.0` process is tests/server/test_startup.py's).
+    with threaded_server(tmp_path, "--host", "0.0.0.0") as server:
         port = server.port
         with server.client() as client:
             for host in (f"10.1.2.3:{port}", "192.168.0.7", f"[fe80::1]:{port}", "localhost"):
                 assert client.get("/readyz", headers={"Host": host}).status_code == 200, host
             assert client.get("/readyz", headers={"Host": f"evil.example:{port}"}).status_code == 421
-    finally:
-        server.stop()
-    server = start_server(tmp_path, "--allowed-host", "*")
-    try:
-        with server.client() as client:
-            assert client.get("/healthz", headers={"Host": "anything.example"}).status_code == 200
-            # Names are not origins: a page still needs --cors-origin.
-            assert client.get("/healthz", headers={"Origin": EVIL}).status_code == 403
-    finally:
-        server.stop()
+    with threaded_server(tmp_path, "--allowed-host", "*") as server, server.client() as client:
+        assert client.get("/healthz", headers={"Host": "anything.example"}).status_code == 200
+        # Names are not origins: a page still needs --cors-origin.
+        assert client.get("/healthz", headers={"Origin": EVIL}).status_code == 403

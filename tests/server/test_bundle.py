@@ -5,7 +5,8 @@ generation `heddle keygen` calls): the `heddle bundle` and `heddle keygen` comma
 own tests in tests/bundle. What a test reads from `heddle inspect`, `validate` or `verify` to
 compare with the server comes from those commands run in this process (tests/support/cli_inproc.py).
 One server process serves the signed bundle to the tests that only read from it; each refusal is
-seen once from a real `heddle-server` process, further refusals through its entry function here.
+seen once from a real `heddle-server` process, further refusals through its entry function here;
+the other bundles are served from a thread by the same entry function (tests/support/server_thread.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tests.server.flows import ECHO, tool_chain, write_tools
 from tests.server.support import Server, fuzz, metric, run_server_to_exit, start_server
 from tests.support.cli import env_with
 from tests.support.cli_inproc import heddle_inproc
+from tests.support.server_thread import threaded_server
 from tests.support.threaded_model import threaded_model
 
 Capsys = pytest.CaptureFixture[str]
@@ -169,14 +171,10 @@ def test_an_unsigned_bundle_needs_allow_unsigned(tmp_path: Path, private_home: E
     # The refusal as a process is test_a_tampered_or_untrusted_bundle_never_serves's; serving is this one's.
     status = refused_in_process(monkeypatch, capsys, "--bundle", bundle)[0]
     assert status == heddle_inproc(capsys, "verify", bundle)[0] == 3
-    server = start_server(tmp_path, "--bundle", bundle, "--allow-unsigned")
-    try:
-        with server.client() as client:
-            caps = client.get("/v1/capabilities").json()
-            assert caps["bundle"]["signers"] == []
-            assert client.post("/v1/runs", json={}).json()["state"] == {"x": "recorded"}
-    finally:
-        server.stop()
+    with threaded_server(tmp_path, "--bundle", bundle, "--allow-unsigned") as server, server.client() as client:
+        caps = client.get("/v1/capabilities").json()
+        assert caps["bundle"]["signers"] == []
+        assert client.post("/v1/runs", json={}).json()["state"] == {"x": "recorded"}
 
 
 def test_fuzzing_a_bundle_server_finds_no_500(tmp_path: Path, serving: Serving) -> None:
@@ -193,7 +191,7 @@ def test_fuzzing_a_bundle_server_finds_no_500(tmp_path: Path, serving: Serving) 
     assert list(work.iterdir()) == []
 
 
-def test_an_unlimited_tool_round_proposal_is_served(tmp_path: Path, private_home: Env) -> None:
+def test_an_unlimited_tool_round_proposal_is_served(tmp_path: Path, private_home: Env, capsys: Capsys) -> None:
     from tests.server.flows import agent_flow
     from tests.support.flows import server_tool
     # The limit is compared after every round that calls a tool: one is enough.
@@ -205,14 +203,13 @@ def test_an_unlimited_tool_round_proposal_is_served(tmp_path: Path, private_home
         flow = agent_flow("agent", model.url, tools=[server_tool("echo", ["message"])]).write(tmp_path / "flow.json")
         bundle = heddle.seal(flow, tools_dir=tools, max_tool_rounds="unlimited", sign_key=made.private_path,
                              output=tmp_path / "agent.heddle").path
-        server = start_server(tmp_path, "--bundle", bundle, "--trust", made.public_path)
-        try:
+        capsys.readouterr()
+        with threaded_server(tmp_path, "--bundle", bundle, "--trust", made.public_path) as server:
             with server.client() as client:
                 assert client.get("/v1/capabilities").json()["limits"]["maxToolRounds"] is None
                 for _ in range(2):
                     response = client.post("/v1/runs", json={"inputs": {"query": "q"}})
                     assert response.status_code == 200, response.text
                     assert response.json()["state"]["result"] == "done"
-            assert "Traceback" not in server.stderr()
-        finally:
             assert server.stop() == 0
+        assert "Traceback" not in capsys.readouterr().err

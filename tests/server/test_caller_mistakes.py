@@ -8,8 +8,9 @@ import json
 import pytest
 
 from tests.server.flows import ECHO, write_tools
-from tests.server.support import sse_frames, start_server
+from tests.server.support import sse_frames
 from tests.support.flows import FlowDoc, prop, server_tool
+from tests.support.server_thread import threaded_server
 
 JSON = {"Content-Type": "application/json"}
 
@@ -35,12 +36,14 @@ def error_of(response) -> dict:
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
+    # Served from a thread by the command's own entry: the answers are the subject (400s from a
+    # `heddle-server` process: tests/server/test_routes.py; deep bodies: tests/server/test_nesting.py).
     root = tmp_path_factory.mktemp("mistakes")
-    server = start_server(root, "--tools-dir", write_tools(root / "tools", {"echo": ECHO}))
-    with server.client() as c:
-        yield c
-    assert "Traceback" not in server.stderr()
-    server.stop()
+    with threaded_server(root, "--tools-dir", write_tools(root / "tools", {"echo": ECHO})) as server:
+        with server.client() as c:
+            yield c
+        assert "Traceback" not in server.logged()
+        assert server.stop() == 0
 
 
 def test_inputs_of_the_wrong_type_are_400_before_the_run(client):

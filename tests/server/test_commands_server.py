@@ -10,8 +10,9 @@ import pytest
 
 import heddle
 from heddle.tools.commands import load_commands
-from tests.server.support import metric, sse_frames, start_server
+from tests.server.support import metric, sse_frames
 from tests.support.commands import day_flow, entry, write_commands
+from tests.support.server_thread import threaded_server
 
 
 def test_request_flows_and_a_bundle_run_the_servers_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -22,38 +23,33 @@ def test_request_flows_and_a_bundle_run_the_servers_commands(tmp_path: Path, mon
     root.mkdir()
     day_flow(root / "day.json")
     commands = write_commands(tmp_path / "commands.json", entry())
-    server = start_server(tmp_path, "--flows-root", root, "--commands", commands)
-    try:
-        with server.client() as client:
-            response = client.post("/v1/runs", json={"flowPath": "day.json", "inputs": {"seconds": 86400}})
-            assert response.status_code == 200, response.text
-            assert response.json()["outputs"] == {"stdout": "1970-01-02\n"}
-            frames = sse_frames(client.post("/v1/runs?stream=true",
-                                            json={"flowPath": "day.json", "inputs": {"seconds": 86400}}).text)
-            tool_frames = [data for event, data in frames if event in ("tool_call", "tool_result")]
-            assert len(tool_frames) == 2 and "86400" not in json.dumps(tool_frames)
-            assert "1970-01-02" not in json.dumps(tool_frames)
-            assert "day_of" in client.get("/v1/capabilities").json()["tools"]
-            metrics = client.get("/metrics").text
-            assert metric(metrics, "heddle_tool_calls_total", 'outcome="ok",tool="day_of"') == 2
-            revision = load_commands(commands)[0].revision
-            assert metric(metrics, "heddle_command_duration_seconds_count",
-                          f'command="day_of",exit_code="0",revision="{revision}"') == 2
-            assert "1970-01-02" not in metrics
-            # A tool sent with a request cannot take a command's name.
-            response = client.post("/v1/runs", json={"flowPath": "day.json", "inputs": {"seconds": 1},
-                                                     "tools": [{"name": "day_of", "source": "#!/bin/sh\n"}]})
-            assert response.status_code == 400
-    finally:
-        server.stop()
+    # Both servers from a thread, by the command's own entry: what they answer is the subject
+    # (the `heddle-server` process: tests/server/test_routes.py and the rest).
+    with threaded_server(tmp_path, "--flows-root", root, "--commands", commands) as server, \
+            server.client() as client:
+        response = client.post("/v1/runs", json={"flowPath": "day.json", "inputs": {"seconds": 86400}})
+        assert response.status_code == 200, response.text
+        assert response.json()["outputs"] == {"stdout": "1970-01-02\n"}
+        frames = sse_frames(client.post("/v1/runs?stream=true",
+                                        json={"flowPath": "day.json", "inputs": {"seconds": 86400}}).text)
+        tool_frames = [data for event, data in frames if event in ("tool_call", "tool_result")]
+        assert len(tool_frames) == 2 and "86400" not in json.dumps(tool_frames)
+        assert "1970-01-02" not in json.dumps(tool_frames)
+        assert "day_of" in client.get("/v1/capabilities").json()["tools"]
+        metrics = client.get("/metrics").text
+        assert metric(metrics, "heddle_tool_calls_total", 'outcome="ok",tool="day_of"') == 2
+        revision = load_commands(commands)[0].revision
+        assert metric(metrics, "heddle_command_duration_seconds_count",
+                      f'command="day_of",exit_code="0",revision="{revision}"') == 2
+        assert "1970-01-02" not in metrics
+        # A tool sent with a request cannot take a command's name.
+        response = client.post("/v1/runs", json={"flowPath": "day.json", "inputs": {"seconds": 1},
+                                                 "tools": [{"name": "day_of", "source": "#!/bin/sh\n"}]})
+        assert response.status_code == 400
 
     bundle = heddle.seal(root / "day.json", output=tmp_path / "day.heddle", commands=commands).path
     commands.unlink()
-    server = start_server(tmp_path, "--bundle", bundle, "--allow-unsigned")
-    try:
-        with server.client() as client:
-            response = client.post("/v1/runs", json={"inputs": {"seconds": 0}})
-            assert response.status_code == 200, response.text
-            assert response.json()["outputs"] == {"stdout": "1970-01-01\n"}
-    finally:
-        server.stop()
+    with threaded_server(tmp_path, "--bundle", bundle, "--allow-unsigned") as server, server.client() as client:
+        response = client.post("/v1/runs", json={"inputs": {"seconds": 0}})
+        assert response.status_code == 200, response.text
+        assert response.json()["outputs"] == {"stdout": "1970-01-01\n"}

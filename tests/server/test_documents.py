@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.server.flows import write_tools
-from tests.server.support import start_server
 from tests.support.flows import llm_config, prop, server_tool
+from tests.support.server_thread import threaded_server
 from tests.support.threaded_model import threaded_model
 
 UPPER = "#!/bin/sh\nread line\necho '{\"loud\": \"HEY\"}'\n"
@@ -21,30 +21,28 @@ def test_outputs_beside_state_and_the_message_for_an_agent(tmp_path: Path) -> No
         agent = {"component_type": "Agent", "id": "helper", "name": "helper", "agentspec_version": "25.4.1",
                  "inputs": [prop("user")], "llm_config": llm_config(model.url, name="brain"),
                  "system_prompt": "You help {{user}}."}
-        server = start_server(tmp_path, "--tools-dir", write_tools(tmp_path / "tools", {"upper": UPPER}),
-                              "--allow-net", "127.0.0.1")
-        try:
-            with server.client() as client:
-                answer = client.post("/v1/runs", json={"flow": tool_node, "inputs": {"text": "hey"}})
-                assert answer.status_code == 200, answer.text
-                assert answer.json() == {"flow": "t", "state": {"text": "hey", "loud": "HEY"},
-                                         "outputs": {"loud": "HEY"}}
-                refused = client.post("/v1/runs", json={"flow": tool_node, "inputs": {"text": "hey"},
-                                                        "message": "hi"})
-                assert refused.status_code == 400
-                assert refused.json()["error"]["message"].startswith("request field 'message': the flow is not "
-                                                                     "an agent")
-                missing = client.post("/v1/runs", json={"flow": agent, "inputs": {"user": "Ann"}})
-                assert missing.status_code == 400
-                assert missing.json()["error"]["message"].endswith("give the user's message with 'message' in the "
-                                                                   "request")
-                answer = client.post("/v1/runs", json={"flow": agent, "inputs": {"user": "Ann"}, "message": "hi"})
-                assert answer.status_code == 200, answer.text
-                assert answer.json()["outputs"] == {"result": "Hello Ann!"}
-                from_env = {**agent, "llm_config": llm_config("$MODEL_URL", name="brain")}
-                refused = client.post("/v1/runs", json={"flow": from_env, "inputs": {"user": "Ann"},
-                                                        "message": "hi"})
-                assert refused.status_code == 400 and "would read this server's environment" in refused.text
-        finally:
-            server.stop()
+        # Served from a thread by the command's own entry: the answers are the subject.
+        tools = write_tools(tmp_path / "tools", {"upper": UPPER})
+        with threaded_server(tmp_path, "--tools-dir", tools, "--allow-net", "127.0.0.1") as server, \
+                server.client() as client:
+            answer = client.post("/v1/runs", json={"flow": tool_node, "inputs": {"text": "hey"}})
+            assert answer.status_code == 200, answer.text
+            assert answer.json() == {"flow": "t", "state": {"text": "hey", "loud": "HEY"},
+                                     "outputs": {"loud": "HEY"}}
+            refused = client.post("/v1/runs", json={"flow": tool_node, "inputs": {"text": "hey"},
+                                                    "message": "hi"})
+            assert refused.status_code == 400
+            assert refused.json()["error"]["message"].startswith("request field 'message': the flow is not "
+                                                                 "an agent")
+            missing = client.post("/v1/runs", json={"flow": agent, "inputs": {"user": "Ann"}})
+            assert missing.status_code == 400
+            assert missing.json()["error"]["message"].endswith("give the user's message with 'message' in the "
+                                                               "request")
+            answer = client.post("/v1/runs", json={"flow": agent, "inputs": {"user": "Ann"}, "message": "hi"})
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["outputs"] == {"result": "Hello Ann!"}
+            from_env = {**agent, "llm_config": llm_config("$MODEL_URL", name="brain")}
+            refused = client.post("/v1/runs", json={"flow": from_env, "inputs": {"user": "Ann"},
+                                                    "message": "hi"})
+            assert refused.status_code == 400 and "would read this server's environment" in refused.text
         assert [r["body"]["messages"][1]["content"] for r in model.requests()] == ["hi"]

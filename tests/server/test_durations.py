@@ -7,7 +7,7 @@ import pytest
 
 from heddle.server.cli import config_from, parser
 from tests.server.flows import one_tool_flow, write_tools
-from tests.server.support import start_server
+from tests.support.server_thread import threaded_server
 
 NAP = "#!/bin/sh\nexec sleep 60\n"
 
@@ -53,14 +53,15 @@ def test_a_value_out_of_range_names_the_flag_as_given(argv, message):
     assert caught.value.message == message
 
 
-def test_a_served_run_times_out_alike_whichever_way_the_limit_is_written(tmp_path):
+def test_a_served_run_times_out_alike_whichever_way_the_limit_is_written(tmp_path, capsys):
     tools = write_tools(tmp_path / "tools", {"nap": NAP})
     flows = tmp_path / "flows"
     flows.mkdir()
     one_tool_flow("nap", "nap").write(flows / "nap.json")
-    server = start_server(tmp_path, "--flows-root", flows, "--tools-dir", tools, "--tool-timeout", "300ms",
-                          "--timeout", "1m")
-    try:
+    # Served from a thread by the command's own entry; what it prints is this test's captured stderr.
+    capsys.readouterr()
+    with threaded_server(tmp_path, "--flows-root", flows, "--tools-dir", tools, "--tool-timeout", "300ms",
+                         "--timeout", "1m") as server:
         with server.client() as client:
             limits = client.get("/v1/capabilities").json()["limits"]
             assert (limits["timeoutMs"], limits["toolTimeoutMs"]) == (60000, 300)
@@ -69,6 +70,4 @@ def test_a_served_run_times_out_alike_whichever_way_the_limit_is_written(tmp_pat
         # The same message as with `--tool-timeout 300` (tests/server/test_units.py).
         assert response.json()["error"]["message"] == (
             "tool 'nap': timed out after 300 ms and was killed (raise --tool-timeout if it needs longer)")
-    finally:
-        server.stop()
-    assert "note:" not in server.stderr()
+    assert "note:" not in capsys.readouterr().err

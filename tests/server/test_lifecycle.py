@@ -1,4 +1,8 @@
-"""Streams, run slots, client disconnects and the drain on SIGTERM, with real processes."""
+"""Streams, run slots, client disconnects and the drain on SIGTERM, with real processes.
+
+The run slots and the run timeout are the service's, not the process's: those two tests serve
+from a thread by the command's own entry (tests/support/server_thread.py); the drain, the signals
+and the client that hangs up are real `heddle-server` processes."""
 
 from __future__ import annotations
 
@@ -6,12 +10,14 @@ import json
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.server.flows import ECHO, agent_flow, napper, one_tool_flow, sleeper, write_tools
 from tests.server.support import (
+    Server,
     metric,
     process_gone,
     raw_request,
@@ -21,7 +27,8 @@ from tests.server.support import (
     wait_gone,
 )
 from tests.support.flows import server_tool
-from tests.support.scripted_model import scripted_model
+from tests.support.server_thread import threaded_server
+from tests.support.threaded_model import threaded_model
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +53,7 @@ def _disconnected(server) -> float:
 def test_sse_frames_of_a_tool_calling_agent_come_in_engine_order(tmp_path, shared):
     server, _, flows = shared
     script = [{"tool_calls": [{"name": "echo", "arguments": {"m": "ping"}}]}, {"content": "pong"}]
-    with scripted_model(script, tmp_path) as model:
+    with threaded_model(script) as model:
         agent_flow("agentic", model.url, tools=[server_tool("echo", ["m"])]).write(flows / "agent.json")
         with server.client() as client, client.stream(
                 "POST", "/v1/runs", params={"stream": "true"},
@@ -77,14 +84,19 @@ def test_sse_frames_of_a_tool_calling_agent_come_in_engine_order(tmp_path, share
     assert by_type["flow_complete"]["state"]["result"] == "pong"
 
 
-def _sleeping_server(tmp_path, *extra):
+def _sleeping_flows(tmp_path: Path) -> tuple[tuple[str | Path, ...], Path]:
     pidfile = tmp_path / "tool.pid"
     tools = write_tools(tmp_path / "tools", {"sleepy": sleeper(pidfile), "echo": ECHO})
     flows = tmp_path / "flows"
     flows.mkdir()
     one_tool_flow("sleepy", "sleepy").write(flows / "sleepy.json")
     one_tool_flow("echo", "echo").write(flows / "echo.json")
-    return start_server(tmp_path, "--tools-dir", tools, "--flows-root", flows, *extra), pidfile
+    return ("--tools-dir", tools, "--flows-root", flows), pidfile
+
+
+def _sleeping_server(tmp_path: Path, *extra: str) -> tuple[Server, Path]:
+    args, pidfile = _sleeping_flows(tmp_path)
+    return start_server(tmp_path, *args, *extra), pidfile
 
 
 SLEEPY = json.dumps({"flowPath": "sleepy.json", "inputs": {"x": 1}}).encode()
@@ -114,8 +126,8 @@ def test_a_client_that_hangs_up_cancels_its_run_and_kills_the_tool(shared):
 
 
 def test_runs_past_max_concurrent_are_refused_not_queued(tmp_path):
-    server, pidfile = _sleeping_server(tmp_path, "--max-concurrent", "1")
-    try:
+    args, pidfile = _sleeping_flows(tmp_path)
+    with threaded_server(tmp_path, *args, "--max-concurrent", "1") as server:
         sock = raw_request(server.port, "POST", "/v1/runs", SLEEPY)
         pid = int(wait_for_file(pidfile))
         with server.client() as client:
@@ -142,8 +154,6 @@ def test_runs_past_max_concurrent_are_refused_not_queued(tmp_path):
                     break
                 time.sleep(0.02)
             assert response.status_code == 200
-    finally:
-        server.stop()
 
 
 def _post_in_thread(url: str, body: dict, results: list) -> threading.Thread:
@@ -228,16 +238,13 @@ def test_a_second_signal_stops_at_once(tmp_path):
 
 
 def test_the_run_timeout_is_a_500_and_stops_the_tool(tmp_path):
-    server, pidfile = _sleeping_server(tmp_path, "--timeout", "400")
-    try:
-        with server.client() as client:
-            started = time.monotonic()
-            response = client.post("/v1/runs", json={"flowPath": "sleepy.json", "inputs": {"x": 1}})
-            assert time.monotonic() - started < 5
-            assert response.status_code == 500
-            err = response.json()["error"]
-            assert err["type"] == "limit_exceeded" and "--timeout 400 ms" in err["message"]
-            assert wait_gone(int(pidfile.read_text()), 1.0)
-            assert client.get("/v1/capabilities").json()["limits"]["timeoutMs"] == 400
-    finally:
-        server.stop()
+    args, pidfile = _sleeping_flows(tmp_path)
+    with threaded_server(tmp_path, *args, "--timeout", "400") as server, server.client() as client:
+        started = time.monotonic()
+        response = client.post("/v1/runs", json={"flowPath": "sleepy.json", "inputs": {"x": 1}})
+        assert time.monotonic() - started < 5
+        assert response.status_code == 500
+        err = response.json()["error"]
+        assert err["type"] == "limit_exceeded" and "--timeout 400 ms" in err["message"]
+        assert wait_gone(int(pidfile.read_text()), 1.0)
+        assert client.get("/v1/capabilities").json()["limits"]["timeoutMs"] == 400

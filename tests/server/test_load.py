@@ -68,12 +68,16 @@ def test_load_is_bounded():
     assert proc.returncode == 2 and "--runs 1000000: give 1 to 20000" in proc.stderr
     proc = load("--concurrency", "0")
     assert proc.returncode == 2 and "each concurrency must be 1 to 256" in proc.stderr
+    proc = load("--serve", "echo,nothing")
+    assert proc.returncode == 2 and "choose among echo, no-tool, 3-tool" in proc.stderr
 
 
 def test_load_seals_and_serves_the_demo_bundle(tmp_path):
     # One level (a server start each): a table of several levels is test_load_reports_a_table_...'s.
-    proc = load("--runs", 3, "--concurrency", "3", "--max-concurrent", 2)
+    # With the echo floor beside it (its own process): the demo's requests/s as a ratio to the floor's.
+    proc = load("--runs", 3, "--concurrency", "3", "--max-concurrent", 2, "--serve", "echo,3-tool")
     assert proc.returncode == 0, proc.stderr
-    assert "the sealed 3-ToolNode demo bundle" in proc.stdout
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
-    assert len(rows) == 1 and all(row.endswith("| nothing |") for row in rows)
+    assert "the sealed 3-ToolNode demo bundle" in proc.stdout and "a bare ASGI JSON echo app" in proc.stdout
+    rows = [line for line in proc.stdout.splitlines() if re.match(r"\| \d+ \| ", line)]
+    assert len(rows) == 2 and all(row.endswith("| nothing |") for row in rows)
+    assert re.search(r"^\| 3-tool \| 3 \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x \|", proc.stdout, re.MULTILINE)

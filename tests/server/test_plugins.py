@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.server.support import start_server, wait_gone
+from tests.support.server_thread import threaded_server
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plugins"
 NODE = EXAMPLES / "custom-node"
@@ -59,22 +60,25 @@ def test_plugin_node_types_and_an_encoder_protocol(tmp_path):
 
 
 def test_a_plugin_node_type_without_its_plugin_is_a_400(tmp_path):
-    server = start_server(tmp_path, "--tools-dir", NODE / "tools", "--flows-root", NODE)
-    try:
-        with server.client() as client:
-            response = client.post("/v1/runs", json={"flowPath": "flow.yaml", "inputs": {"text": "x"}})
-            assert response.status_code == 400
-            assert "unknown component_type 'TextStats'" in response.json()["error"]["message"]
-            assert client.get("/v1/capabilities").json()["protocols"] == ["heddle"]
-    finally:
-        server.stop()
+    # Served from a thread by the command's own entry (the process with plugins: the test above).
+    with threaded_server(tmp_path, "--tools-dir", NODE / "tools", "--flows-root", NODE) as server, \
+            server.client() as client:
+        response = client.post("/v1/runs", json={"flowPath": "flow.yaml", "inputs": {"text": "x"}})
+        assert response.status_code == 400
+        assert "unknown component_type 'TextStats'" in response.json()["error"]["message"]
+        assert client.get("/v1/capabilities").json()["protocols"] == ["heddle"]
 
 
-def test_plugin_settings_are_checked_at_start(tmp_path):
+def test_plugin_settings_are_checked_at_start(tmp_path, capsys):
+    from heddle.server.cli import run
     from tests.server.support import run_server_to_exit
+    from tests.support.cli import env_with
 
     proc = run_server_to_exit(tmp_path, "--plugin", MARKDOWN, "--plugin-config", 'MarkdownTranscript={"timings": 3}')
     assert proc.returncode == 2 and "listening" not in proc.stdout
     assert proc.stderr.startswith("error: ") and "timings" in proc.stderr
-    proc = run_server_to_exit(tmp_path, "--plugin-config", 'MarkdownTranscript={"timings": true}')
-    assert proc.returncode == 2 and "load the plugin with --plugin MANIFEST" in proc.stderr
+    # The second refusal through the command's entry function in this process.
+    capsys.readouterr()
+    status = run(["--port", "0", "--plugin-config", 'MarkdownTranscript={"timings": true}'], env_with())
+    out = capsys.readouterr()
+    assert status == 2 and "listening" not in out.out and "load the plugin with --plugin MANIFEST" in out.err

@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.server.support import SERVER, run_server_to_exit, start_server
 from tests.support.cli import env_with
 from tests.support.flows import FlowDoc, llm_config
@@ -79,7 +81,8 @@ def test_two_servers_on_one_postgres_store_carry_one_conversation(tmp_path: Path
     assert "Traceback" not in a.stderr() + b.stderr()
 
 
-def test_the_session_flags_and_a_store_that_cannot_be_reached(tmp_path: Path) -> None:
+def test_the_session_flags_and_a_store_that_cannot_be_reached(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
     shown = subprocess.run([str(SERVER), "--help"], capture_output=True, text=True, env=env_with(None), timeout=30,
                            check=False)
     assert shown.returncode == 0
@@ -94,7 +97,12 @@ def test_the_session_flags_and_a_store_that_cannot_be_reached(tmp_path: Path) ->
     assert len(lines) == 1 and lines[0].startswith("error: postgres ") and str(gone) in lines[0], proc.stderr
     assert "s3cret" not in proc.stderr
 
-    proc = run_server_to_exit(tmp_path, "--session-db", tmp_path / "s.db")
+    # The flags' own refusal through the command's entry function in this process.
+    from heddle.server.cli import run
+
+    capsys.readouterr()
+    status = run(["--port", "0", "--session-db", str(tmp_path / "s.db")], env_with(None))
+    proc = subprocess.CompletedProcess([], status, *capsys.readouterr())
     assert proc.returncode == 2 and "listening" not in proc.stdout
     assert proc.stderr.strip() == ("error: --session-db applies only to --session-store sqlite, and this server has "
                                    "no --session-store (sessions are off); give --session-store sqlite or drop "

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.server.flows import ECHO, one_tool_flow, write_tools
-from tests.server.support import SERVER, Server, run_server_to_exit, start_server
+from tests.server.support import SERVER, run_server_to_exit, start_server
 from tests.support.cli import env_with
+from tests.support.server_thread import ThreadedServer, threaded_server
 
 
 def error_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
@@ -137,20 +138,19 @@ def _served_echo(root: Path) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadedServer]:
     """A server behind the token s3cret (from HEDDLE_AUTH_TOKEN) that also answers one CORS origin:
-    the bearer and CORS tests read from it without changing it, so one process serves both."""
+    the bearer and CORS tests read from it without changing it, so one serves both. From a thread,
+    by the command's own entry (a guarded `heddle-server` process: tests/server/test_bundle.py's,
+    CORS from one: tests/server/test_browsers.py's)."""
     root = tmp_path_factory.mktemp("guarded")
     tools, flows = _served_echo(root)
-    server = start_server(root, "--tools-dir", tools, "--flows-root", flows, "--cors-origin",
-                          "https://app.example.com", env={"HEDDLE_AUTH_TOKEN": "s3cret"})
-    try:
+    with threaded_server(root, "--tools-dir", tools, "--flows-root", flows, "--cors-origin",
+                         "https://app.example.com", env={"HEDDLE_AUTH_TOKEN": "s3cret"}) as server:
         yield server
-    finally:
-        server.stop()
 
 
-def test_bearer_token_guards_every_route_but_the_probes(guarded: Server) -> None:
+def test_bearer_token_guards_every_route_but_the_probes(guarded: ThreadedServer) -> None:
     from heddle.server.cli import config_from, parser
 
     # The shared server takes its token from HEDDLE_AUTH_TOKEN; the flag settles the same setting
@@ -180,7 +180,7 @@ def test_bearer_token_guards_every_route_but_the_probes(guarded: Server) -> None
         assert doc["security"] == [{"bearer": []}]
 
 
-def test_cors_origins_are_answered(guarded: Server) -> None:
+def test_cors_origins_are_answered(guarded: ThreadedServer) -> None:
     with guarded.client() as client:
         preflight = client.options("/v1/runs", headers={"Origin": "https://app.example.com",
                                                         "Access-Control-Request-Method": "POST",

@@ -14,6 +14,7 @@ import pytest
 from heddle.settings import RunSettings
 from tests.support.cli import BIN, error_line, heddle, state_of
 from tests.support.cli_inproc import heddle_inproc
+from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc, server_tool
 from tests.support.inproc import run_doc, served_model
 from tests.workspace.tooling import PROBE, PYTHON_READ, write_tool
@@ -43,13 +44,21 @@ def run_ops(
     ops: dict[str, list[dict[str, Any]]],
     *flags: Any,
     env: dict[str, str] | None = None,
+    capsys: pytest.CaptureFixture[str] | None = None,
 ) -> tuple[dict[str, list[dict[str, Any]]], str]:
+    """Each node's report and the run's stderr, from a real `heddle run` (with `capsys`, from the
+    command's entry function in this process; `env` is then not taken)."""
     flow = tool_flow(tmp_path, *ops)
     tools = tmp_path / "tools"
     if not (tools / "probe.py").exists():
         write_tool(tools, "probe.py", PROBE)
     inputs = {f"ops_{name}": json.dumps(node_ops) for name, node_ops in ops.items()}
-    proc = heddle("run", flow, "-t", tools, "--input", json.dumps(inputs), *flags, env=env)
+    args = ("run", flow, "-t", tools, "--input", json.dumps(inputs), *flags)
+    if capsys is None:
+        proc = heddle(*args, env=env)
+    else:
+        assert env is None
+        proc = heddle_here(capsys, *args)
     state = state_of(proc)
     return {name: json.loads(state[f"report_{name}"]) for name in ops}, proc.stderr
 
@@ -107,7 +116,8 @@ def test_safe_run_confines_the_tool(tmp_path: Path, tcp_server: int, capsys: pyt
     assert json.loads(json.loads(out)["report_tool"]) == [{"ok": False, "value": None}, {"ok": True, "value": "pong"}]
 
 
-def test_rw_mounts_and_kept_workspaces(tmp_path: Path) -> None:
+def test_rw_mounts_and_kept_workspaces(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The command in this process: a real `heddle run` with mounts is test_safe_run_confines_the_tool's.
     out = tmp_path / "out"
     out.mkdir()
     for name in ("a", "b", "c"):
@@ -132,6 +142,7 @@ def test_rw_mounts_and_kept_workspaces(tmp_path: Path) -> None:
             ],
         },
         "--mount", f"{out}:out:rw", "--workspace", keep,
+        capsys=capsys,
     )
     assert all(r["ok"] for r in reports["first"]), reports["first"]
     own, new, listing = reports["second"]
@@ -211,8 +222,9 @@ def refused_inproc(tmp_path: Path, capsys: pytest.CaptureFixture[str], *flags: A
     return lines[-1]
 
 
-def test_safe_only_flags_without_safe(tmp_path: Path) -> None:
-    assert refused(tmp_path, "--deny-net", "--allow-env", "X", "--sandbox", "auto") == (
+def test_safe_only_flags_without_safe(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # In this process (a refusal from a process: test_bad_mounts_refused_before_anything_is_written).
+    assert refused_inproc(tmp_path, capsys, "--deny-net", "--allow-env", "X", "--sandbox", "auto") == (
         "error: --sandbox, --allow-env, --deny-net only work with --safe and would be ignored; "
         "add --safe or drop them"
     )

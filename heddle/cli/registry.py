@@ -1,0 +1,151 @@
+"""`heddle push` and `heddle pull`: a bundle to and from an OCI registry (heddle.oci)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import typer
+
+from heddle.cli import output
+from heddle.cli.flags import takes
+from heddle.cli.output import QUIET, VERBOSE, json_option
+
+_CACHE_DIR = typer.Option(
+    None, "--cache-dir",
+    help="The cache the pulled bundle is kept in [default: $HEDDLE_CACHE_DIR or ~/.cache/heddle/bundles].",
+)
+
+
+def _annotations(given: list[str]) -> dict[str, str]:
+    from heddle.errors import UsageError
+
+    out: dict[str, str] = {}
+    for item in given:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise UsageError(f"--annotation {item!r}: write KEY=VALUE, such as "
+                             "org.opencontainers.image.source=https://example.com/repo")
+        if key in out:
+            raise UsageError(f"--annotation {key}: given twice; give each key once")
+        out[key] = value
+    return out
+
+
+@takes("plain_http")
+def push(
+    bundle: Path = typer.Argument(..., metavar="BUNDLE", help="The .heddle file to push; it is sent unchanged."),
+    reference: str = typer.Argument(..., metavar="oci://REGISTRY/REPO[:TAG]",
+                                    help="Where to push it; without a tag it is pushed by digest alone."),
+    annotation: list[str] = typer.Option([], "--annotation", metavar="KEY=VALUE",
+                                         help="Add an annotation to the artifact's manifest (repeatable)."),
+    json_out: bool = json_option("Print the reference, the OCI digest and the bundle digest as JSON."),
+    quiet: bool = QUIET,
+    verbose: bool = VERBOSE,
+    *,
+    plain_http: bool,
+) -> None:
+    """Push a bundle to an OCI registry as the one layer of an artifact, and print its OCI
+    manifest digest and its bundle digest.
+
+    The artifact's type is application/vnd.heddle.bundle.v1; its annotations carry the bundle's
+    digest, its name and the time it was sealed, so one file pushed twice is one artifact.
+    Credentials: HEDDLE_REGISTRY_USERNAME and HEDDLE_REGISTRY_PASSWORD, else the docker config
+    (~/.docker/config.json, as `docker login` writes it). Nothing is verified here: where it is
+    pulled, it is verified against the keys trusted there.
+
+    \b
+    Example:
+      heddle push app.heddle oci://registry.example.com/agents/app:1.0 --annotation team=search
+    """
+    from heddle.oci import push as push_bundle
+
+    output.use(quiet=quiet, verbose=verbose)
+    pushed = push_bundle(bundle, reference, annotations=_annotations(annotation), plain_http=plain_http)
+    if json_out:
+        output.print_json({
+            "bundle": str(bundle), "reference": str(pushed.reference), "pinned": str(pushed.pinned),
+            "oci_digest": pushed.oci_digest, "bundle_digest": pushed.bundle_digest, "size": pushed.size,
+            "annotations": dict(pushed.annotations),
+        })
+        return
+    typer.echo(f"pushed {bundle} to {pushed.reference}")
+    typer.echo(f"  oci digest     {pushed.oci_digest}")
+    typer.echo(f"  bundle digest  {pushed.bundle_digest}")
+    typer.echo(f"  pinned         {pushed.pinned}")
+
+
+def _write_copy(source: Path, dest: Path) -> None:
+    """Copy `source` to `dest` in one rename: nothing half-written is ever at `dest`."""
+    from heddle.errors import UsageError
+
+    if dest.is_dir():
+        raise UsageError(f"-o {dest}: is a folder; give the path of the file to write")
+    folder = dest.parent if str(dest.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=folder)
+    except OSError as exc:
+        raise UsageError(f"-o {dest}: cannot write in {folder}: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(out.fileno(), 0o666 & ~umask)
+        os.replace(tmp, dest)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+@takes("plain_http", "offline")
+def pull(
+    reference: str = typer.Argument(..., metavar="REFERENCE",
+                                    help="oci://REGISTRY/REPO:TAG, oci://REGISTRY/REPO@sha256:DIGEST, or an https:// "
+                                         "URL of a .heddle file."),
+    out: Path = typer.Option(..., "-o", "--output", metavar="FILE", help="Where to write the bundle."),
+    cache_dir: Path | None = _CACHE_DIR,
+    json_out: bool = json_option("Print the reference, its OCI digest, the bundle digest and the file as JSON."),
+    quiet: bool = QUIET,
+    verbose: bool = VERBOSE,
+    *,
+    plain_http: bool,
+    offline: bool,
+) -> None:
+    """Download a bundle from a registry (or a URL) to FILE, byte for byte.
+
+    The blob is checked against its OCI digest while it streams, and must be a bundle; it is
+    kept in the cache by that digest, so a second pull of the same digest asks the registry
+    for nothing but the tag. Its signature is not checked here: `heddle verify FILE` (or run
+    it) checks it against the keys you trust.
+    """
+    from heddle.errors import UsageError
+    from heddle.format.verify import peek
+    from heddle.oci import pull as pull_bundle
+    from heddle.oci.reference import looks_like_reference, parse_reference
+
+    output.use(quiet=quiet, verbose=verbose)
+    if not looks_like_reference(reference):
+        raise UsageError(f"{reference}: not a reference; heddle pull takes oci://REGISTRY/REPO:TAG, "
+                         "oci://REGISTRY/REPO@sha256:DIGEST or an https:// URL")
+    pulled = pull_bundle(parse_reference(reference), plain_http=plain_http, offline=offline, cache_dir=cache_dir)
+    digest = peek(pulled.path).digest
+    _write_copy(pulled.path, out)
+    bundle_digest = f"sha256:{digest}" if digest else None
+    if json_out:
+        output.print_json({"reference": reference, "oci_digest": pulled.oci_digest, "bundle_digest": bundle_digest,
+                           "output": str(out), "downloaded": pulled.downloaded,
+                           "size": os.stat(out).st_size})
+        return
+    typer.echo(f"pulled {reference} to {out}")
+    if pulled.oci_digest:
+        typer.echo(f"  oci digest     {pulled.oci_digest}")
+    typer.echo(f"  bundle digest  {bundle_digest or 'none (a format-1 bundle)'}")
+    output.note(f"not verified yet: `heddle verify {out}` checks its signature against the keys you trust")

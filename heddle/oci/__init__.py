@@ -1,0 +1,136 @@
+"""Bundles in OCI registries, and bundles at https:// URLs.
+
+A bundle is pushed as the one layer of an OCI artifact (heddle.oci.artifact), unchanged; what
+is pulled is checked against the OCI digest while it streams, kept in the cache by that digest
+(heddle.oci.store), and then verified exactly as a local file is: pulling never weakens
+verification. The functions here are the library's API; they import the HTTP stack only when
+called, so a command that never names a reference never loads it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from heddle.format.limits import DEFAULT_LIMITS, Limits
+
+if TYPE_CHECKING:
+    from heddle.oci.reference import Reference, UrlReference
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a reference names now: the OCI manifest digest, the bundle layer's size, the
+    artifact's annotations. `offline` when it is the last resolution kept in the cache."""
+
+    reference: Reference
+    oci_digest: str
+    size: int
+    annotations: Mapping[str, str]
+    layer_digest: str
+    offline: bool = False
+    manifest: bytes = field(default=b"", repr=False, compare=False)
+
+    @property
+    def bundle_digest(self) -> str | None:
+        """The bundle's own digest as the artifact's annotation states it (checked when pulled)."""
+        from heddle.oci.artifact import BUNDLE_DIGEST
+
+        return self.annotations.get(BUNDLE_DIGEST)
+
+    @property
+    def pinned(self) -> Reference:
+        """The reference by digest: what this resolution names for good."""
+        return self.reference.at(self.oci_digest)
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """A bundle file to open: a local path as given, or a reference's file in the cache."""
+
+    path: Path
+    reference: str | None = None  # as given; None for a local path
+    oci_digest: str | None = None  # the OCI manifest digest, for an oci:// reference
+    resolved: Resolved | None = None
+    downloaded: bool = False  # False when it came from the cache
+
+    @property
+    def name(self) -> str:
+        """How messages name it: the reference, else the path."""
+        return self.reference or str(self.path)
+
+
+@dataclass(frozen=True)
+class Pushed:
+    oci_digest: str
+    bundle_digest: str
+    reference: Reference  # as pushed: with its tag, or none
+    size: int
+    annotations: Mapping[str, str]
+
+    @property
+    def pinned(self) -> Reference:
+        return self.reference.at(self.oci_digest)
+
+
+def resolve(ref: str | Reference, *, plain_http: bool = False, offline: bool = False,
+            cache_dir: Path | None = None, environ: Mapping[str, str] | None = None) -> Resolved:
+    """Ask the registry what `ref` (an `oci://` tag or digest) names now, without downloading the
+    bundle; with `offline`, the last resolution kept in the cache. Raises RegistryError (exit 2)
+    or the bundle error of an artifact that is not a heddle bundle (exit 7)."""
+    from heddle.oci.pulling import resolve as resolve_
+
+    return resolve_(ref, plain_http=plain_http, offline=offline, cache_dir=cache_dir, environ=environ)
+
+
+def pull(ref: str | Reference | UrlReference | Resolved, *, plain_http: bool = False, offline: bool = False,
+         cache_dir: Path | None = None, limits: Limits = DEFAULT_LIMITS,
+         environ: Mapping[str, str] | None = None) -> Pulled:
+    """`fetch`, with what was fetched: the file, the reference and its OCI digest."""
+    from heddle.oci.pulling import pull as pull_
+
+    return pull_(ref, plain_http=plain_http, offline=offline, cache_dir=cache_dir, limits=limits, environ=environ)
+
+
+def fetch(ref: str | Reference | UrlReference | Resolved, *, plain_http: bool = False, offline: bool = False,
+          cache_dir: Path | None = None, limits: Limits = DEFAULT_LIMITS,
+          environ: Mapping[str, str] | None = None) -> Path:
+    """The pulled .heddle file in the cache (keyed by OCI digest, or a URL's file by its sha256).
+    A `Resolved` is fetched exactly (no second resolution). The blob is checked against its
+    digest while it streams; a layer over the bundle caps is refused from the manifest's size
+    before a byte is downloaded. The file is not verified: open it as any bundle."""
+    return pull(ref, plain_http=plain_http, offline=offline, cache_dir=cache_dir, limits=limits,
+                environ=environ).path
+
+
+def push(path: str | os.PathLike[str], ref: str | Reference, *, annotations: Mapping[str, str] | None = None,
+         plain_http: bool = False, environ: Mapping[str, str] | None = None) -> Pushed:
+    """Push the bundle at `path` unchanged as the one layer of an OCI artifact at `ref`
+    (`oci://REGISTRY/REPO[:TAG]`; without a tag, by digest alone)."""
+    from heddle.oci.pushing import push as push_
+
+    return push_(path, ref, annotations=annotations, plain_http=plain_http, environ=environ)
+
+
+def source(text: str | os.PathLike[str], *, plain_http: bool = False, offline: bool = False,
+           cache_dir: Path | None = None, environ: Mapping[str, str] | None = None) -> Pulled:
+    """What a command's BUNDLE argument (or heddle-server's --bundle) names: a path, as it is, or
+    a reference (`oci://...`, `https://...`) pulled into the cache. `--plain-http` and
+    `--offline` given with a path are refused: they would be read and ignored."""
+    from heddle.oci.reference import looks_like_reference
+
+    if isinstance(text, str) and looks_like_reference(text):
+        from heddle.oci.reference import parse_reference
+
+        return pull(parse_reference(text), plain_http=plain_http, offline=offline, cache_dir=cache_dir,
+                    environ=environ)
+    given = [flag for flag, on in (("--plain-http", plain_http), ("--offline", offline)) if on]
+    if given:
+        from heddle.errors import UsageError
+
+        raise UsageError(f"{' and '.join(given)} apply to a bundle reference (oci://REGISTRY/REPO:TAG or an "
+                         f"https:// URL); {os.fspath(text)} is a file: leave {'them' if len(given) > 1 else 'it'} out")
+    return Pulled(Path(text))

@@ -1,0 +1,61 @@
+"""What a command loads is what it uses: `run --help` no pydantic, a run of typed tools no jsonschema,
+a model at http:// no certificate store (issue 15). Checked by what is imported and built, never timed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from heddle.lazytls import LazyTLSTransport
+from heddle.model.client import ModelClient, ModelEndpoint
+from tests.support.flows import FlowDoc, server_tool, write_tool
+from tests.support.threaded_model import threaded_model
+
+_CHECK = """
+import json, sys
+from heddle.cli.errors import run_app
+from heddle.cli.root import app
+found = {}
+assert run_app(app, ["run", "--help"]) == 0
+found["run --help"] = sorted(m for m in ("pydantic", "jsonschema", "httpx") if m in sys.modules)
+assert run_app(app, ["run", sys.argv[1], "--tools-dir", sys.argv[2], "--input", '{"n": 1}']) == 0
+found["run"] = sorted(m for m in ("jsonschema", "httpx", "typer._adapters") if m in sys.modules)
+print(json.dumps(found))
+"""
+
+
+def test_a_command_imports_only_what_it_uses(tmp_path: Path) -> None:
+    n = [{"title": "n", "type": "integer"}]
+    write_tool(tmp_path / "tools", "one.py", "out = {'one': args['n'] + 1}")
+    f = FlowDoc("typed")
+    s, node, e = f.start(n), f.tool_node("one", server_tool("one", n)), f.end(["one"])
+    f.control(s, node)
+    f.control(node, e)
+    flow = f.write(tmp_path / "flow.json")
+    proc = subprocess.run([sys.executable, "-c", _CHECK, str(flow), str(tmp_path / "tools")], capture_output=True,
+                          text=True, timeout=60, check=True)
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"run --help": [], "run": []}
+
+
+def test_a_model_at_http_needs_no_certificates() -> None:
+    async def ask(url: str) -> LazyTLSTransport:
+        client = ModelClient(stream=False, retries=0)
+        try:
+            turn = await client.chat(ModelEndpoint(url, "scripted", None), [{"role": "user", "content": "hi"}])
+            assert turn.content == "hi"
+            transport = client._http._transport
+            assert isinstance(transport, LazyTLSTransport)
+            return transport
+        finally:
+            await client.aclose()
+
+    with threaded_model([{"content": "hi"}]) as model:
+        transport = asyncio.run(ask(model.url))
+    assert transport._plain is not None and transport._tls is None
+    # An https:// request gets the transport httpx.AsyncClient() would have made: certificates loaded, verified.
+    tls = LazyTLSTransport()._transport("https")
+    context = tls._pool._ssl_context
+    assert context is not None and context.check_hostname and context.cert_store_stats()["x509_ca"] > 0
