@@ -3,10 +3,11 @@ the session flags name, reading the answer flags, and peeking at a session befor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -117,21 +118,24 @@ def _waits(summary: dict[str, Any]) -> str:
     return f"{waiting['kind']}{tool} at {waiting['node']!r}"
 
 
-def _opened(settings: RunSettings) -> tuple[SessionStore, PluginHost | None]:
+@contextlib.contextmanager
+def _store(settings: RunSettings) -> Iterator[SessionStore]:
+    """The store `settings` name, its plugins loaded first (a `plugin:` store); both closed after."""
     from heddle.cli.run import _load_plugins
 
     host = _load_plugins(settings)
-    store = open_cli_store(settings, plugins=host)
-    output.detail(f"session store: {store.name}")
-    return store, host
+    try:
+        store = open_cli_store(settings, plugins=host)
+        try:
+            output.detail(f"session store: {store.name}")
+            yield store
+        finally:
+            store.close()
+    finally:
+        if host is not None:
+            import asyncio
 
-
-def _close(store: SessionStore, host: PluginHost | None) -> None:
-    store.close()
-    if host is not None:
-        import asyncio
-
-        asyncio.run(host.aclose())
+            asyncio.run(host.aclose())
 
 
 @sessions_app.command("ls", cls=SettingsCommand)
@@ -148,8 +152,7 @@ def sessions_ls(
     from heddle.sessions.record import decode
 
     output.use(quiet=quiet, verbose=verbose)
-    store, host = _opened(settings)
-    try:
+    with _store(settings) as store:
         rows: list[dict[str, Any]] = []
         for stored in store.list():
             try:
@@ -158,8 +161,6 @@ def sessions_ls(
                 # Listed, not hidden: `rm` is how a person gets rid of it.
                 output.warn(exc.message)
                 rows.append({"id": stored.id, "status": "unreadable", "updated": stored.updated})
-    finally:
-        _close(store, host)
     if json_out:
         output.print_json(rows)
         return
@@ -191,14 +192,11 @@ def sessions_show(
 
     output.use(quiet=quiet, verbose=verbose)
     check_session_id(name)
-    store, host = _opened(settings)
-    try:
+    with _store(settings) as store:
         stored = store.get(name)
         if stored is None:
             raise not_found(name, store=store.name)
         summary = decode(name, stored.data, store=store.name).summary()
-    finally:
-        _close(store, host)
     if json_out:
         output.print_json(summary)
         return
@@ -233,11 +231,8 @@ def sessions_rm(
 
     output.use(quiet=quiet, verbose=verbose)
     check_session_id(name)
-    store, host = _opened(settings)
-    try:
+    with _store(settings) as store:
         removed = store.delete(name)
-    finally:
-        _close(store, host)
     if not removed:
         raise not_found(name, store=store.name)
     output.note(f"removed session {name!r} from {store.name}")
