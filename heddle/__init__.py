@@ -18,7 +18,9 @@ first time the name is used (`_WHERE`).
 __version__ = "0.1.0"
 
 import importlib
-from typing import TYPE_CHECKING, Any
+
+# typing's own constant, without importing typing (some 3 ms) into `heddle --version`.
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:
     from heddle.bundle.seal import SealResult, seal
@@ -121,7 +123,7 @@ _WHERE: dict[str, str] = {
 # they read the imports above instead.
 if not TYPE_CHECKING:
 
-    def __getattr__(name: str) -> Any:
+    def __getattr__(name: str) -> object:
         module = _WHERE.get(name)
         if module is None:
             raise AttributeError(f"module 'heddle' has no attribute {name!r}")

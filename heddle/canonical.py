@@ -57,12 +57,16 @@ def loads_strict(data: bytes | str) -> Any:
     """Parse JSON refusing duplicate keys and non-finite numbers."""
 
     def no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k, v in pairs:
-            if k in out:
+        # Built in C; only an object that lost a pair has a duplicate to look for.
+        out = dict(pairs)
+        if len(out) == len(pairs):
+            return out
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
                 raise CanonicalJSONError(f"duplicate key {k!r}")
-            out[k] = v
-        return out
+            seen.add(k)
+        raise AssertionError("a dict shorter than its pairs has a repeated key")
 
     def bad_constant(name: str) -> Any:
         raise CanonicalJSONError(f"{name} is not allowed")

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from heddle.bundle.verified import Bundle
 from heddle.errors import UsageError
 
 if TYPE_CHECKING:
     import httpx
 
     from heddle.bundle.runnable import SealedRun
+    from heddle.bundle.verified import Bundle
     from heddle.engine.events import Event
     from heddle.engine.journal import Answer
     from heddle.engine.options import RunOptions
@@ -267,6 +267,7 @@ async def arun(
     """
     import asyncio
 
+    from heddle.bundle.verified import Bundle
     from heddle.settings import RunSettings
     from heddle.spec.roots import check_message
 

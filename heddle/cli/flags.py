@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from heddle.cli import resume_collector
 from heddle.cli.convert import quicken
 from heddle.settings import BY_NAME, PACK_SETTINGS, SHELL_SETTINGS, RunSettings, Setting
 
@@ -41,6 +42,8 @@ _TITLES: Mapping[str, str] = {"limits": "Limits", "workspaces": "Workspaces", "s
                               "sessions": "Sessions"}
 _ORDER = ("Options", *_TITLES.values())
 _CTX = "heddle_click_context"
+# Set (to True) on a command function that calls heddle.cli.resume_collector itself.
+RESUMES_COLLECTOR = "heddle_resumes_collector"
 _TYPE = re.compile(r" <[^>]*>$")
 
 
@@ -145,6 +148,13 @@ class QuickCommand(TyperCommand):
         params = super().get_params(ctx)
         quicken(params)
         return params
+
+    def invoke(self, ctx: Any) -> Any:
+        # The collector main() paused comes back on as the command's body starts, unless the command
+        # turns it on itself, later (`heddle run`, once its document is read: `resumes_collector`).
+        if not getattr(self.callback, RESUMES_COLLECTOR, False):
+            resume_collector()
+        return super().invoke(ctx)
 
 
 class SettingsCommand(QuickCommand):

@@ -8,7 +8,6 @@ being completed only.
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import KeysView
 from typing import Any, NamedTuple
@@ -50,7 +49,9 @@ COMMANDS: dict[str, Lazy] = {
 def load_command(name: str) -> Any:
     """The click command `name` of COMMANDS, built from its module as typer builds any command."""
     entry = COMMANDS[name]
-    target = getattr(importlib.import_module(entry.module), entry.attribute)
+    # By the import statement's own machinery (not importlib.import_module), so that `python -X
+    # importtime` counts the command's module and what it imports.
+    target = getattr(__import__(entry.module, fromlist=[entry.attribute]), entry.attribute)
     holder = typer.Typer(rich_markup_mode=None, add_completion=False)
     if isinstance(target, typer.Typer):
         holder.add_typer(target, name=name, cls=SummaryGroup, short_help=entry.summary)

@@ -8,10 +8,11 @@ from typing import Any
 
 import typer
 
+from heddle.cli import resume_collector
 from heddle.cli.flags import COMPONENTS as _COMPONENTS
 from heddle.cli.flags import FLOW as _FLOW
 from heddle.cli.flags import FORMAT as _FORMAT
-from heddle.cli.flags import takes
+from heddle.cli.flags import RESUMES_COLLECTOR, takes
 from heddle.cli.output import QUIET, VERBOSE, json_option
 from heddle.cli.output import use as use_output  # by name: `bundle` has an `output` parameter
 from heddle.settings import SETTINGS, RunSettings
@@ -175,7 +176,7 @@ def run(
     if outputs and protocol is not None:
         raise UsageError("--outputs prints the outputs instead of the final state, and --protocol prints events "
                          "instead of either: give one of them")
-    from heddle.cli.sessions import answer_from_flags, refuse_without_session
+    from heddle.cli.answers import answer_from_flags, refuse_without_session
 
     answer = answer_from_flags(approve=approve, deny=deny, tool_result=tool_result)
     if session is None:
@@ -193,10 +194,14 @@ def run(
     inputs = _read_input(input) if input is not None else None
     from heddle.cli.target import Remote
 
+    if target is not None and "://" in target:
+        resume_collector()  # a reference is pulled (downloaded into the cache) with the collector on
     resolved = resolve_target(target, flow_file, bundle_options=_bundle_options(trust, allow_unsigned, data_dir),
                               remote=Remote(plain_http, offline))
     path = resolved.path
     if resolved.is_bundle:
+        # A bundle's payload is read, checked and written with the collector on, as any command's.
+        resume_collector()
         from heddle.cli.opening import open_verified
         from heddle.format.trust import TrustPolicy
 
@@ -244,6 +249,10 @@ def run(
         store.close()
 
 
+# Its document is read with the collector still paused; it comes back on as the flow starts.
+setattr(run, RESUMES_COLLECTOR, True)
+
+
 def _printer(protocol: str | None, verbose: bool) -> tuple[Any, Any]:
     """What shows the run's events (on stderr, or on stdout with --protocol heddle) and, for an
     encoder plugin's protocol, the rendering that writes its output."""
@@ -278,6 +287,7 @@ def _run_once(loaded: Any, *, message: str | None, outputs: bool, protocol: str 
     from heddle.runs import execute
 
     printer, rendering = _printer(protocol, verbose)
+    resume_collector()
     # The policy shows every safe-only flag but an explicit `--sandbox auto`; check_policy (in
     # prepare_run) refuses them all without --safe.
     outcome = asyncio.run(execute(loaded, message=message, on_event=printer, rendering=rendering))
@@ -298,6 +308,7 @@ def _run_in_session(loaded: Any, store: Any, session: str, *, message: str | Non
     from heddle.sessions.turn import SessionUse
 
     printer, rendering = _printer(protocol, verbose)
+    resume_collector()
     use = SessionUse(store, session, answer=answer, resume=resume, durable=durable)
     shown: list[str] = []  # what the run showed over the steps answered here: one run for the person
     while True:

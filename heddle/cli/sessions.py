@@ -1,5 +1,6 @@
 """`heddle sessions ls|show|rm`, and what `heddle run --session` shares with them: opening the store
-the session flags name, reading the answer flags, and peeking at a session before a run."""
+the session flags name and peeking at a session before a run (the answer flags are read in
+heddle.cli.answers)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -18,15 +19,12 @@ from heddle.cli.output import QUIET, VERBOSE, json_option
 from heddle.settings import RunSettings  # at run time: @takes reads the commands' annotations
 
 if TYPE_CHECKING:
-    from heddle.engine.journal import Answer
     from heddle.plugin_host.host import PluginHost
     from heddle.sessions.record import Pending
     from heddle.sessions.store import SessionStore
 
 # The settings that say where sessions are; `--durable` is a run's, not a store's.
 STORE_SETTINGS = ("session_store", "session_db", "session_dir")
-_FLAGS = {"session_store": "--session-store", "session_db": "--session-db", "session_dir": "--session-dir",
-          "durable": "--durable"}
 
 
 def open_cli_store(settings: RunSettings, *, plugins: PluginHost | None = None) -> SessionStore:
@@ -48,40 +46,6 @@ def open_cli_store(settings: RunSettings, *, plugins: PluginHost | None = None) 
 def _shown(spec: str) -> str:
     # A postgres URL may carry a password: only its scheme is ever printed.
     return spec.split("://", 1)[0] + "://..." if "://" in spec else spec
-
-
-def refuse_without_session(given: Collection[str], flags: dict[str, bool]) -> None:
-    """Session flags given without --session would be ignored: refuse them, naming each."""
-    from heddle.errors import UsageError
-
-    named = [_FLAGS[name] for name in _FLAGS if name in given] + [flag for flag, on in flags.items() if on]
-    if named:
-        raise UsageError(f"{', '.join(named)} {'is' if len(named) == 1 else 'are'} for a run in a session; give "
-                         "--session NAME too")
-
-
-def answer_from_flags(*, approve: bool, deny: str | None, tool_result: str | None) -> Answer | None:
-    """The answer --approve, --deny REASON or --tool-result JSON gives (at most one of them)."""
-    from heddle.engine.journal import Answer
-    from heddle.errors import UsageError
-
-    given = [flag for flag, on in (("--approve", approve), ("--deny", deny is not None),
-                                   ("--tool-result", tool_result is not None)) if on]
-    if len(given) > 1:
-        raise UsageError(f"{' and '.join(given)}: give one answer to what the session waits for")
-    if approve:
-        return Answer("approval", approved=True)
-    if deny is not None:
-        return Answer("approval", approved=False, reason=deny)
-    if tool_result is not None:
-        try:
-            value = json.loads(tool_result)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"--tool-result is not valid JSON ({exc.msg} at line {exc.lineno}, column "
-                             f"{exc.colno}); give the tool's result as JSON, such as '\"sunny\"' or "
-                             "'{\"temperature\": 21}'") from None
-        return Answer("client_tool", tool_result=value)
-    return None
 
 
 def pending_run(store: SessionStore, session: str) -> Pending | None:

@@ -128,12 +128,16 @@ def resolve_target(positional: str | Path | None, flow: Path | None, *, bundle_o
     `bundle_options` names the options given that only a bundle takes.
     """
     from heddle.format.errors import MalformedBundleError
-    from heddle.oci.reference import looks_like_reference
     from heddle.safeparse import NotRegularFileError
 
     given = _one_of(positional, flow, "flow or bundle")
-    if isinstance(given, str) and looks_like_reference(given):
-        return bundle_target(given, remote)
+    # Every reference is written with a scheme (oci://, https://, http://): a path without "://"
+    # runs without loading heddle.oci.
+    if isinstance(given, str) and "://" in given:
+        from heddle.oci.reference import looks_like_reference
+
+        if looks_like_reference(given):
+            return bundle_target(given, remote)
     if remote.plain_http or remote.offline:
         bundle_target(given if given is not None else Path(str(flow)), remote)  # refuses them, naming the path
     if given is None:

@@ -69,6 +69,8 @@ class PreparedRun:
     # heddle.tools.provided.kinds of the flow, found once here: a walk of the whole flow, which a
     # server would otherwise make for every run of it. None: found when the run starts.
     tool_kinds: tuple[Any, ...] | None = None
+    # The flow's graph, indexed once here for every run of it. None: built when the run starts.
+    graph: FlowGraph | None = None
 
 
 def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | None, options: RunOptions,
@@ -93,8 +95,12 @@ def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | No
     check_policy(options.sandbox, explicitly_set=sandbox_flags)
     ws = options.workspace
     check_mounts(ws.mounts, max_entries=ws.max_entries, max_bytes=ws.max_bytes)
+    if tools and not options.sandbox.safe:
+        from heddle.tools.spawner import SPAWNER
+
+        SPAWNER.prestart()  # its start overlaps what is left before the first call
     return PreparedRun(flow, tools, tools_dir, options, resolve_endpoints(flow, model_urls=options.model_urls),
-                       plugins, tuple(warnings), tuple(kinds(flow)))
+                       plugins, tuple(warnings), tuple(kinds(flow)), FlowGraph.build(flow))
 
 
 def _label(node: c.Node) -> str:
@@ -190,11 +196,14 @@ def _flow_outputs(flow: c.Flow, end: c.EndNode, given: dict[str, Any]) -> dict[s
     return outputs
 
 
-async def run_flow(ctx: RunContext, flow: c.Flow, inputs: dict[str, Any]) -> FlowRun:
-    """Walk `flow` from its StartNode (which reads `inputs`) to an EndNode."""
+async def run_flow(ctx: RunContext, flow: c.Flow, inputs: dict[str, Any], *, graph: FlowGraph | None = None
+                   ) -> FlowRun:
+    """Walk `flow` from its StartNode (which reads `inputs`) to an EndNode; `graph` is its graph,
+    when built before (it is only read)."""
     from heddle.engine.nodes import run_node
 
-    graph = FlowGraph.build(flow)
+    if graph is None or graph.flow is not flow:
+        graph = FlowGraph.build(flow)
     wiring = _Wiring(flow)
     state: dict[str, Any] = dict(inputs)
     step = functools.partial(run_node, ctx)
@@ -262,12 +271,16 @@ async def _journaled_node(ctx: RunContext, journal: Journal, visit: str, node: c
     return produced, branch
 
 
-@contextlib.asynccontextmanager
-async def _model_client(prepared: PreparedRun,
-                        transport: httpx.AsyncBaseTransport | None) -> AsyncIterator[ModelClient | None]:
+def _model_client(prepared: PreparedRun, transport: httpx.AsyncBaseTransport | None
+                  ) -> contextlib.AbstractAsyncContextManager[ModelClient | None]:
     if not prepared.endpoints:
-        yield None
-        return
+        return contextlib.nullcontext()  # a flow that calls no model has no client to open
+    return _open_model_client(prepared, transport)
+
+
+@contextlib.asynccontextmanager
+async def _open_model_client(prepared: PreparedRun,
+                             transport: httpx.AsyncBaseTransport | None) -> AsyncIterator[ModelClient | None]:
     from heddle.model.client import ModelClient
 
     options = prepared.options
@@ -359,10 +372,12 @@ async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *, on_even
         for warning in prepared.warnings:
             warn(warning)
         kinds = prepared.tool_kinds
-        async with _model_client(prepared, transport) as client, open_document_tools(ctx, prepared.flow, kinds):
+        # A flow found to have no document tools keeps the context's empty set: nothing to open.
+        tools = contextlib.nullcontext() if kinds == () else open_document_tools(ctx, prepared.flow, kinds)
+        async with _model_client(prepared, transport) as client, tools:
             ctx.client = client
             try:
-                walked = await _within(options, run_flow(ctx, prepared.flow, dict(inputs)))
+                walked = await _within(options, run_flow(ctx, prepared.flow, dict(inputs), graph=prepared.graph))
             except Suspended as stop:
                 ctx.emit(ev.Waiting(flow=prepared.flow.name, waiting_for=stop.waiting.as_json(),
                                     duration_ms=(time.perf_counter() - started) * 1000))

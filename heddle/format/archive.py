@@ -7,6 +7,8 @@ archives; what happens to payload bytes is up to the caller.
 
 from __future__ import annotations
 
+import itertools
+import operator
 import os
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING
@@ -15,7 +17,16 @@ from heddle.format.errors import BundleLimitError, MalformedBundleError
 from heddle.format.frame import FrameInfo, walk_frame
 from heddle.format.limits import Limits
 from heddle.format.manifest import MODES, PAYLOAD, Manifest
-from heddle.format.tar import END_OF_ARCHIVE, TarHeader, TarReader, describe_type, entry_span, header, padding
+from heddle.format.tar import (
+    BLOCK,
+    END_OF_ARCHIVE,
+    TarHeader,
+    TarReader,
+    describe_type,
+    entry_span,
+    header,
+    padding,
+)
 from heddle.settings import LEVEL
 
 MANIFEST_ENTRY = ".heddle/manifest.json"
@@ -109,7 +120,10 @@ def read_head(fh: IO[bytes], *, what: str, limits: Limits) -> Head:
 def tar_size(manifest: Manifest, manifest_len: int, signatures_len: int) -> int:
     """The exact length of the tar stream such a manifest describes."""
     size = entry_span(manifest_len) + entry_span(signatures_len) + len(END_OF_ARCHIVE)
-    return size + sum(entry_span(f.size) for f in manifest.files)
+    # The sum of entry_span over the files, each term a pass of C: a header each, the data, the padding.
+    sizes = [f.size for f in manifest.files]
+    paddings: int = sum(map(operator.mod, map(operator.neg, sizes), itertools.repeat(BLOCK)))
+    return size + BLOCK * len(sizes) + sum(sizes) + paddings
 
 
 def check_ratio(manifest: Manifest, head: Head, *, what: str, limits: Limits) -> None:

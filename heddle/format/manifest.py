@@ -7,12 +7,14 @@ rather than ignored, because a field this heddle skips is a promise it silently 
 
 from __future__ import annotations
 
+import functools
+import operator
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import pairwise
+from operator import itemgetter
 from typing import Any, ClassVar, Literal, NamedTuple, NoReturn
 
 from heddle import canonical
@@ -30,12 +32,16 @@ from heddle.format.tar import split_name
 FORMAT = "heddle-bundle"
 VERSION = 1
 MODES = (0o644, 0o755)
+_MODE_SET = frozenset(MODES)
 PAYLOAD = "payload/"
 RESERVED_DEST = ".heddle"
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _HEX_BYTES = b"0123456789abcdef"
 _FILE_KEYS = {"path", "size", "sha256", "mode"}
+_FILE_FIELDS = itemgetter("path", "size", "sha256", "mode")  # in FileEntry's order
+# A FileEntry's fields by index, for passes of C over every file.
+_PATH, _SIZE = itemgetter(0), itemgetter(1)
 _FINGERPRINT = re.compile(r"sha256:[0-9a-f]{64}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -55,6 +61,10 @@ class FileEntry(NamedTuple):
 
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "path": self.path, "sha256": self.sha256, "size": self.size}
+
+
+# A FileEntry from a row in its field order, built in C (the class's own constructor is Python).
+_file_entry: Callable[[tuple[Any, ...]], FileEntry] = functools.partial(tuple.__new__, FileEntry)
 
 
 @dataclass(frozen=True)
@@ -183,11 +193,11 @@ class Manifest:
 
     @property
     def total_size(self) -> int:
-        return sum(f.size for f in self.files)
+        return sum(map(_SIZE, self.files))
 
     @cached_property
     def by_path(self) -> dict[str, FileEntry]:
-        return {f.path: f for f in self.files}
+        return dict(zip(map(_PATH, self.files), self.files, strict=True))
 
     @classmethod
     def from_bytes(cls, data: bytes, *, limits: Limits = DEFAULT_LIMITS, what: str = "manifest") -> Manifest:
@@ -217,9 +227,14 @@ class Manifest:
             raise MalformedBundleError(
                 f"{what} is not canonical JSON: it holds the float {floats[0]}; manifests hold integers only"
             )
+        reader = _Reader(what, limits, MalformedBundleError)
+        # The files, when every entry passes every rule (None: the field-by-field reading below
+        # names what is wrong, once the encoding has had its say).
+        value = obj.get("files")
+        files = reader.files_at_once(value) if type(value) is list and len(value) <= limits.max_files else None
         # Re-encoding must give back the very bytes. That also refuses duplicate keys: the
         # parse kept one of them, so the re-encoding is shorter than the input.
-        if canonical.dumps(obj, strict=False) != data:
+        if not _canonical(obj, data, files):
             try:
                 canonical.loads_strict(data)
             except canonical.CanonicalJSONError as exc:
@@ -227,7 +242,7 @@ class Manifest:
             raise MalformedBundleError(
                 f"{what} is not canonical JSON (sorted keys, no spaces, minimal escapes, UTF-8)"
             )
-        return cls.from_json(obj, limits=limits, what=what)
+        return reader.manifest(obj, files=files)
 
     @classmethod
     def from_json(
@@ -239,6 +254,36 @@ class Manifest:
         error: type[BundleError | Exception] = MalformedBundleError,
     ) -> Manifest:
         return _Reader(what, limits, error).manifest(obj)
+
+
+def _files_json(files: tuple[FileEntry, ...]) -> str:
+    """The canonical JSON of `files` (entries that passed `files_at_once`): keys in sorted order,
+    `str` of each exact int, the strings as they are."""
+    return "[" + ",".join([f'{{"mode":{mode},"path":"{path}","sha256":"{sha256}","size":{size}}}'
+                           for path, size, sha256, mode in files]) + "]"
+
+
+def _canonical(obj: dict[str, Any], data: bytes, files: tuple[FileEntry, ...] | None) -> bool:
+    """Whether `data` is the canonical encoding of `obj`, the value parsed from it.
+
+    With `files`, the entries `files_at_once` took from obj["files"], those are written from
+    fixed pieces instead of re-encoded one by one (most of the work): `str` of an exact int is
+    what json writes, and nothing in them is escaped, as the path rules refuse '"', '\\' and
+    control characters and a sha256 is hex. Every other member is re-encoded by
+    `canonical.dumps`, and the pieces joined as it joins them (keys in sorted order).
+    """
+    try:
+        if files is None:
+            return canonical.dumps(obj, strict=False) == data
+        members = []
+        for key in sorted(obj):
+            value = _files_json(files) if key == "files" else canonical.dumps(obj[key], strict=False).decode("utf-8")
+            members.append(canonical.dumps(key, strict=False).decode("utf-8") + ":" + value)
+        # Compared as text with `data` decoded (strictly, as the parse did it): the same as
+        # comparing the bytes. (A lone surrogate in a path stays in the template's text, and differs.)
+        return "{" + ",".join(members) + "}" == data.decode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate, escaped in the text: it has no UTF-8, so no canonical form
+        return False
 
 
 class _Reader:
@@ -299,15 +344,18 @@ class _Reader:
             self.fail(f"{where} ({value!r})", problem)
         return value
 
-    def manifest(self, obj: Any) -> Manifest:
+    def manifest(self, obj: Any, *, files: tuple[FileEntry, ...] | None = None) -> Manifest:
+        """The manifest `obj` describes; `files` is what `files_at_once` made of its files, if it
+        was asked already."""
         present = self.OPTIONAL & set(obj) if isinstance(obj, dict) else frozenset()
         obj = self.keys(obj, "(top level)", self.TOP | present)
         if obj["format"] != FORMAT:
             self.fail("format", f"is {obj['format']!r}, expected {FORMAT!r}")
         if obj["version"] != VERSION or isinstance(obj["version"], bool):
             self.fail("version", f"is {obj['version']!r}; this heddle reads version {VERSION}")
-        files = self.files(obj["files"])
-        by_path = {f.path for f in files}
+        if files is None:
+            files = self.files(obj["files"])
+        by_path = set(map(_PATH, files))
         flow = self.path(obj["flow"], "flow")
         if flow not in by_path:
             self.fail("flow", f"{flow!r} is not one of the files")
@@ -416,37 +464,48 @@ class _Reader:
         """The same checks as the loop in `files`, made over all entries together.
 
         A manifest can list a hundred thousand files, and re-opening a cached bundle is
-        mostly this check. None means something is off: the loop then names it.
+        mostly this check, so each rule is one pass of C over a column (set, map, min/max,
+        join) rather than a step of Python per entry. None means something is off: the loop
+        then names it.
         """
         limits = self.limits
-        if not all(type(item) is dict and item.keys() == _FILE_KEYS for item in value):
+        # Objects of four keys, each of which is one of the four (KeyError): exactly those four.
+        if set(map(type, value)) != {dict} or set(map(len, value)) != {len(_FILE_KEYS)}:
             return None
-        paths = [item["path"] for item in value]
-        sizes = [item["size"] for item in value]
-        shas = [item["sha256"] for item in value]
-        modes = [item["mode"] for item in value]
-        if not all(type(n) is int and 0 <= n <= limits.max_file_bytes for n in sizes):
+        try:
+            rows = list(map(_FILE_FIELDS, value))
+        except KeyError:
+            return None
+        paths, sizes, shas, modes = zip(*rows, strict=True)
+        if set(map(type, sizes)) != {int} or min(sizes) < 0 or max(sizes) > limits.max_file_bytes:
             return None
         if sum(sizes) > limits.max_total_bytes:
             return None
-        if not all(type(m) is int and m in MODES for m in modes):
+        if set(map(type, modes)) != {int} or not set(modes) <= _MODE_SET:
             return None
-        if not all(type(h) is str and len(h) == 64 for h in shas):
+        if set(map(type, shas)) != {str} or set(map(len, shas)) != {64}:
             return None
         hexes = "".join(shas)
         if not hexes.isascii() or hexes.encode("ascii").translate(None, _HEX_BYTES):
             return None
         if not all_clean(paths, max_depth=limits.max_depth):
             return None
-        raws = [p.encode("utf-8") for p in paths]
-        if any(a >= b for a, b in pairwise(raws)):
+        # Sorted by UTF-8 bytes, each once. For ASCII the strings compare as their bytes do.
+        keys: tuple[str, ...] | list[bytes] = paths
+        if not "".join(paths).isascii():
+            try:
+                keys = [p.encode("utf-8") for p in paths]
+            except UnicodeEncodeError:  # a lone surrogate: no UTF-8 bytes to sort by
+                return None
+        if not all(map(operator.lt, keys, keys[1:])):
             return None
-        long_paths = (p for p, r in zip(paths, raws, strict=True) if len(r) + len(PAYLOAD) > 100)
-        if any(split_name(PAYLOAD + p) is None for p in long_paths):
-            return None
+        if max(map(len, keys)) + len(PAYLOAD) > 100:
+            long_paths = (p for p, k in zip(paths, keys, strict=True) if len(k) + len(PAYLOAD) > 100)
+            if any(split_name(PAYLOAD + p) is None for p in long_paths):
+                return None
         if not collision_free(paths):
             return None
-        return tuple(map(FileEntry, paths, sizes, shas, modes))
+        return tuple(map(_file_entry, rows))
 
     def tools(self, value: Any, files: set[str]) -> dict[str, ToolEntry]:
         if not isinstance(value, dict):

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Sequence
+from itertools import repeat
+from operator import itemgetter
 
 MAX_COMPONENT_BYTES = 255
 
@@ -77,25 +80,65 @@ _BAD_CHARS = frozenset(chr(c) for c in [*range(0x20), *range(0x7F, 0xA0)]) - {"\
 _BAD_CHAR = re.compile("[" + "".join(re.escape(c) for c in sorted(_BAD_CHARS)) + "]")
 
 
-def all_clean(paths: list[str], *, max_depth: int) -> bool:
+def all_clean(paths: Sequence[str], *, max_depth: int) -> bool:
     """True when every path passes `path_problem`, checked over all of them at once.
 
-    Re-opening a cached bundle is mostly this check, so it is done with set and string
-    operations over the joined paths and their distinct components, not a loop of
-    regular expressions per path. False means "look closer": `path_problem` on each path
-    names the one at fault.
+    Re-opening a cached bundle is mostly this check, so it is done with passes of C over the
+    joined paths (translate, substring search, a regular expression with a literal prefix),
+    not a loop of regular expressions per path. False means "look closer": `path_problem`
+    on each path names the one at fault.
     """
-    if not all(type(p) is str and p for p in paths):
+    if not paths or set(map(type, paths)) != {str} or not all(paths):
         return False
     blob = "\n".join(paths)
-    if blob.count("\n") != len(paths) - 1 or _BAD_CHAR.search(blob):
+    if blob.count("\n") != len(paths) - 1:  # a path holds a line feed
         return False
-    if not blob.isascii() and not unicodedata.is_normalized("NFC", blob):
+    if not blob.isascii():
+        return _all_clean_unicode(paths, blob, max_depth=max_depth)
+    raw = blob.encode("ascii")
+    if raw.translate(None, _ASCII_ALLOWED):  # what is left is a control character or one of '\\<>:"|?*'
         return False
-    if max(p.count("/") for p in paths) >= max_depth:
+    # Each path as `/a/b/c/`, lower-cased, one after another: every component between two '/'.
+    slashed = (b"\n" + raw + b"\n").translate(_SLASHED_LOWER)
+    # An empty component, or one ending in a space or a dot (so '.' and '..' as well).
+    if b"//" in slashed or b" /" in slashed or b"./" in slashed:
+        return False
+    if any(device.search(slashed) for device in _ASCII_DEVICES):
+        return False
+    # With no empty component, a path of n components has at least 2n - 1 characters: only a
+    # long path can be too deep, or hold a component over 255 bytes (characters, in ASCII).
+    longest = min(2 * max_depth, MAX_COMPONENT_BYTES)
+    if max(map(len, paths)) > longest:
+        for path in paths:
+            if len(path) > longest and (path.count("/") >= max_depth
+                                        or max(map(len, path.split("/"))) > MAX_COMPONENT_BYTES):
+                return False
+    return True
+
+
+_ASCII_ALLOWED = bytes(c for c in range(0x80) if chr(c) not in _BAD_CHARS)
+_SLASHED_LOWER = bytes.maketrans(b"\n" + bytes(range(0x41, 0x5B)), b"/" + bytes(range(0x61, 0x7B)))
+# A component `windows_reserved` refuses, lower-cased ASCII between two '/': a device name,
+# spaces, then a dot or the component's end (the superscript digits are not ASCII). Each
+# starts with a literal, which the regular expression engine searches for at C speed.
+_ASCII_DEVICES = tuple(re.compile(pattern) for pattern in (
+    rb"/co(?:n|nin\$|nout\$|m[1-9]) *[./]", rb"/prn *[./]", rb"/aux *[./]", rb"/nul *[./]", rb"/lpt[1-9] *[./]",
+))
+
+
+def _all_clean_unicode(paths: Sequence[str], blob: str, *, max_depth: int) -> bool:
+    """`all_clean` of paths that are not all ASCII."""
+    if _BAD_CHAR.search(blob) or not unicodedata.is_normalized("NFC", blob):
+        return False
+    if max(map(str.count, paths, repeat("/"))) >= max_depth:
         return False
     parts = set(blob.replace("\n", "/").split("/"))
-    if "" in parts or "." in parts or ".." in parts or max(map(len, parts)) > MAX_COMPONENT_BYTES // 4:
+    if "" in parts or "." in parts or ".." in parts:
+        return False
+    # A component of at most a quarter of 255 characters is within 255 UTF-8 bytes.
+    short = MAX_COMPONENT_BYTES // 4
+    if max(map(len, parts)) > short and any(len(part.encode("utf-8", "surrogatepass")) > MAX_COMPONENT_BYTES
+                                            for part in parts if len(part) > short):
         return False
     # A name ends in a space or a dot where one stands before a separator or the end.
     if " /" in blob or "./" in blob or " \n" in blob or ".\n" in blob or blob[-1] in " .":
@@ -105,15 +148,20 @@ def all_clean(paths: list[str], *, max_depth: int) -> bool:
                    and (len(part) <= 7 or "." in part[3:8] or " " in part[3:8]))
 
 
-def collision_free(paths: list[str]) -> bool:
+def collision_free(paths: Sequence[str]) -> bool:
     """True when no two paths fold to one name and no file folds to another's directory."""
-    keys = [fold(p) for p in paths]
+    blob = "\n".join(paths)
+    if blob.isascii() and blob.count("\n") == len(paths) - 1:
+        keys = blob.lower().split("\n")  # `fold` of each path, in one pass
+    else:
+        keys = [fold(p) for p in paths]
     files = set(keys)
     if len(files) != len(keys):
         return False
-    parents: set[str] = set()
-    for key in keys:
-        parent = key.rpartition("/")[0]
+    parents = set(map(itemgetter(0), map(str.rpartition, keys, repeat("/"))))
+    parents.discard("")
+    for folder in list(parents):
+        parent = folder.rpartition("/")[0]
         while parent and parent not in parents:
             parents.add(parent)
             parent = parent.rpartition("/")[0]

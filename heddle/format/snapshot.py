@@ -14,13 +14,16 @@ sha256 binding it to the entry's key (the manifest digest), then its JSON body.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import posixpath
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import chain, repeat
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from heddle.format.manifest import Manifest
@@ -54,6 +57,10 @@ class FileStat(NamedTuple):
     @classmethod
     def of(cls, path: str, st: os.stat_result) -> FileStat:
         return cls(path, st.st_mode, st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+
+
+# A FileStat from a row in its field order, built in C (the class's own constructor is Python).
+_file_stat: Callable[[Iterable[Any]], FileStat] = functools.partial(tuple.__new__, FileStat)
 
 
 @dataclass(frozen=True)
@@ -102,22 +109,22 @@ class Snapshot:
     def _from_body(cls, body: Any, key: str) -> Snapshot:
         if not isinstance(body, dict) or body["format"] != FORMAT or body["key"] != key:
             raise ValueError("not this entry's")
-        files = []
-        for row in body["files"]:
-            path, mode, size, dev, ino, mtime_ns, ctime_ns = row
-            # json gives exact types: `type() is` keeps bools and floats out, and is fast.
-            if (type(path) is not str or type(mode) is not int or type(size) is not int or type(dev) is not int
-                    or type(ino) is not int or type(mtime_ns) is not int or type(ctime_ns) is not int):
+        rows, dirs, name, legacy = body["files"], body["dirs"], body["name"], body.get("legacy")
+        # Each a pass of C over all rows: a warm open reads thousands. json gives exact types, so
+        # `type() is` keeps bools and floats out.
+        if type(rows) is not list or type(dirs) is not list or not isinstance(name, str):
+            raise ValueError("bad fields")
+        if rows:
+            if set(map(type, rows)) != {list} or set(map(len, rows)) != {len(FileStat._fields)}:
+                raise ValueError("bad rows")
+            columns = list(zip(*rows, strict=True))
+            if set(map(type, columns[0])) != {str} or set(map(type, chain.from_iterable(columns[1:]))) != {int}:
                 raise ValueError("bad row")
-            files.append(FileStat(path, mode, size, dev, ino, mtime_ns, ctime_ns))
-        dirs = body["dirs"]
-        name = body["name"]
-        legacy = body.get("legacy")
-        if not isinstance(name, str) or not all(isinstance(d, str) for d in dirs):
+        if not set(map(type, dirs)) <= {str}:
             raise ValueError("bad names")
         if legacy is not None and not isinstance(legacy, dict):
             raise ValueError("bad legacy")
-        return cls(key, name, tuple(files), tuple(dirs), legacy)
+        return cls(key, name, tuple(map(_file_stat, rows)), tuple(dirs), legacy)
 
 
 def _seal(key: str, raw: bytes) -> str:
@@ -126,6 +133,12 @@ def _seal(key: str, raw: bytes) -> str:
 
 def sealed_mode(executable: bool) -> int:
     return stat.S_IFREG | (0o555 if executable else 0o444)
+
+
+# The sealed st_mode of each manifest mode; and the columns `consistent` compares.
+_SEALED_MODES = {0o644: sealed_mode(False), 0o755: sealed_mode(True)}
+_ROW_PATH, _ROW_MODE, _ROW_SIZE = itemgetter(0), itemgetter(1), itemgetter(2)
+_ENTRY_PATH, _ENTRY_SIZE, _ENTRY_MODE = itemgetter(0), itemgetter(1), itemgetter(3)
 
 
 def record(payload: str | os.PathLike[str], *, key: str, name: str, legacy: dict[str, Any] | None = None) -> Snapshot:
@@ -153,8 +166,10 @@ def _walk(top: str, rel: str = "") -> Iterable[tuple[str, os.stat_result]]:
 
 
 def parent_dirs(paths: Iterable[str]) -> set[str]:
-    out: set[str] = set()
-    for path in paths:
+    # The folders files are in (one pass of C), then the folders those are in.
+    out = set(map(itemgetter(0), map(str.rpartition, paths, repeat("/"))))
+    out.discard("")
+    for path in list(out):
         folder = path.rpartition("/")[0]
         while folder and folder not in out:
             out.add(folder)
@@ -221,11 +236,17 @@ def consistent(snapshot: Snapshot, manifest: Manifest, *, exact_dirs: bool) -> s
     listed = manifest.by_path
     if len(snapshot.files) != len(listed):
         return "the snapshot does not list this bundle's files"
-    modes = (sealed_mode(False), sealed_mode(True))
-    for f in snapshot.files:
-        item = listed.get(f.path)
-        if item is None or f.size != item.size or f.mode != modes[item.mode == 0o755]:
-            return f"the snapshot does not match the manifest at {f.path!r}"
+    # Both lists are sorted by path as heddle writes them, so the rows line up with the files:
+    # path, size and mode compared column by column, in C. Anything else is looked up row by row.
+    rows, files = snapshot.files, manifest.files
+    if (list(map(_ROW_PATH, rows)) != list(map(_ENTRY_PATH, files))
+            or list(map(_ROW_SIZE, rows)) != list(map(_ENTRY_SIZE, files))
+            or list(map(_ROW_MODE, rows)) != list(map(_SEALED_MODES.get, map(_ENTRY_MODE, files)))):
+        modes = (sealed_mode(False), sealed_mode(True))
+        for f in snapshot.files:
+            item = listed.get(f.path)
+            if item is None or f.size != item.size or f.mode != modes[item.mode == 0o755]:
+                return f"the snapshot does not match the manifest at {f.path!r}"
     implied = parent_dirs(listed)
     dirs = set(snapshot.dirs)
     if not implied <= dirs or (exact_dirs and dirs != implied):
@@ -291,7 +312,7 @@ class _ProofWalk:
 
     def __init__(self, snapshot: Snapshot, manifest: Manifest, hashed: frozenset[str]) -> None:
         self.listed = manifest.by_path
-        self.recorded = {f.path: f for f in snapshot.files}
+        self.recorded = dict(zip(map(_ROW_PATH, snapshot.files), snapshot.files, strict=True))
         self.dirs = frozenset(snapshot.dirs)
         self.hashed = hashed
         self.uid = os.geteuid()
@@ -303,41 +324,56 @@ class _ProofWalk:
     def folder(self, fd: int, rel: str, depth: int) -> str | None:
         """The first problem in the folder open at `fd` (at `rel`), or None."""
         prefix = f"{rel}/" if rel else ""
-        listed, recorded, seen = self.listed, self.recorded, self.seen_files
-        for name in os.listdir(fd):
-            path = prefix + name
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            mode = st.st_mode
-            if stat.S_ISDIR(mode):
-                if path not in self.dirs:
-                    return f"{path!r} is a folder the bundle does not have"
-                if mode != SEALED_DIR_MODE or st.st_uid != self.uid:
-                    return f"folder {path!r} is no longer read-only"
-                if depth >= _MAX_WALK_DEPTH:
-                    return f"folder {path!r} is deeper than a bundle's paths go"
-                self.seen_dirs += 1
-                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-                try:
-                    problem = self.folder(child, path, depth + 1)
-                finally:
-                    os.close(child)
+        recorded, hashed, seen = self.recorded, self.hashed, self.seen_files
+        # scandir on a descriptor stats each entry relative to it (fstatat, links not followed).
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                path = prefix + entry.name
+                st = entry.stat(follow_symlinks=False)
+                row = recorded.get(path)
+                # `consistent` matched every row to the manifest (a listed path, its size, its
+                # sealed mode): a file exactly as recorded, and not one re-hashed on every open,
+                # passes every check below, so it is taken here in a few steps.
+                if row is not None and path not in hashed:
+                    now = (path, st.st_mode, st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+                    if now == row:
+                        seen.append(now)
+                        continue
+                problem = self.entry(fd, entry.name, path, st, row, depth)
                 if problem is not None:
                     return problem
-                continue
-            item = listed.get(path)
-            if item is None:
-                return f"{path!r} is not in the manifest"
-            if not stat.S_ISREG(mode):
-                return f"{path!r} is not a regular file"
-            if mode != self.modes[item.mode == 0o755]:
-                return f"{path!r} changed mode"
-            now = (path, mode, st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
-            row = recorded.get(path)
-            if now != row or path in self.hashed:
-                if not _same_bytes(fd, name, item.size, item.sha256):
-                    return f"{path!r} changed content"
-                self.moved = self.moved or now != row
-            seen.append(now)
+        return None
+
+    def entry(self, fd: int, name: str, path: str, st: os.stat_result, row: FileStat | None,
+              depth: int) -> str | None:
+        """The problem with one entry of the folder open at `fd`, or None."""
+        mode = st.st_mode
+        if stat.S_ISDIR(mode):
+            if path not in self.dirs:
+                return f"{path!r} is a folder the bundle does not have"
+            if mode != SEALED_DIR_MODE or st.st_uid != self.uid:
+                return f"folder {path!r} is no longer read-only"
+            if depth >= _MAX_WALK_DEPTH:
+                return f"folder {path!r} is deeper than a bundle's paths go"
+            self.seen_dirs += 1
+            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            try:
+                return self.folder(child, path, depth + 1)
+            finally:
+                os.close(child)
+        item = self.listed.get(path)
+        if item is None:
+            return f"{path!r} is not in the manifest"
+        if not stat.S_ISREG(mode):
+            return f"{path!r} is not a regular file"
+        if mode != self.modes[item.mode == 0o755]:
+            return f"{path!r} changed mode"
+        now = (path, mode, st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        if now != row or path in self.hashed:
+            if not _same_bytes(fd, name, item.size, item.sha256):
+                return f"{path!r} changed content"
+            self.moved = self.moved or now != row
+        self.seen_files.append(now)
         return None
 
 

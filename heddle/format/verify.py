@@ -15,9 +15,11 @@ and `prove_file` (what `heddle verify` asks for) reads and checks this file's pa
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -88,6 +90,23 @@ class Peek:
     @property
     def digest(self) -> str | None:
         return None if self.legacy else hashlib.sha256(self.manifest_bytes).hexdigest()
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Hold off the cyclic garbage collector while a manifest and a snapshot are read and
+    checked: they make tens of thousands of small containers, none in a cycle, and every
+    collection in between walks those still alive (a tenth of a warm open, measured).
+    Reference counting frees them all the same, and the collector is left as it was found
+    (another thread's pause included: only the one that turned it off turns it back on)."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def sealed_manifest(head: Head, *, what: str, limits: Limits) -> Manifest:
@@ -161,15 +180,16 @@ def open_bundle(
         signers = decide_trust(
             head.manifest_bytes, signatures, trusted_keys, allow_unsigned=allow_unsigned, what=what
         )
-        manifest = sealed_manifest(head, what=what, limits=limits)
-        digest = hashlib.sha256(head.manifest_bytes).hexdigest()
-        cache.open(create=True)
-        cached, repaired = False, None
-        if cache.has(digest):
-            repaired = reprove(cache, digest, manifest, deep=deep)
-            cached = repaired is None
-            if not cached:
-                cache.evict(digest)
+        with collector_paused():
+            manifest = sealed_manifest(head, what=what, limits=limits)
+            digest = hashlib.sha256(head.manifest_bytes).hexdigest()
+            cache.open(create=True)
+            cached, repaired = False, None
+            if cache.has(digest):
+                repaired = reprove(cache, digest, manifest, deep=deep)
+                cached = repaired is None
+        if repaired is not None:  # the cached tree did not hold: verified again from this file
+            cache.evict(digest)
         if cached:
             if prove_file:
                 walk_payload(head.reader, manifest, lambda _item: _DISCARD, what=what, progress=progress)

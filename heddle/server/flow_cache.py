@@ -76,6 +76,10 @@ class Ready:
         return all(os.access(path, mode) for path, mode in self.premises)
 
 
+# json.dumps(value, separators=(",", ":"), allow_nan=False), its encoder made once, not per request.
+_KEY_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -88,7 +92,7 @@ def value_key(value: Any) -> tuple[str, int] | None:
         return f"text:{_digest(data)}", len(data)
     if isinstance(value, dict):
         try:
-            data = json.dumps(value, separators=(",", ":"), allow_nan=False).encode("ascii")
+            data = _KEY_ENCODER.encode(value).encode("ascii")
         except (ValueError, TypeError):
             return None
         return f"object:{_digest(data)}", len(data)

@@ -54,6 +54,7 @@ class Metrics:
         self.pull_errors = Counter("heddle_bundle_pull_errors", "Checks of the followed tag that could not reach or "
                                    "read the registry (retried on the next interval).", registry=self.registry)
         self._serving = False
+        self._by_outcome: dict[str, Any] = {}
 
     def bundle_served(self, sealed: Any, oci_digest: str | None) -> None:
         """`sealed` (a SealedRun, or None for a server of flows) is what is served from now on."""
@@ -87,7 +88,11 @@ class Metrics:
         self.rejected.labels(reason=reason).inc()
 
     def run_finished(self, outcome: str, seconds: float) -> None:
-        self.duration.labels(outcome=outcome).observe(seconds)
+        # Outcomes are a handful of fixed words: each one's series is looked up once.
+        series = self._by_outcome.get(outcome)
+        if series is None:
+            series = self._by_outcome[outcome] = self.duration.labels(outcome=outcome)
+        series.observe(seconds)
 
     def tool_called(self, tool: str, ok: bool) -> None:
         self.tool_calls.labels(tool=tool, outcome="ok" if ok else "error").inc()

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 FIELDS = ("flow", "flowPath", "inputs", "message", "tools")
 SESSION_FIELDS = ("session", "answer", "resume")
+_KNOWN = frozenset(FIELDS + SESSION_FIELDS)
 # Folders on the server are chosen by its operator when it starts, never by a caller.
 SERVER_ONLY = {"toolsDir": "--tools-dir", "flowsRoot": "--flows-root"}
 
@@ -39,7 +40,7 @@ def parse_run_request(body: dict[str, Any], *, allow_request_code: bool, session
         if key in body:
             raise bad_request(f"request field {key!r} is not accepted: that folder is set when the server "
                               f"starts ({flag}), never by a request", "forbidden_field")
-    unknown = sorted(set(body) - set(FIELDS) - set(SESSION_FIELDS))
+    unknown = sorted(body.keys() - _KNOWN)
     if unknown:
         raise bad_request(f"request field {unknown[0]!r} is unknown; a request has flow or flowPath, inputs, "
                           "message (for an agent document), tools (with --allow-request-code), and session, "
@@ -75,12 +76,12 @@ SESSIONS_OFF = ("this server keeps no sessions (it is stateless); its operator c
 
 
 def _session_fields(body: dict[str, Any], *, sessions: bool | None) -> tuple[str | None, Answer | None, bool]:
-    from heddle.engine.journal import Answer
-    from heddle.sessions.store import check_session_id
-
     named = [key for key in SESSION_FIELDS if key in body]
     if not named:
         return None, None, False
+    from heddle.engine.journal import Answer
+    from heddle.sessions.store import check_session_id
+
     if sessions is None:
         raise bad_request(f"request field {named[0]!r} is for POST /v1/runs; validating runs nothing, so it uses "
                           "no session")

@@ -214,16 +214,42 @@ class RunResponse:
             self.ticket.release()
 
     async def _watch(self, run: RunTask, receive: Receive) -> bool:
-        """Wait for the run to end; True if the client left first (the run is then cancelled)."""
-        gone = asyncio.create_task(_disconnected(receive))
+        """Wait for the run to end; True if the client left first (the run is then cancelled).
+
+        The client is watched from the end of the run's first step: until then the loop runs
+        nothing else, so nothing could be heard sooner (a disconnect meanwhile is still heard, as
+        the connection keeps it), and a run that ends within that step needs no watcher at all.
+        The run is awaited itself, so that its end wakes this task at once."""
+        loop = asyncio.get_running_loop()
+        gone: asyncio.Task[None] | None = None
+        waiting = True
+
+        def client_left(task: asyncio.Task[None]) -> None:
+            if not task.cancelled():
+                run.cancel()
+
+        def watch() -> None:
+            nonlocal gone
+            if waiting and not run.done():
+                gone = loop.create_task(_disconnected(receive))
+                gone.add_done_callback(client_left)
+
+        loop.call_soon(watch)  # after the run's first step, which create_task scheduled before it
         try:
-            await asyncio.wait({run, gone}, return_when=asyncio.FIRST_COMPLETED)
+            await run
+        except BaseException:
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():
+                raise  # this response was cancelled (and, awaiting the run, cancelled it too)
+            # Else the run's own end, a failure or a cancellation: the caller reads it from the task.
         finally:
-            left = gone.done() and not gone.cancelled()
+            waiting = False
+            left = gone is not None and gone.done() and not gone.cancelled()
             if not run.done():
                 run.cancel()
                 await _settle(run)
-            gone.cancel()
+            if gone is not None:
+                gone.cancel()
         return left and run.cancelled()
 
     async def _answered(self, receive: Receive, send: Send) -> str:

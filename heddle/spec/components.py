@@ -8,18 +8,90 @@ so a document re-serialises as it was written.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    PrivateAttr,
+    Tag,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import CoreSchema, PydanticKnownError, core_schema
 
 Property = dict[str, Any]
 """A JSON Schema fragment with a `title`: an input or output of a component."""
 
 
-# Every model is built when it first validates, not when it is defined (defer_build): a document
-# is validated as a Flow (or an Agent, or a node), whose validator holds every type it reaches,
-# while building all fifty models on import built that tree again for each model that reaches it
-# (each node holding a subflow, both edges, the Flow), in every process. The default factories are
+# The types whose values pydantic will not read fields from (an object of any other type has its
+# attributes read, as a model instance's are).
+_NOT_OBJECTS = ("builtins", "datetime", "collections")
+
+
+class Tagged:
+    """`Annotated[A | B | ..., Tagged(...)]`: a tagged union whose members are validated by their
+    own validators, each built the first time a document holds that member.
+
+    pydantic builds a union's validator with every member's inside, so a Flow's took every node,
+    tool, agent and transport model heddle has (some 160 model schemas) to read a flow of three
+    ToolNodes. Here the union picks the member by its tag and hands the value to that member's
+    validator, with the errors pydantic gives for a tagged union, word for word: the tag found by
+    `on` (a field name, or a function of the value) and, when none is found or it names no member,
+    the union's own error. A member's errors keep their location beneath the union's, without the
+    tag pydantic puts between them (heddle.spec.document leaves it out of a document's error line).
+    """
+
+    def __init__(self, on: str | Callable[[Any], Any]) -> None:
+        self.on = on
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        members: dict[str, type[BaseModel]] = {}
+        for member in get_args(source):
+            if get_origin(member) is Annotated:
+                cls, metadata = get_args(member)[0], member.__metadata__
+                tags = [m.tag for m in metadata if isinstance(m, Tag)]
+            else:
+                cls = member
+                tags = list(get_args(cls.model_fields[str(self.on)].annotation))
+            for tag in tags:
+                members.setdefault(tag, cls)
+        on = self.on
+        named = f"{on.__name__}()" if callable(on) else repr(on)
+        expected = ", ".join(f"'{tag}'" for tag in members)
+
+        def validate(value: Any) -> Any:
+            if callable(on):
+                tag = on(value)
+                if tag is None:
+                    raise PydanticKnownError("union_tag_not_found", {"discriminator": named})
+            else:
+                if isinstance(value, dict):
+                    if on not in value:
+                        raise PydanticKnownError("union_tag_not_found", {"discriminator": named})
+                    tag = value[on]
+                elif type(value).__module__ in _NOT_OBJECTS:
+                    raise PydanticKnownError("model_attributes_type")
+                elif not hasattr(value, on):
+                    raise PydanticKnownError("union_tag_not_found", {"discriminator": named})
+                else:
+                    tag = getattr(value, on)
+            cls = members.get(tag) if isinstance(tag, str) else None
+            if cls is None:
+                raise PydanticKnownError("union_tag_invalid",
+                                         {"discriminator": named, "tag": str(tag), "expected_tags": expected})
+            return cls.__pydantic_validator__.validate_python(value)
+
+        return core_schema.no_info_plain_validator_function(validate)
+
+
+# Every model is built when it first validates, not when it is defined (defer_build): building all
+# fifty models on import built the tree of types each reaches again for each of them, in every
+# process; and a union of models (`Tagged`) builds a member's validator only when a document holds
+# one, so reading a flow builds the models it uses, not every one heddle has. The default factories are
 # Python functions, not `list` and `dict`: pydantic reads each factory's signature while building,
 # and a builtin's signature is parsed from its text each time.
 def _list() -> list[Any]:
@@ -101,7 +173,7 @@ class OpenAiConfig(LlmConfigBase):
 
 LlmConfig = Annotated[
     OpenAiCompatibleConfig | VllmConfig | OllamaConfig | OpenAiConfig,
-    Field(discriminator="component_type"),
+    Tagged("component_type"),
 ]
 
 # --------------------------------------------------------------------------- tools
@@ -272,7 +344,7 @@ class StreamableHTTPmTLSTransport(_MutualTLS, StreamableHTTPTransport):
 
 ClientTransport = Annotated[
     StdioTransport | SSETransport | SSEmTLSTransport | StreamableHTTPTransport | StreamableHTTPmTLSTransport,
-    Field(discriminator="component_type"),
+    Tagged("component_type"),
 ]
 
 
@@ -320,7 +392,7 @@ class MCPToolBox(Component):
         return self
 
 
-Tool = Annotated[ServerTool | MCPTool | RemoteTool | ClientTool | BuiltinTool, Field(discriminator="component_type")]
+Tool = Annotated[ServerTool | MCPTool | RemoteTool | ClientTool | BuiltinTool, Tagged("component_type")]
 
 
 class Agent(WithIO):
@@ -389,7 +461,7 @@ HANDOFF_CONVERSATION = "handoff_conversation"
 HandoffMode = Literal["never", "optional", "always"]
 _MEMBER_TYPES = ("Agent", "SpecializedAgent")
 
-Member = Annotated[Agent | SpecializedAgent, Field(discriminator="component_type")]
+Member = Annotated[Agent | SpecializedAgent, Tagged("component_type")]
 
 
 def _members_only(value: Any, where: str) -> Any:
@@ -613,7 +685,7 @@ class LlmNode(NodeBase):
 
 class AgentNode(NodeBase):
     component_type: Literal["AgentNode"] = "AgentNode"
-    agent: Annotated[Agentic, Field(discriminator="component_type")]
+    agent: Annotated[Agentic, Tagged("component_type")]
 
 
 class BranchingNode(NodeBase):
@@ -939,7 +1011,7 @@ Node = Annotated[
     | Annotated[InputMessageNode, Tag("InputMessageNode")]
     | Annotated[OutputMessageNode, Tag("OutputMessageNode")]
     | Annotated[PluginNode, Tag("PluginNode")],
-    Discriminator(_node_tag),
+    Tagged(_node_tag),
 ]
 
 # --------------------------------------------------------------------------- edges and flow

@@ -273,7 +273,7 @@ class CommandTool:
                             chdir=cwd if in_bundle else None)
         limit, shown, hint = self._limit()
         return await run_process(self.command.name, argv, b"", cwd=cwd, env=env, timeout=limit,
-                                 sandboxed=policy.safe, timeout_hint=hint, timeout_text=shown, exact_env=True)
+                                 sandboxed=policy.safe, timeout_hint=hint, timeout_text=shown)
 
     async def _probe(self, program: str, workspace: Workspace, cwd: Path, in_bundle: bool) -> None:
         """Fail closed unless the program reports the expected version."""

@@ -5,10 +5,11 @@ and stderr are read (the event loop does all three at once), so megabytes in eit
 direction cannot deadlock on a full pipe.
 
 A tool's children must not outlive the call, whatever sessions they make. On Linux each call
-runs under `reaper.py`, a child subreaper that kills everything the tool left behind once it
-exits (and on a timeout, a cancelled run, or heddle's own death). Under `--safe` the
-sandbox's pid namespace does the same, so a sandboxed call needs no reaper. Elsewhere the
-tool's process group is killed, which a `setsid` child escapes.
+runs under its own reaper, a child subreaper forked for it by the reaper server
+(heddle/tools/reaper.py, started once per heddle process by heddle/tools/spawner.py) that kills
+everything the tool left behind once it exits (and on a timeout, a cancelled run, or heddle's
+own death). Under `--safe` the sandbox's pid namespace does the same, so a sandboxed call needs
+no reaper. Elsewhere the tool's process group is killed, which a `setsid` child escapes.
 
 The call ends when the tool exits, not when its pipes close: what it wrote before exiting is
 read for a short grace, and a process that escaped the kill and still holds a pipe is cut off.
@@ -21,15 +22,15 @@ import errno
 import json
 import os
 import signal
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from heddle.errors import ToolError
 from heddle.safeparse import ParseLimitError, loads_json
 from heddle.surface import CLI, Surface
+from heddle.tools import spawner
 
 STDERR_CAP = 2000
 # Seconds of reading after the tool's exit: ample for what is already in the pipes, short
@@ -38,19 +39,11 @@ DRAIN_GRACE = 1.0
 # Seconds a stopped call gives the reaper to kill the tool before killing both outright.
 STOP_GRACE = 5.0
 
-REAPER = Path(__file__).with_name("reaper.py")
-
-
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _reaper_available() -> bool:
-    return (sys.platform.startswith("linux") and bool(sys.executable)
-            and not getattr(sys, "frozen", False) and REAPER.is_file())
 
 
 class _Call(asyncio.SubprocessProtocol):
@@ -85,31 +78,188 @@ def _start_error(name: str, program: str, code: int, strerror: str | None = None
     return ToolError(name, f"{program} could not be started: {strerror or os.strerror(code)}{hint}")
 
 
-def _read_status(fd: int) -> str:
-    """The reaper's report; it has exited, so the pipe holds all there will be."""
-    os.set_blocking(fd, False)
-    try:
-        return os.read(fd, 256).decode("ascii", "replace").strip()
-    except BlockingIOError:
-        return ""
+class _Running(Protocol):
+    """A started call, however it was started."""
+
+    def feed(self, payload: bytes) -> None:
+        """Write the tool's whole input and close its stdin."""
+
+    async def stop(self) -> None:
+        """Kill the tool and what it started, and wait for that."""
+
+    def after_exit(self) -> None:
+        """What the tool's exit leaves to do before its output is drained."""
+
+    def outcome(self, name: str, program: str, cwd: Path | None) -> int:
+        """The tool's exit status (negative: killed by that signal); ToolError when it never ran."""
+
+    def close(self) -> None:
+        """Release the call's pipes and transports, while the loop runs."""
 
 
-async def _stop(transport: asyncio.SubprocessTransport, call: _Call, reaper: bool) -> None:
-    """Kill a running call and wait for it: through the reaper, which takes the tool's
-    descendants along, or by process group."""
-    pid = transport.get_pid()
-    if reaper:
+class _Grouped:
+    """A process started directly, leader of a process group of its own: inside a sandbox,
+    whose end takes every process in it along, or where no reaper can run."""
+
+    def __init__(self, transport: asyncio.SubprocessTransport, call: _Call) -> None:
+        self.transport, self.call = transport, call
+
+    @classmethod
+    async def start(cls, call: _Call, name: str, argv: Sequence[str], cwd: Path | None,
+                    env: Mapping[str, str] | None) -> _Grouped:
+        loop = asyncio.get_running_loop()
         try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+            transport, _ = await loop.subprocess_exec(
+                lambda: call, *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, cwd=str(cwd) if cwd else None,
+                env=dict(env) if env is not None else None, start_new_session=True)
+        except OSError as exc:
+            raise _start_error(name, argv[0], exc.errno or 0, exc.strerror) from None
+        return cls(transport, call)
+
+    def feed(self, payload: bytes) -> None:
+        stdin = self.transport.get_pipe_transport(0)
+        if isinstance(stdin, asyncio.WriteTransport):
+            # Buffered by the transport and flushed as the tool reads; a tool that exits unread
+            # just closes the pipe.
+            stdin.write(payload)
+            stdin.close()
+
+    async def stop(self) -> None:
+        _kill_group(self.transport.get_pid())
+        await self.call.exited
+
+    def after_exit(self) -> None:
+        # Children the tool left behind in its group must not outlive the call either.
+        _kill_group(self.transport.get_pid())
+
+    def outcome(self, name: str, program: str, cwd: Path | None) -> int:
+        returncode = self.transport.get_returncode()
+        assert returncode is not None  # process_exited has run
+        return returncode
+
+    def close(self) -> None:
+        # Closed here, while the loop runs: a transport left to the garbage collector closes
+        # its pipes on a loop that may be gone.
+        self.transport.close()
+
+
+class _Reader(asyncio.Protocol):
+    """One of a reaped call's output pipes, read into its `_Call` as a subprocess's would be."""
+
+    def __init__(self, call: _Call, fd: int) -> None:
+        self.call, self.fd = call, fd
+
+    def data_received(self, data: bytes) -> None:
+        self.call.pipe_data_received(self.fd, data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.call.pipe_connection_lost(self.fd, exc)
+
+
+class _Status(asyncio.Protocol):
+    """A reaped call's status pipe: the reaper's report, and by the pipe's end the call's end."""
+
+    def __init__(self, call: _Call) -> None:
+        self.call = call
+        self.text = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        self.text.extend(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.call.process_exited()
+
+    def lines(self) -> list[str]:
+        return [line.strip() for line in self.text.decode("ascii", "replace").splitlines() if line.strip()]
+
+    def reaper_pid(self) -> int | None:
+        kind, _, value = (self.lines() or [""])[0].partition(" ")
+        return int(value) if kind == "pid" and value.isdigit() else None
+
+
+class _Reaped:
+    """A call under a reaper of its own, forked by this process's reaper server."""
+
+    def __init__(self, call: _Call, control: int) -> None:
+        self.call = call
+        self.control: int | None = control
+        self.status = _Status(call)
+        self.stdin: asyncio.WriteTransport | None = None
+        self.transports: list[asyncio.BaseTransport] = []
+
+    @classmethod
+    async def start(cls, call: _Call, name: str, argv: Sequence[str], cwd: Path | None,
+                    env: Mapping[str, str] | None) -> _Reaped:
         try:
-            await asyncio.wait_for(asyncio.shield(call.exited), STOP_GRACE)
+            pipes = spawner.SPAWNER.spawn(argv, os.environ if env is None else env, str(cwd) if cwd else None)
+        except OSError as exc:
+            raise ToolError(name, f"its runner ({spawner.REAPER}) could not be started: "
+                            f"{exc.strerror or exc}") from None
+        self = cls(call, pipes.control)
+        # Each transport closes its own file.
+        files = [os.fdopen(fd, "rb" if fd != pipes.stdin else "wb", buffering=0)
+                 for fd in (pipes.stdout, pipes.stderr, pipes.status, pipes.stdin)]
+        loop = asyncio.get_running_loop()
+        try:
+            for file, protocol in zip(files, (_Reader(call, 1), _Reader(call, 2), self.status), strict=False):
+                transport, _ = await loop.connect_read_pipe(lambda p=protocol: p, file)  # type: ignore[misc]
+                self.transports.append(transport)
+            stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, files[3])
+            self.transports.append(stdin)
+            self.stdin = stdin
+        except BaseException:
+            self.close()
+            for file in files:
+                file.close()
+            raise
+        return self
+
+    def feed(self, payload: bytes) -> None:
+        assert self.stdin is not None
+        self.stdin.write(payload)
+        self.stdin.close()
+
+    def _close_control(self) -> None:
+        if self.control is not None:
+            os.close(self.control)
+            self.control = None
+
+    async def stop(self) -> None:
+        self._close_control()  # the reaper kills the tool and what it left
+        try:
+            await asyncio.wait_for(asyncio.shield(self.call.exited), STOP_GRACE)
             return
         except TimeoutError:
             pass
-    _kill_group(pid)
-    await call.exited
+        # A reaper that did not end in time is killed with its group; one that never reported
+        # has nothing to kill yet, and stops its tool as soon as it starts, its control closed.
+        pid = self.status.reaper_pid()
+        if pid is not None:
+            _kill_group(pid)
+            await self.call.exited
+
+    def after_exit(self) -> None:
+        pass  # the reaper has killed the tool's leftovers before its report
+
+    def outcome(self, name: str, program: str, cwd: Path | None) -> int:
+        kind, _, value = (self.status.lines() or [""])[-1].partition(" ")
+        if kind == "exit" and value.lstrip("-").isdigit():
+            return int(value)
+        if value.isdigit() and kind == "exec":
+            raise _start_error(name, program, int(value))
+        if value.isdigit() and kind == "cwd":
+            raise ToolError(name, f"its working folder {cwd} could not be entered: {os.strerror(int(value))}")
+        if value.isdigit() and kind == "fork":
+            raise ToolError(name, f"{program} could not be started: {os.strerror(int(value))}")
+        detail = _tail(bytes(self.call.err))
+        raise ToolError(name, f"its runner {spawner.REAPER} ended without a report"
+                        + (f": {detail}" if detail else ""))
+
+    def close(self) -> None:
+        self._close_control()
+        for transport in self.transports:
+            transport.close()
 
 
 def _tail(data: bytes, cap: int = STDERR_CAP) -> str:
@@ -184,94 +334,41 @@ async def run_process(
     sandboxed: bool = False,
     timeout_hint: str = "",
     timeout_text: str = "",
-    exact_env: bool = False,
 ) -> Exited:
     """Run `argv` (no shell) with `stdin` as its input, to its exit, its descendants killed with it
-    (see the module docstring); ToolError naming `name` when it cannot start or runs out of time
-    (`timeout_text` says the limit, `timeout_hint` how to raise it). `exact_env`: the program gets
-    `env` and nothing more, not even the LC_CTYPE the reaper's Python sets where there is no locale."""
-    loop = asyncio.get_running_loop()
-    reaper = not sandboxed and _reaper_available()
-    command = list(argv)
-    status_read = status_write = -1
-    if reaper:
-        status_read, status_write = os.pipe()
-        unset = ["-u", "LC_CTYPE"] if exact_env and env is not None and "LC_CTYPE" not in env else []
-        command = [sys.executable, "-I", "-S", str(REAPER), str(status_write), str(os.getpid()), *unset, "--",
-                   *argv]
+    (see the module docstring), with exactly `env` (heddle's own environment when None);
+    ToolError naming `name` when it cannot start or runs out of time (`timeout_text` says the
+    limit, `timeout_hint` how to raise it)."""
+    call = _Call(asyncio.get_running_loop())
+    starter = _Grouped if sandboxed or not spawner.available() else _Reaped
+    running: _Running = await starter.start(call, name, argv, cwd, env)
     try:
         try:
-            transport, call = await loop.subprocess_exec(
-                lambda: _Call(loop),
-                *command,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=str(cwd) if cwd else None,
-                env=dict(env) if env is not None else None,
-                start_new_session=True,
-                pass_fds=(status_write,) if reaper else (),
-            )
-        except OSError as exc:
-            raise _start_error(name, command[0], exc.errno or 0, exc.strerror) from None
-        finally:
-            if status_write >= 0:
-                os.close(status_write)
-        try:
-            returncode = await _converse(transport, call, stdin, timeout, reaper)
+            await _converse(running, call, stdin, timeout)
         except TimeoutError:
             hint = f" ({timeout_hint})" if timeout_hint else ""
             raise ToolError(name, f"timed out after {timeout_text or f'{timeout} s'} and was killed{hint}") from None
-        finally:
-            # Closed here, while the loop runs: a transport left to the garbage collector
-            # closes its pipes on a loop that may be gone.
-            transport.close()
-        if reaper:
-            returncode = _reaper_outcome(name, argv[0], _read_status(status_read), returncode, call)
+        returncode = running.outcome(name, argv[0], cwd)
     finally:
-        if status_read >= 0:
-            os.close(status_read)
+        running.close()
     return Exited(returncode, bytes(call.out), bytes(call.err))
 
 
-async def _converse(transport: asyncio.SubprocessTransport, call: _Call, payload: bytes,
-                    timeout: float | None, reaper: bool) -> int:
-    """Give the tool its input, wait for its exit and its output; its exit status.
-    TimeoutError when it ran out of time, killed."""
-    stdin = transport.get_pipe_transport(0)
-    if isinstance(stdin, asyncio.WriteTransport):
-        # Buffered by the transport and flushed as the tool reads; a tool that exits unread
-        # just closes the pipe.
-        stdin.write(payload)
-        stdin.close()
+async def _converse(running: _Running, call: _Call, payload: bytes, timeout: float | None) -> None:
+    """Give the tool its input, wait for its exit and its output. TimeoutError when it ran out
+    of time, killed."""
+    running.feed(payload)
     try:
         await asyncio.wait_for(asyncio.shield(call.exited), timeout)
     except TimeoutError:
-        await _stop(transport, call, reaper)
+        await running.stop()
         raise
     except BaseException:
         # Cancellation (client gone, run timeout, Ctrl-C): the tool and its children go too.
-        await asyncio.shield(_stop(transport, call, reaper))
+        await asyncio.shield(running.stop())
         raise
-    if not reaper:
-        # Children the tool left behind in its group must not outlive the call either.
-        _kill_group(transport.get_pid())
+    running.after_exit()
     try:
         await asyncio.wait_for(asyncio.shield(call.drained), DRAIN_GRACE)
     except TimeoutError:
         pass
-    returncode = transport.get_returncode()
-    assert returncode is not None  # process_exited has run
-    return returncode
-
-
-def _reaper_outcome(name: str, program: str, status: str, returncode: int, call: _Call) -> int:
-    """The tool's exit status from the reaper's report."""
-    kind, _, value = status.partition(" ")
-    if kind == "exit" and value.lstrip("-").isdigit():
-        return int(value)
-    if kind == "exec" and value.isdigit():
-        raise _start_error(name, program, int(value))
-    detail = _tail(bytes(call.err))
-    raise ToolError(name, f"its runner {REAPER} ended without a report (exit status {returncode})"
-                    + (f": {detail}" if detail else ""))

@@ -1,36 +1,53 @@
-"""The parent of one tool process on Linux, so that nothing the tool started outlives its call.
+"""The parent of every tool process on Linux, so that nothing a tool started outlives its call.
 
-Run as a script (`python -I -S reaper.py STATUS_FD PARENT_PID [-u NAME]... -- ARGV...`, never
-imported by heddle; each `-u NAME` is a variable the tool must not get, as Python's start-up sets
-LC_CTYPE in an environment that has no locale):
-it marks itself a child subreaper, starts the tool, and once the tool has exited kills
-everything the tool left behind. A process group does not reach a child that called
-`setsid()`, and an orphan normally goes to init; as a subreaper this process becomes the
-parent of every orphan below it, so its own children after the tool's exit are exactly the
-tool's leftovers, whatever sessions they made. One reaper per call keeps calls that run at
-the same time apart, and leaves heddle's own processes alone.
+Run as a script, never imported by heddle: `python -I -S reaper.py SOCKET_FD`. Standard library
+only, and nothing that needs site-packages.
 
-SIGTERM (heddle's timeout or cancellation) or the death of heddle itself kills the tool and
-the same leftovers. The outcome goes to STATUS_FD as one line: `exit N` (N negative for a
-signal, as subprocess reports it) or `exec ERRNO` when the tool could not be started.
-Standard library only, and nothing that needs site-packages.
+One such process serves one heddle process for its whole life (heddle/tools/spawner.py starts
+it on the first call), so a call costs a fork of this small interpreter, not the start of a new
+one. Each request on the socket is one call: a 4-byte big-endian length and, with it, five file
+descriptors (the tool's stdin, stdout and stderr, a status pipe, a control pipe), then that
+many bytes of `marshal` data (this same interpreter wrote it; marshal, unlike json, costs no
+import): `{"argv": [...], "env": {...}, "cwd": "..." or None}`. For each, this
+process forks a per-call reaper, and collects it as it exits: so every process of a call is
+waited for by its parent, and the CPU time of each is counted in heddle's own children's times,
+as a tool's was when heddle started it directly.
+
+The per-call reaper starts a session of its own, marks itself a child subreaper, starts the
+tool with exactly the environment it was given, and once the tool has exited kills everything
+the tool left behind. A process group does not reach a child that called `setsid()`, and an
+orphan normally goes to init; as a subreaper the per-call reaper becomes the parent of every
+orphan below it, so its own children after the tool's exit are exactly the tool's leftovers,
+whatever sessions they made. One reaper per call keeps calls that run at the same time apart.
+
+The call is stopped (heddle's timeout or cancellation, or heddle's death) when heddle closes its
+end of the control pipe; SIGTERM, SIGHUP and SIGINT stop it as well. The tool and its leftovers
+are killed. The status pipe gets `pid N` (the per-call reaper, a session leader) and then one
+last line: `exit N` (N negative for a signal, as subprocess reports it), `exec ERRNO` when the
+tool could not be started, `cwd ERRNO` when its folder could not be entered. The pipe's end is
+the call's end. The server itself ends when heddle closes the socket.
 """
 
 from __future__ import annotations
 
 import ctypes
+import marshal
 import os
+import select
 import signal
+import socket
 import sys
-from collections.abc import Iterable
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+HEADER = 4
+CALL_FDS = 5
 
-# Blocked, and taken one at a time with sigwaitinfo: the tool's pid is then only ever signalled
-# before this same thread collects it, never after its number may have been reused.
-STOP_SIGNALS = {signal.SIGTERM, signal.SIGHUP, signal.SIGINT}
-WAITED = STOP_SIGNALS | {signal.SIGCHLD}
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+# Ignored here (and so inherited by a fork), or ignored by Python at start-up: a tool gets them
+# at their defaults, as from any shell.
+RESET_SIGNALS = (*STOP_SIGNALS, signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGQUIT)
 
 
 def _prctl(option: int, value: int) -> None:
@@ -100,21 +117,19 @@ def kill_leftovers() -> None:
             return
 
 
-def _start(argv: list[str], mask: Iterable[int], unset: Iterable[str] = ()) -> tuple[int, int | None]:
-    """Fork and exec the tool; (pid, errno) with errno set when the exec failed."""
+def _start(argv: Sequence[str], env: Mapping[str, str], stdio: Sequence[int]) -> tuple[int, int | None]:
+    """Fork and exec the tool on `stdio`; (pid, errno) with errno set when the exec failed."""
     read_end, write_end = os.pipe()  # both close on exec
     pid = os.fork()
     if pid == 0:
         os.close(read_end)
         try:
-            for name in unset:
-                os.environ.pop(name, None)
-            # The mask and ignored signals survive exec: the tool gets the mask heddle gave us
-            # and the default SIGPIPE and SIGXFSZ that Python set aside at start-up.
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            for signum in (signal.SIGPIPE, signal.SIGXFSZ):
+            for target, fd in enumerate(stdio):
+                os.dup2(fd, target)
+            signal.pthread_sigmask(signal.SIG_SETMASK, ())
+            for signum in RESET_SIGNALS:
                 signal.signal(signum, signal.SIG_DFL)
-            os.execvp(argv[0], argv)
+            os.execvpe(argv[0], list(argv), dict(env))
         except OSError as exc:
             os.write(write_end, str(exc.errno or 0).encode())
         os._exit(127)
@@ -124,44 +139,152 @@ def _start(argv: list[str], mask: Iterable[int], unset: Iterable[str] = ()) -> t
     return pid, int(failure) if failure else None
 
 
-def _wait_tool(pid: int) -> int:
-    """Wait for the tool to exit, killing it on a stop signal; its wait status."""
+def _wait_tool(pid: int, control: int, wakeup: int) -> int:
+    """Wait for the tool to exit, killing it when the call is stopped; its wait status."""
+    poller = select.poll()
+    poller.register(wakeup, select.POLLIN)
+    poller.register(control, select.POLLIN)
+    stopped = False
     while True:
         done, wait_status = os.waitpid(pid, os.WNOHANG)
         if done:
             return wait_status
-        if signal.sigwaitinfo(WAITED).si_signo in STOP_SIGNALS:
+        events = poller.poll()
+        signals = b""
+        for fd, _ in events:
+            if fd == wakeup:
+                signals += os.read(wakeup, 64)
+        stop = any(fd == control for fd, _ in events) or any(s in signals for s in STOP_SIGNALS)
+        if stop and not stopped:
+            # The tool's pid is only signalled here, before this same thread collects it, so never
+            # after its number may have been reused.
             _kill(pid)
+            stopped = True
+            poller.unregister(control)  # it stays readable once closed
 
 
-def main(args: list[str]) -> int:
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, WAITED)
-    # A handler, so SIGCHLD is never discarded as ignored before sigwaitinfo takes it.
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    status_fd, parent, *rest = args
-    unset: list[str] = []
-    while len(rest) >= 2 and rest[0] == "-u":
-        unset.append(rest[1])
-        rest = rest[2:]
-    sep, *argv = rest if rest else [""]
-    status = int(status_fd)
-    os.set_inheritable(status, False)
+def _report(status: int, line: str) -> None:
+    os.write(status, f"{line}\n".encode())
+
+
+def call(request: Mapping[str, Any], fds: Sequence[int]) -> None:
+    """Be one call's reaper (in a fork of the server): start the tool, wait, clean up, report."""
+    stdin, stdout, stderr, status, control = fds
+    os.setsid()
+    # Its own failures show as the tool's stderr, where heddle reads them.
+    os.dup2(stderr, 2)
+    wakeup_read, wakeup_write = os.pipe()
+    os.set_blocking(wakeup_write, False)
+    signal.set_wakeup_fd(wakeup_write)
+    for signum in (signal.SIGCHLD, *STOP_SIGNALS):
+        # A handler, so the signal is neither discarded as ignored nor fatal: the wakeup pipe takes it.
+        signal.signal(signum, lambda signum, frame: None)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != int(parent) or sep != "--" or not argv:
-        return 1  # heddle died before the death signal was armed, or a misuse
-    pid, failure = _start(argv, mask, unset)
-    # The tool owns stdin and stdout; holding them here would hide its exit from heddle's
-    # reads and writes. stderr stays, for this program's own failures.
+    _report(status, f"pid {os.getpid()}")
+    cwd = request.get("cwd")
+    if cwd is not None:
+        try:
+            os.chdir(cwd)
+        except OSError as exc:
+            _report(status, f"cwd {exc.errno or 0}")
+            return
+    pid, failure = _start(request["argv"], request["env"], (stdin, stdout, stderr))
+    # The tool owns its stdin and stdout; holding them here would hide its exit from heddle's
+    # reads and writes.
+    for fd in (stdin, stdout, stderr):
+        os.close(fd)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
     os.close(null)
-    wait_status = _wait_tool(pid)
+    wait_status = _wait_tool(pid, control, wakeup_read)
     kill_leftovers()
-    line = f"exec {failure}" if failure is not None else f"exit {os.waitstatus_to_exitcode(wait_status)}"
-    os.write(status, f"{line}\n".encode())
-    return 0
+    _report(status, f"exec {failure}" if failure is not None else f"exit {os.waitstatus_to_exitcode(wait_status)}")
+
+
+def _read_exactly(sock: socket.socket, n: int, start: bytes = b"") -> bytes | None:
+    data = start
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def _receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+    """The next request and its descriptors; None when heddle has gone."""
+    # Close-on-exec, so that no tool inherits another call's pipes.
+    head, fds, _, _ = socket.recv_fds(sock, HEADER, CALL_FDS, socket.MSG_CMSG_CLOEXEC)
+    if not head:
+        return None
+    whole = _read_exactly(sock, HEADER, head)
+    body = _read_exactly(sock, int.from_bytes(whole, "big")) if whole is not None else None
+    if body is None:
+        return None
+    if len(fds) != CALL_FDS:
+        for fd in fds:
+            os.close(fd)
+        return {}, []
+    return marshal.loads(body), fds
+
+
+def _forked(request: Mapping[str, Any], fds: Sequence[int]) -> None:
+    """In the child of a fork: be the call's reaper, then end without returning into the server's loop."""
+    code = 0
+    try:
+        call(request, fds)
+    except Exception:  # noqa: BLE001 (any failure: shown on the call's stderr, where heddle reports it)
+        import traceback
+        traceback.print_exc()
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _collect(signum: int = 0, frame: object = None) -> None:
+    """Collect every per-call reaper that has exited (SIGCHLD's handler)."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def serve(sock: socket.socket) -> int:
+    signal.signal(signal.SIGCHLD, _collect)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)  # only the end of the socket ends the server
+    while True:
+        received = _receive(sock)
+        if received is None:
+            # heddle has gone, and with it the control pipes: the calls still running stop now.
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            try:
+                while True:
+                    os.wait()
+            except ChildProcessError:
+                return 0
+        request, fds = received
+        if not fds:
+            continue
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            _report(fds[3], f"fork {exc.errno or 0}")
+            pid = -1
+        if pid == 0:
+            sock.close()
+            _forked(request, fds)
+        for fd in fds:
+            os.close(fd)
+
+
+def main(args: list[str]) -> int:
+    if len(args) != 1 or not args[0].isdigit():
+        print("usage: reaper.py SOCKET_FD (started by heddle)", file=sys.stderr)
+        return 2
+    return serve(socket.socket(fileno=int(args[0])))
 
 
 if __name__ == "__main__":

@@ -185,17 +185,24 @@ def compiled_checker(schema: Any) -> Checker:
     return _compiled(text)
 
 
+def describe_errors(errors: list[Error]) -> str | None:
+    """A checker's errors as one line (the first five, by path), or None when there are none."""
+    if not errors:
+        return None
+    described = []
+    for path, message in sorted(errors, key=lambda e: e[0])[:5]:
+        where = "/".join(str(p) for p in path) or "(root)"
+        described.append(f"{where}: {message}")
+    return "; ".join(described)
+
+
 def check_arguments(schema: dict[str, Any], arguments: Any) -> tuple[dict[str, Any] | None, str | None]:
     """Validate `arguments`; return (arguments with defaults filled in, None) or (None, error text)."""
     if not isinstance(arguments, dict):
         return None, f"arguments must be a JSON object, got {type(arguments).__name__}"
-    errors = sorted(compiled_checker(schema)(arguments), key=lambda e: e[0])
-    if errors:
-        described = []
-        for path, message in errors[:5]:
-            where = "/".join(str(p) for p in path) or "(root)"
-            described.append(f"{where}: {message}")
-        return None, "; ".join(described)
+    problem = describe_errors(compiled_checker(schema)(arguments))
+    if problem is not None:
+        return None, problem
     filled = copy.deepcopy(arguments)
     for name, prop in schema.get("properties", {}).items():
         if name not in filled and isinstance(prop, dict) and "default" in prop:

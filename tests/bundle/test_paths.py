@@ -68,6 +68,8 @@ def test_checking_all_paths_at_once_is_never_laxer_than_one_by_one() -> None:
         "LPT\u00b9", "conın$", "CONIN$", "ﬁle", "file", "FILE", "straße", "STRASSE", "cafe\u0301", "café",
         "a:b", "q?", "t\x07", "t\x85", "new\nline", "back\\slash", "ＦＩＬＥ", "K", "\u212a", "k", "x" * 70, "y" * 64,
         "ñ" * 40, "日本", "a" * 300,
+        "COM1", "com0", "Lpt9.log", "lpt10", "conout$ ", "CONOUT$.x", "con  .txt", "cons", "icon", "nul.tar.gz",
+        "prn x", "auxiliary", "a" * 255, "b" * 256, "ab\x7f", "/", "..", "a\\", "v<1>",
     ]
     rng = random.Random(1)
     for _ in range(4000):
