@@ -47,10 +47,13 @@ go under what importing typer costs (its row), with the standard-library modules
 bring (`inspect`, `subprocess`, `platform`, `datetime`...); the slim distribution is no way out, as \
 `typer-slim` is now an empty package that requires `typer`, and the last typer that used click \
 itself (0.24) imports rich. A run cannot go under what typer, asyncio and pydantic cost together \
-(their row), to which it adds the document models' classes and the one Flow validator built for the \
-document (`heddle.spec.components`), pydantic's plugin loader (`importlib.metadata`), and heddle's \
-own modules; an AgentNode run adds httpx, httpcore and anyio. Each tool call also starts the \
-reaper (`python -I -S`, heddle/tools/reaper.py), which a bare tool does not pay."""
+(their row), to which it adds the document models' classes and the validators of the kinds the \
+document holds (`heddle.spec.components`), pydantic's plugin loader (about 38 ms: importing \
+`importlib.metadata` and reading every installed distribution's entry points at the first validator, \
+which only an environment variable of pydantic's turns off, one heddle leaves to its users), and \
+heddle's own modules; an AgentNode run adds httpx, httpcore and anyio. Each tool call is a fork of \
+the reaper server (heddle/tools/reaper.py, one per process, started as the run is prepared), which a \
+bare tool does not pay."""
 
 
 def _timed(argv: list[str], env: dict[str, str], stdin: bytes | None = None) -> tuple[float, float]:

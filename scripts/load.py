@@ -320,14 +320,36 @@ def _answered(status: int, body: bytes) -> bool:
     return isinstance(answer, dict) and isinstance(answer.get("outputs"), dict)
 
 
+def _stats() -> dict[int, list[str]]:
+    """Every process's /proc stat fields after its command's name (field 3, state, first)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                found[int(entry)] = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+    return found
+
+
 def cpu_seconds(pid: int) -> float:
-    """CPU time of `pid`, user and system, with that of the children it has waited for (its tools)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    # After the command's name: field 3 (state) first, so utime, stime, cutime, cstime (14-17) are 11-14.
-    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    """CPU time of `pid` and of every process below it, user and system: each live one's own and
+    that of the children it has waited for. So a tool counts whether the server waited for it or
+    the reaper server it runs under did, which lives as long as the server (heddle/tools/reaper.py)."""
+    stats = _stats()
+    children: dict[int, list[int]] = {}
+    for child, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(child)
+    total, pending = 0, [pid]
+    while pending:
+        current = pending.pop()
+        fields = stats.get(current)
+        if fields is None:
+            continue
+        # utime, stime, cutime, cstime (fields 14-17) are 11-14 here.
+        total += sum(int(f) for f in fields[11:15])
+        pending.extend(children.get(current, ()))
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
