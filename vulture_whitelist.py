@@ -69,6 +69,10 @@ USED = (
     _.__class__,  # heddle/cli/flags.py
     # dir(heddle) asks the module for it
     _.__dir__,  # heddle/__init__.py
+    # asyncio's Transport API, kept by the coalescing transport so no write can pass its buffer
+    _.writelines,  # heddle/server/connections.py
+    # set through pydantic's __setattr__, read from the model's private store (heddle/spec/roots.py)
+    _._root,
     # FileStat's fields: rows are compared whole (heddle/format/snapshot.py), never read by name
     _.dev,
     _.ino,

@@ -49,6 +49,54 @@ def _raw_response(status: int, type_: str, message: str, *headers: str) -> bytes
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
 
+class _Coalesced:
+    """A connection's transport whose writes made in one pass of the event loop leave in one send:
+    an answer's head and body (uvicorn writes the head as the response starts) make one segment
+    and one system call, not two; with TCP_NODELAY each write would be a segment of its own.
+    What is written goes out at the end of the pass, in order, and before the connection closes."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not data:
+            return
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(bytes(data))
+
+    def writelines(self, list_of_data: Any) -> None:
+        for data in list_of_data:
+            self.write(data)
+
+    def _flush(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def write_eof(self) -> None:
+        self._flush()
+        self._transport.write_eof()
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._pending.clear()
+        self._transport.abort()
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(map(len, self._pending))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with the deadlines and the cap of `limits` (set by `protocol_class`)."""
 
@@ -67,7 +115,7 @@ class GuardedH11Protocol(H11Protocol):
         if len(self.connections) >= self.limits.max_connections:
             self._refuse(transport)
             return
-        super().connection_made(transport)
+        super().connection_made(_Coalesced(transport, self.loop))  # type: ignore[arg-type]
         self._arm("headers")
 
     def _refuse(self, transport: asyncio.Transport) -> None:
