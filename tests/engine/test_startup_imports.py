@@ -1,5 +1,7 @@
 """What a command loads is what it uses: `run --help` no pydantic, a run of typed tools no jsonschema,
-a model at http:// no certificate store (issue 15). Checked by what is imported and built, never timed."""
+a model at http:// no certificate store (issue 15); and the garbage collector, paused while a command
+starts, is on again when its body runs (heddle.cli.resume_collector). Checked by what is imported,
+built and set, never timed."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 
 from heddle.lazytls import LazyTLSTransport
 from heddle.model.client import ModelClient, ModelEndpoint
+from tests.support.cli import env_with
 from tests.support.flows import FlowDoc, server_tool, write_tool
 from tests.support.threaded_model import threaded_model
 
@@ -27,14 +30,19 @@ print(json.dumps(found))
 """
 
 
-def test_a_command_imports_only_what_it_uses(tmp_path: Path) -> None:
+def _one_typed_tool(tmp_path: Path) -> Path:
+    """A flow of one ToolNode whose tool takes an `integer`; its tool in tmp_path/tools."""
     n = [{"title": "n", "type": "integer"}]
     write_tool(tmp_path / "tools", "one.py", "out = {'one': args['n'] + 1}")
     f = FlowDoc("typed")
     s, node, e = f.start(n), f.tool_node("one", server_tool("one", n)), f.end(["one"])
     f.control(s, node)
     f.control(node, e)
-    flow = f.write(tmp_path / "flow.json")
+    return f.write(tmp_path / "flow.json")
+
+
+def test_a_command_imports_only_what_it_uses(tmp_path: Path) -> None:
+    flow = _one_typed_tool(tmp_path)
     proc = subprocess.run([sys.executable, "-c", _CHECK, str(flow), str(tmp_path / "tools")], capture_output=True,
                           text=True, timeout=60, check=True)
     assert json.loads(proc.stdout.splitlines()[-1]) == {"run --help": [], "run": []}
@@ -59,3 +67,22 @@ def test_a_model_at_http_needs_no_certificates() -> None:
     tls = LazyTLSTransport()._transport("https")
     context = tls._pool._ssl_context
     assert context is not None and context.check_hostname and context.cert_store_stats()["x509_ca"] > 0
+
+
+_HEDDLE = """
+import atexit, gc, sys
+atexit.register(lambda: sys.stderr.write(f"collector: {gc.isenabled()} {gc.get_freeze_count() > 0}\\n"))
+sys.argv = ["heddle", *sys.argv[1:]]
+from heddle.cli import main
+main()
+"""
+
+
+def test_the_collector_is_on_when_a_command_runs(tmp_path: Path) -> None:
+    flow = _one_typed_tool(tmp_path)
+    for args in (["run", str(flow), "-t", str(tmp_path / "tools"), "--input", '{"n": 1}'],
+                 ["validate", str(flow), "-t", str(tmp_path / "tools")]):
+        proc = subprocess.run([sys.executable, "-c", _HEDDLE, *args], capture_output=True, text=True, timeout=60,
+                              check=False, env=env_with())
+        assert proc.returncode == 0, proc.stderr
+        assert "collector: True True" in proc.stderr, (args, proc.stderr)
