@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import typer
@@ -78,31 +77,21 @@ def push(
 
 def _write_copy(source: Path, dest: Path) -> None:
     """Copy `source` to `dest` in one rename: nothing half-written is ever at `dest`."""
+    from contextlib import ExitStack
+
     from heddle.errors import UsageError
+    from heddle.format.replaced import replaced, umasked
 
     if dest.is_dir():
         raise UsageError(f"-o {dest}: is a folder; give the path of the file to write")
-    folder = dest.parent if str(dest.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=folder)
-    except OSError as exc:
-        raise UsageError(f"-o {dest}: cannot write in {folder}: {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
+    with ExitStack() as stack:
+        try:
+            out = stack.enter_context(replaced(dest, prefix=f".{dest.name}.", suffix=".part", mode=umasked(0o666)))
+        except OSError as exc:
+            raise UsageError(f"-o {dest}: cannot write in {dest.parent}: {exc.strerror}") from None
+        with open(source, "rb") as src:
             while chunk := src.read(1 << 20):
                 out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-            umask = os.umask(0)
-            os.umask(umask)
-            os.fchmod(out.fileno(), 0o666 & ~umask)
-        os.replace(tmp, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 @takes("plain_http", "offline")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from heddle.errors import UsageError
 from heddle.format.private import check_private_dir, make_private_dir
+from heddle.format.replaced import replaced
 from heddle.format.snapshot import MAX_SNAPSHOT_BYTES, Snapshot, SnapshotError
 
 CACHE_DIR_ENV = "HEDDLE_CACHE_DIR"
@@ -212,20 +213,8 @@ class Cache:
     def rewrite_snapshot(self, key: str, snapshot: Snapshot) -> None:
         """Replace the snapshot after a re-proof found the files the same but their stat moved."""
         folder = self.entry(key)
-        fd, tmp = tempfile.mkstemp(prefix=".snapshot-", dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(snapshot.to_bytes())
-                fh.flush()
-                os.fchmod(fh.fileno(), 0o400)
-                os.fsync(fh.fileno())
-            os.replace(tmp, folder / SNAPSHOT)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        with replaced(folder / SNAPSHOT, prefix=".snapshot-", mode=0o400) as fh:
+            fh.write(snapshot.to_bytes())
 
     def touch(self, key: str) -> None:
         """Mark the entry used now; cheap, and never a reason to fail an open."""

@@ -19,7 +19,6 @@ import contextlib
 import hashlib
 import os
 import stat
-import tempfile
 import threading
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -56,6 +55,7 @@ from heddle.format.manifest import (
     ToolEntry,
 )
 from heddle.format.progress import Progress
+from heddle.format.replaced import replaced, umasked
 from heddle.format.signing import Signatures, sign
 from heddle.format.tar import MAX_SIZE
 from heddle.settings import LEVEL
@@ -130,22 +130,8 @@ def atomic_output(out: Path, *, mode: int | None = None) -> Iterator[IO[bytes]]:
         raise PackError(f"-o {out}: is a folder; name the bundle file to write")
     if not out.parent.is_dir():
         raise PackError(f"-o {out}: the folder {out.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-            if mode is None:
-                umask = os.umask(0)
-                os.umask(umask)
-                mode = 0o644 & ~umask
-            os.fchmod(fh.fileno(), mode)
-        os.replace(tmp, out)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with replaced(out, prefix=f".{out.name}.", suffix=".tmp", mode=umasked(0o644) if mode is None else mode) as fh:
+        yield fh
 
 
 def _identity(st: os.stat_result) -> tuple[int, ...]:

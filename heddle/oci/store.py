@@ -25,7 +25,6 @@ import json
 import os
 import re
 import stat
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +35,7 @@ from pathlib import Path
 from heddle.errors import UsageError
 from heddle.format.cache import CACHE_DIR_ENV, Cache, Staging, default_cache_root
 from heddle.format.errors import BundleLimitError, ContentMismatchError, MalformedBundleError
+from heddle.format.replaced import replaced
 from heddle.oci.artifact import MAX_MANIFEST_BYTES, ArtifactManifest, read_manifest
 
 PULLED = "pulled"
@@ -277,11 +277,8 @@ class PulledStore:
 
     def _rewrite_stat(self, key: str) -> None:
         folder = self.root / key
-        fd, tmp = tempfile.mkstemp(prefix=".stat-", dir=folder)
-        with os.fdopen(fd, "wb") as fh:
+        with replaced(folder / STAT, prefix=".stat-", mode=0o400, durable=False) as fh:
             fh.write(json.dumps(_stat_record(os.lstat(folder / BUNDLE))).encode())
-            os.fchmod(fh.fileno(), 0o400)
-        os.replace(tmp, folder / STAT)
 
     def find(self, key: str, blob_digest: str) -> Path | None:
         """The bundle stored under `key` once it proves to be `blob_digest`; None when there is
@@ -325,17 +322,8 @@ class PulledStore:
             if not stat.S_ISDIR(os.lstat(refs).st_mode):
                 raise UsageError(f"{refs} is not a folder; remove it") from None
         body = {"reference": reference, "entry": key, "at": datetime.now(UTC).isoformat(timespec="seconds")}
-        fd, tmp = tempfile.mkstemp(prefix=".ref-", dir=refs)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(json.dumps(body, ensure_ascii=False).encode())
-            os.replace(tmp, self._ref_path(reference))
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        with replaced(self._ref_path(reference), prefix=".ref-", durable=False) as fh:
+            fh.write(json.dumps(body, ensure_ascii=False).encode())
 
     def last(self, reference: str) -> str | None:
         """The entry `reference` last resolved to, or None."""
