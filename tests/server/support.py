@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 
 from tests.support.cli import env_with
 from tests.support.scripted_model import _read_line
+from tests.support.server_thread import Reachable
 
 BIN = Path(sys.executable).parent
 SERVER = BIN / "heddle-server"
@@ -24,18 +24,10 @@ READY_TIMEOUT_S = 20.0
 
 
 @dataclass
-class Server:
+class Server(Reachable):
     url: str
     process: subprocess.Popen[bytes]
     stderr_path: Path
-
-    @property
-    def port(self) -> int:
-        return int(self.url.rsplit(":", 1)[1])
-
-    def client(self, token: str | None = None, timeout: float = 30) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, timeout=timeout, headers=headers)
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(encoding="utf-8", errors="replace")

@@ -55,8 +55,22 @@ class _Log(logging.Handler):
         sys.stderr.write(line + "\n")
 
 
+class Reachable:
+    """A server at `url`: its port, and a client of it (with a bearer token, when given)."""
+
+    url: str
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def client(self, token: str | None = None, timeout: float = 30) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, timeout=timeout, headers=headers)
+
+
 @dataclass
-class ThreadedServer:
+class ThreadedServer(Reachable):
     url: str
     _server: Any = field(repr=False)  # the serving DrainingServer, to stop it
     _thread: threading.Thread = field(repr=False)
@@ -66,14 +80,6 @@ class ThreadedServer:
     def logged(self) -> str:
         """What the server has logged so far (a traceback of a request that failed, say)."""
         return "\n".join(self._log.lines)
-
-    @property
-    def port(self) -> int:
-        return int(self.url.rsplit(":", 1)[1])
-
-    def client(self, token: str | None = None, timeout: float = 30) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, timeout=timeout, headers=headers)
 
     def stop(self) -> int:
         """Stop serving as the drain's end does (runs in flight finish first); the exit status."""
