@@ -15,6 +15,7 @@ when heddle ends.
 from __future__ import annotations
 
 import atexit
+import functools
 import marshal
 import os
 import socket
@@ -30,8 +31,10 @@ REAPER = Path(__file__).with_name("reaper.py")
 EXIT_WAIT = 2.0
 
 
+@functools.cache
 def available() -> bool:
-    """Whether tool calls can run under a reaper here (Linux, with a Python to run it)."""
+    """Whether tool calls can run under a reaper here (Linux, with a Python to run it): asked
+    once per process, not at every call."""
     return (sys.platform.startswith("linux") and bool(sys.executable)
             and not getattr(sys, "frozen", False) and REAPER.is_file())
 
