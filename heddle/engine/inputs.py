@@ -7,7 +7,6 @@ travel until some tool or template happens to choke on it, long after the caller
 from __future__ import annotations
 
 import copy
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,28 +30,22 @@ class _InputCheck:
     checker: Checker
 
 
-# By id() of the StartNode, while it lives: a server checks every request's inputs against the
-# same few flows, and finding the checker by the schema's JSON would cost more than the check.
-_checks: dict[int, tuple[weakref.ref[Any], _InputCheck]] = {}
-
-
-def _input_check(start: Any, declared: list[dict[str, Any]]) -> _InputCheck:
-    key = id(start)
-    kept = _checks.get(key)
-    # The same node, its inputs as they were (a flow is not edited once read; if one were, its
-    # inputs would be compiled again rather than checked against what they no longer say).
-    if kept is not None and kept[0]() is start and kept[1].declared == declared:
-        return kept[1]
+def _input_check(flow: Any, declared: list[dict[str, Any]]) -> _InputCheck:
+    """The check kept on `flow` (its `_input_check`, read from the model's private store: finding
+    the checker by the schema's JSON, or pydantic's __getattr__, would cost more than the check),
+    made now if there is none or its inputs have changed since (a flow is not edited once read;
+    if one were, its inputs are compiled again rather than checked against what they no longer say)."""
+    private = getattr(flow, "__pydantic_private__", None)
+    kept = private.get("_input_check") if private else None
+    if isinstance(kept, _InputCheck) and kept.declared == declared:
+        return kept
     from heddle.tools.schema import compiled_checker
 
     properties = {p["title"]: dict(p) for p in declared}
     check = _InputCheck(copy.deepcopy(declared), tuple(properties),
                         compiled_checker({"type": "object", "properties": properties}))
-    try:
-        ref = weakref.ref(start, lambda _: _checks.pop(key, None))
-    except TypeError:
-        return check  # an object that cannot be referred to weakly is compiled each time
-    _checks[key] = (ref, check)
+    if private is not None:
+        private["_input_check"] = check
     return check
 
 
@@ -65,7 +58,7 @@ def input_problem(flow: Any, inputs: dict[str, Any]) -> str | None:
     if not declared:
         return None
     try:
-        check = _input_check(flow.start_node, declared)
+        check = _input_check(flow, declared)
         given = {title: inputs[title] for title in check.titles if title in inputs}
         if not given:
             return None

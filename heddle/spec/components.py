@@ -1042,6 +1042,9 @@ class Flow(WithIO):
     # What the document's top level was (a heddle.spec.roots.DocumentRoot): the Flow heddle runs may
     # stand for an Agent or a single node. Never serialised; set by the document reader.
     _root: Any = PrivateAttr(default=None)
+    # The compiled check of its StartNode's inputs (heddle.engine.inputs), kept with the flow it
+    # was made from, as a server checks every request of a flow against it.
+    _input_check: Any = PrivateAttr(default=None)
 
     @field_validator("nodes", "control_flow_connections", mode="before")
     @classmethod
