@@ -31,7 +31,7 @@ from heddle.engine.journal import Journal, Suspended, WaitingFor
 from heddle.engine.options import RunOptions
 from heddle.engine.seams import NO_PLUGINS, NodeStep, Outcome, Plugins, Rendering
 from heddle.errors import GraphError, HeddleError, LimitError, NeedsSessionError, RunError
-from heddle.graph import FlowGraph, check_flow, llm_configs, node_key
+from heddle.graph import FlowGraph, check_flow, llm_configs, node_key, referenced_tools
 from heddle.spec import components as c
 from heddle.spec import io
 
@@ -95,10 +95,11 @@ def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | No
     check_policy(options.sandbox, explicitly_set=sandbox_flags)
     ws = options.workspace
     check_mounts(ws.mounts, max_entries=ws.max_entries, max_bytes=ws.max_bytes)
-    if tools and not options.sandbox.safe:
+    if not options.sandbox.safe and not tools.keys().isdisjoint(referenced_tools(flow)):
         from heddle.tools.spawner import SPAWNER
 
-        SPAWNER.prestart()  # its start overlaps what is left before the first call
+        # The flow runs tools of the folder: their reaper server's start overlaps what is left before the first call.
+        SPAWNER.prestart()
     return PreparedRun(flow, tools, tools_dir, options, resolve_endpoints(flow, model_urls=options.model_urls),
                        plugins, tuple(warnings), tuple(kinds(flow)), FlowGraph.build(flow))
 
