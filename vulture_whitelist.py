@@ -78,4 +78,9 @@ USED = (
     _.ino,
     _.mtime_ns,
     _.ctime_ns,
+    # a Postgres connection's TLS files, read by name with getattr (heddle/engine/pgcache.py)
+    _.sslcert,
+    _.sslkey,
+    _.sslrootcert,
+    _.sslcrl,
 )

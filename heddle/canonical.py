@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any
 
 
@@ -71,6 +72,13 @@ def loads_strict(data: bytes | str) -> Any:
     def bad_constant(name: str) -> Any:
         raise CanonicalJSONError(f"{name} is not allowed")
 
+    def finite(text: str) -> float:
+        # json reads a literal past the largest float (1e400) as infinity, without a word.
+        value = float(text)
+        if not math.isfinite(value):
+            raise CanonicalJSONError(f"{text[:40]} is not a finite number")
+        return value
+
     if isinstance(data, bytes):
         data = data.decode("utf-8")
-    return json.loads(data, object_pairs_hook=no_dupes, parse_constant=bad_constant)
+    return json.loads(data, object_pairs_hook=no_dupes, parse_constant=bad_constant, parse_float=finite)

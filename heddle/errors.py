@@ -51,6 +51,15 @@ class RunError(HeddleError):
     kind = "run_failed"
 
 
+class MissingInputError(RunError):
+    """The run was not given an input its flow's StartNode declares (without a default): the caller's
+    mistake, so a usage error's status (as heddle-server answers it 400). Still a RunError: a
+    CatchExceptionNode catches it in a subflow as WayFlow does."""
+
+    exit_code = 2
+    kind = "missing_input"
+
+
 class ToolError(RunError):
     """A tool call failed: bad exit, bad output, timeout."""
 
@@ -74,10 +83,34 @@ class ModelError(RunError):
     kind = "model_failed"
 
 
+class Overrun:
+    """What came from outside (a model's answer, a remote tool's response, a tool's output) went past
+    its cap or its deadline: the source failed, not the caller (over HTTP, 502)."""
+
+
+class ToolOverrun(ToolError, Overrun):
+    """A tool's answer past its cap or deadline: for an agent an error tool result, else a failed run."""
+
+
+class NodeOverrun(RunError, Overrun):
+    """A node's own request (an ApiNode's) answered past its cap or deadline."""
+
+
+class ModelOverrun(ModelError, Overrun):
+    """A model's answer past its cap or deadline."""
+
+
 class LimitError(RunError):
     """A run limit (iterations, tool rounds, timeout) was exceeded."""
 
     kind = "limit_exceeded"
+
+
+class CallDenied(RunError):
+    """A person denied a call a ToolNode waited to make: the node fails, as the specification says (a
+    CatchExceptionNode may catch it). Over HTTP the run ended as its caller answered: 422, not a 500."""
+
+    kind = "call_denied"
 
 
 
@@ -109,6 +142,21 @@ class SessionTooLarge(SessionError):
     http_status = 413
 
 
+class SessionAlreadyAnswered(SessionConflict):
+    """Another answer to the same wait was claimed first: this one ran nothing."""
+
+    kind = "already_answered"
+
+
+class SessionUnreadable(SessionError):
+    """A session's record is damaged, or fails its authentication (changed outside heddle, or written
+    under another session key): refused, naming the session, and nothing runs. Over HTTP the store is
+    at fault, not the caller: 500."""
+
+    kind = "session_unreadable"
+    http_status = 500
+
+
 class StoreUnavailable(SessionError):
     """The session store cannot be opened or reached; named with its cause, before anything runs."""
 
@@ -117,8 +165,9 @@ class StoreUnavailable(SessionError):
 
 
 class NeedsSessionError(SessionError):
-    """The document may wait for a person or a client (an InputMessageNode, a human_in_the_loop agent
-    in a flow, a tool with requires_confirmation, a ClientTool) and no session was given: refused
-    before it starts. Not a ToolError, so no agent hands it back to its model."""
+    """The run waits for a person or a client (an InputMessageNode, a human_in_the_loop agent in a
+    flow, a tool with requires_confirmation, a ClientTool) and no session was given: refused before
+    it starts where the document makes the wait certain, else when the run reaches it. Not a
+    ToolError, so no agent hands it back to its model."""
 
     kind = "needs_session"

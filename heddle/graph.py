@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from heddle.spec.components import (
-    BranchingNode,
     ControlFlowEdge,
     EndNode,
     Flow,
@@ -46,11 +45,17 @@ class FlowGraph:
         return graph
 
     def next_edge(self, node: Node, branch: str | None) -> ControlFlowEdge | None:
+        """The edge the node leaves by after taking `branch`; None when no edge leaves by it (the
+        flow then ends there)."""
+        from heddle.spec.components import CAUGHT_EXCEPTION_BRANCH
+
         edges = self.edges_from.get(node_key(node), [])
         if branch is not None:
             for edge in edges:
                 if edge.from_branch == branch:
                     return edge
+        if branch == CAUGHT_EXCEPTION_BRANCH:
+            return None  # a caught failure never leaves by the edge of the subflow's success
         for edge in edges:
             if edge.from_branch is None:
                 return edge
@@ -85,22 +90,25 @@ def subflows(node: Node) -> list[tuple[str, Flow]]:
     return []
 
 
-def _check_catch(node: Node, edges: list[ControlFlowEdge], prefix: str) -> list[str]:
+ENDS_THERE = "the flow ends there if it takes it, with the outputs it has (their defaults for the rest)"
+
+
+def _check_catch(node: Node, edges: list[ControlFlowEdge], prefix: str, warnings: list[str] | None) -> None:
     from heddle.spec import components as c
 
-    # Without its own edge a caught failure would leave by the node's default edge, as if nothing failed.
-    if isinstance(node, c.CatchExceptionNode) and not any(e.from_branch == c.CAUGHT_EXCEPTION_BRANCH for e in edges):
-        return [(f"{prefix}{_label(node)} has no control edge for branch {c.CAUGHT_EXCEPTION_BRANCH!r}, so a "
-                 "failure it catches would have nowhere to go; add one")]
-    return []
+    caught = any(e.from_branch == c.CAUGHT_EXCEPTION_BRANCH for e in edges)
+    if isinstance(node, c.CatchExceptionNode) and not caught and warnings is not None:
+        warnings.append(f"{prefix}{_label(node)} has no control edge for branch {c.CAUGHT_EXCEPTION_BRANCH!r}: "
+                        f"a failure it catches ends the flow there, with the outputs it has (their defaults "
+                        "for the rest)")
 
 
 def _check_branches(node: Node, edges: list[ControlFlowEdge], prefix: str,
                     warnings: list[str] | None) -> list[str]:
-    """Edges leaving `node` by a branch it does not have, or two by one branch (the engine would
-    follow only the first); a BranchingNode's branches that no edge leaves by. Its `default` branch
-    without an edge is only a warning, as the specification allows: taking it fails the run then."""
-    from heddle.spec.components import PluginNode
+    """Edges leaving `node` by a branch it does not have, or two by one branch: the reference
+    runtime refuses both, though the specification's reader does not. A branch that no edge leaves
+    by is a warning: the specification allows it, and taking it ends the flow."""
+    from heddle.spec.components import CAUGHT_EXCEPTION_BRANCH, PluginNode
 
     problems: list[str] = []
     by_branch: dict[str, list[str]] = {}
@@ -117,16 +125,13 @@ def _check_branches(node: Node, edges: list[ControlFlowEdge], prefix: str,
         if edge.from_branch is not None and edge.from_branch not in branches:
             problems.append(f"{prefix}control edge {edge.name or edge.id!r} leaves {_label(node)} by branch "
                             f"{edge.from_branch!r}, which it does not have (its branches: {', '.join(branches)})")
-    if isinstance(node, BranchingNode) and not any(e.from_branch is None for e in edges):
+    if edges and not any(e.from_branch is None for e in edges):
         for branch in branches:
-            if branch in by_branch:
+            if branch in by_branch or branch == CAUGHT_EXCEPTION_BRANCH:  # that one: _check_catch
                 continue
-            message = f"{prefix}{_label(node)} can take branch {branch!r} but no control edge leaves by it"
-            if branch == "default" and "DEFAULT_BRANCH" not in node.mapping:
-                if warnings is not None:
-                    warnings.append(f"{message}: a value its mapping does not list will fail the run there")
-            else:
-                problems.append(message)
+            if warnings is not None:
+                warnings.append(f"{prefix}{_label(node)} can take branch {branch!r} but no control edge leaves by "
+                                f"it: {ENDS_THERE}")
     return problems
 
 
@@ -219,11 +224,12 @@ def check_flow(
             continue
         node = reached
         edges = graph.edges_from.get(key, [])
-        if not edges:
-            problems.append(f"{prefix}{_label(node)} has no outgoing control edge")
-            continue
+        if not edges and warnings is not None:
+            # The specification and its reference runtime allow it: the flow ends after the node.
+            warnings.append(f"{prefix}{_label(node)} has no outgoing control edge: the flow ends after it, with "
+                            "the outputs it has (their defaults for the rest)")
         problems.extend(_check_branches(node, edges, prefix, warnings))
-        problems.extend(_check_catch(node, edges, prefix))
+        _check_catch(node, edges, prefix, warnings)
         for label, sub in subflows(node):
             problems.extend(check_flow(sub, tools=tools, tools_dir=tools_dir, where=f"{where} > {label}",
                                        warnings=warnings, wiring=wiring))
@@ -245,6 +251,9 @@ def check_flow(
         from heddle.spec.refusals import flow_refusals, plugin_tools
 
         problems.extend(flow_refusals(flow, plugin_tools=plugin_tools(tools, tools_dir)))
+        from heddle.spec.env_reads import secret_reads
+
+        problems.extend(secret_reads(flow))
         from heddle.spec.messages import message_problems
 
         problems.extend(message_problems(flow, warnings))
@@ -285,7 +294,7 @@ def referenced_tools(flow: Flow) -> dict[str, ServerTool]:
 
 def llm_configs(flow: Flow) -> Iterator[tuple[str, LlmConfig]]:
     """(node label, llm config) for every model the flow and its subflows call, plugin nodes included."""
-    from heddle.spec.components import MULTI_AGENT, AgentNode, LlmNode, PluginNode
+    from heddle.spec.components import MULTI_AGENT, Agent, AgentNode, LlmNode, PluginNode
 
     for node in flow.nodes:
         if isinstance(node, LlmNode):
@@ -296,8 +305,11 @@ def llm_configs(flow: Flow) -> Iterator[tuple[str, LlmConfig]]:
                 # Each agent of a Swarm or a ManagerWorkers calls its own model.
                 for _, member in agent.members():
                     yield f"{_label(node)} agent {member.name!r}", member.llm_config
-            else:
+            elif isinstance(agent, Agent):  # an A2AAgent's model is the remote agent's own
                 yield _label(node), agent.llm_config
+                for transform in agent.transforms:
+                    # Its summaries are asked of a model of their own.
+                    yield f"{_label(node)} transform {transform.name!r}", transform.llm
         elif subflows(node):
             for _, sub in subflows(node):
                 yield from llm_configs(sub)

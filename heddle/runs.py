@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from heddle.engine.options import RunOptions
     from heddle.engine.run import RunOutcome
     from heddle.engine.seams import Plugins, Rendering
+    from heddle.engine.tracing import Tracing
     from heddle.plugin_host.host import PluginHost
     from heddle.sessions.store import SessionStore
     from heddle.sessions.turn import SessionUse
@@ -80,6 +81,12 @@ class Loaded:
     source: str = ""
     # The commands its flow may name as tools (heddle.tools.commands), if any.
     commands: CommandSet | None = None
+    # A bundle's signer key ids and tools' input-schema fingerprints, which its trace spans carry.
+    signers: tuple[str, ...] = ()
+    fingerprints: Mapping[str, str] = field(default_factory=dict)
+    # A bundle's sealed egress allow-lists, if it declares any (heddle.egress).
+    egress: Mapping[str, tuple[str, ...]] | None = None
+    secrets: Mapping[str, Mapping[str, Any]] | None = None
 
 
 def from_bundle(sealed: SealedRun, settings: RunSettings, *, given: Collection[str] = (),
@@ -88,13 +95,22 @@ def from_bundle(sealed: SealedRun, settings: RunSettings, *, given: Collection[s
     (run from the verified cache) come before any given; `inputs` None takes the input it proposes."""
     from heddle.settings import settle
 
+    if settings.egress or settings.secrets:
+        raise UsageError(f"{'--egress' if settings.egress else '--secret'}: bundle {sealed.name!r} has its egress list "
+                         "and secrets sealed in it; seal it again to change them")
     settings = settle(settings, sealed.manifest.proposals, given=given, mounts=sealed.mounts, plugins=sealed.plugins)
+    if settings.strict:
+        from heddle.spec.document import check_strict
+
+        check_strict(sealed.flow)
     host = (load_plugins or _plugin_host)(settings)
     from heddle.bundle.verified import digest_text
 
     return Loaded(sealed.flow, dict(sealed.tools), sealed.tools_dir, settings,
                   dict(inputs) if inputs is not None else dict(sealed.input), host,
-                  digest=digest_text(sealed.digest), source=f"bundle {sealed.name!r}", commands=sealed.commands)
+                  digest=digest_text(sealed.digest), source=f"bundle {sealed.name!r}", commands=sealed.commands,
+                  signers=tuple(sealed.signers), fingerprints=dict(sealed.tool_fingerprints),
+                  egress=sealed.manifest.egress, secrets=sealed.manifest.secrets)
 
 
 def from_document(path: Path, settings: RunSettings, *, tools_dir: Path | None = None, fmt: str | None = None,
@@ -111,10 +127,19 @@ def from_document(path: Path, settings: RunSettings, *, tools_dir: Path | None =
 
         declared = read_commands(commands)
     host = (load_plugins or _plugin_host)(settings)
-    flow = load_flow(path, fmt=fmt, node_types=host.node_types() if host is not None else (), components=components)
+    flow = load_flow(path, fmt=fmt, node_types=host.node_types() if host is not None else (), components=components,
+                     strict=settings.strict)
     tools = discover_tools(tools_dir)
+    from heddle.bundle.egress import parse_flags, parse_secret_flags, sealed_egress
+
+    # As sealing decides it: anything declared (a flag, the commands file's or a plugin's section) makes
+    # the list, with the document's own URLs.
+    secrets = parse_secret_flags(settings.secrets, {})
+    egress = sealed_egress(flow, (parse_flags(settings.egress), declared.egress if declared is not None else {},
+                                  *(m.egress for m in (host.manifests.values() if host is not None else ()))),
+                           secrets=secrets is not None)
     return Loaded(flow, tools, tools_dir.absolute() if tools_dir is not None else None, settings,
-                  dict(inputs or {}), host, source=str(path), commands=declared)
+                  dict(inputs or {}), host, source=str(path), commands=declared, egress=egress, secrets=secrets)
 
 
 async def execute(loaded: Loaded, *, message: str | None = None, on_event: EventSink | None = None,
@@ -128,6 +153,7 @@ async def execute(loaded: Loaded, *, message: str | None = None, on_event: Event
     `loaded.digest`; `inputs_given` says whether the caller gave `loaded.inputs` (a resumed run keeps
     the input it started with)."""
     from heddle.engine import events as ev
+    from heddle.engine.options import with_egress
     from heddle.engine.run import prepare_run, refuse_waits_without_session, run_prepared
     settings = loaded.settings
     sink = on_event or ev.ignore
@@ -139,7 +165,11 @@ async def execute(loaded: Loaded, *, message: str | None = None, on_event: Event
 
             plugins = with_commands(loaded.host, loaded.commands, loaded.flow)
         prepared = prepare_run(loaded.flow, tools=loaded.tools, tools_dir=loaded.tools_dir,
-                               options=settings.run_options(), sandbox_flags=settings.sandbox_flags, plugins=plugins)
+                               options=with_egress(settings.run_options(), loaded.egress, loaded.secrets),
+                               sandbox_flags=settings.sandbox_flags, plugins=plugins,
+                               tracing=_tracing(loaded))
+        if inputs_given:
+            check_inputs(loaded.flow, loaded.inputs)
         if session is None:
             # After the document's own checks (what is wrong with it comes first), before anything runs.
             refuse_waits_without_session(loaded.flow, source=loaded.source or None)
@@ -157,6 +187,38 @@ async def execute(loaded: Loaded, *, message: str | None = None, on_event: Event
     finally:
         if loaded.host is not None:
             await loaded.host.aclose()
+
+
+def _tracing(loaded: Loaded) -> Tracing | None:
+    """How `loaded`'s run is traced: as the OTEL_* variables say, its spans naming its bundle."""
+    from heddle.engine.tracing import Tracing
+
+    tracing = Tracing.configured(capture_content=loaded.settings.otel_capture_content)
+    if tracing is None or not loaded.digest:
+        return tracing
+    return tracing.for_bundle(loaded.digest, list(loaded.signers), loaded.fingerprints)
+
+
+def tracing_for(settings: RunSettings, sealed: SealedRun | None = None) -> Tracing | None:
+    """How runs with `settings` (of `sealed`, when given) are traced: what a server prepares its runs with."""
+    from heddle.bundle.verified import digest_text
+    from heddle.engine.tracing import Tracing
+
+    tracing = Tracing.configured(capture_content=settings.otel_capture_content)
+    if tracing is None or sealed is None:
+        return tracing
+    return tracing.for_bundle(digest_text(sealed.digest), list(sealed.signers), sealed.tool_fingerprints)
+
+
+def check_inputs(flow: Flow, inputs: Mapping[str, Any]) -> None:
+    """The given inputs against the types the StartNode declares, as heddle-server checks a
+    request's: UsageError naming the input, before anything runs."""
+    from heddle.engine.inputs import input_problem
+
+    problem = input_problem(flow, dict(inputs))
+    if problem is not None:
+        raise UsageError(f"inputs: {problem} (as the flow {flow.name!r} declares in its StartNode); give values "
+                         "of the declared types")
 
 
 async def discover(host: PluginHost | None, settings: RunSettings, options: RunOptions | None = None) -> None:
@@ -363,7 +425,8 @@ def _open_store(settings: RunSettings, host: PluginHost | None) -> SessionStore:
         if value is not None and spec != kind:
             raise UsageError(f"settings.{name} is for the {kind} session store, and settings.session_store is "
                              f"{shown!r}; drop one of them")
-    return open_store(spec, db=settings.session_db, directory=settings.session_dir, plugins=host)
+    return open_store(spec, db=settings.session_db, directory=settings.session_dir, plugins=host,
+                      key_file=settings.session_key)
 
 
 def run(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import math
 import os
 import re
 import stat
@@ -84,6 +85,8 @@ def file_kind(mode: int) -> str:
         return "a block device"
     if stat.S_ISSOCK(mode):
         return "a socket"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
     return "not a regular file"
 
 
@@ -204,22 +207,92 @@ def _text(data: bytes | str) -> str:
     return data.decode("utf-8") if isinstance(data, bytes) else data
 
 
+class NotJSONValueError(ValueError):
+    """A text json reads but that holds what JSON has no value for: a non-finite number (`NaN`,
+    `Infinity`, or a literal past the largest float), or a lone surrogate in a string. The
+    message has no subject, as ParseLimitError's."""
+
+
+def finite_float(text: str) -> float:
+    """A JSON number literal with a fraction or exponent, refused unless it is a finite float
+    (json turns `1e400` into infinity without a word)."""
+    value = float(text)
+    if math.isfinite(value):
+        return value
+    raise NotJSONValueError(f"{text[:40]} is past the largest number JSON values may hold here")
+
+
+def no_constant(name: str) -> Any:
+    """json's `parse_constant`: `NaN`, `Infinity` and `-Infinity` are not JSON."""
+    raise NotJSONValueError(f"{name} is not a JSON number; give a finite number (or null)")
+
+
+# A `\uD800`-`\uDFFF` escape: the only way a JSON text written in ASCII holds half a surrogate pair.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def check_text(text: str, value: Any) -> None:
+    """Refuse `value`, read from `text`, if a string of it holds a lone surrogate: it is no
+    character, and could not be written as UTF-8 wherever the value goes next."""
+    import json
+
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a str made from bytes that are not UTF-8 (a command line's)
+            raise NotJSONValueError(f"is not UTF-8 text (at character {exc.start + 1})") from None
+    if _SURROGATE_ESCAPE.search(text) is None:
+        return  # no escape can spell one: the common case, settled without walking the value
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(exc.object[exc.start])
+        raise NotJSONValueError(f"holds a lone surrogate (\\u{code:04x}), which is not a character; "
+                                "give UTF-8 text") from None
+
+
+def json_problem(exc: ValueError) -> str:
+    """What makes a text not the JSON heddle reads, for a person: json's message with its line
+    and column, or the cap or value at fault."""
+    import json
+
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at line {exc.lineno}, column {exc.colno}"
+    return str(exc)
+
+
+def check_finite(value: Any) -> None:
+    """Refuse a value read by another parser (a library's) that holds a non-finite number."""
+    import json
+
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        raise NotJSONValueError("holds a number that is not finite (NaN or an infinity)") from None
+
+
 def loads_json(data: bytes | str, *, max_depth: int = DEFAULT_PARSE_LIMITS.max_depth, **options: Any) -> Any:
-    """`json.loads` after the depth check; `options` go to json.loads."""
+    """`json.loads` after the depth check; `options` go to json.loads. Non-finite numbers (unless
+    `options` say how to read them) and lone surrogates are refused (NotJSONValueError)."""
     import json
 
     text = _text(data)
     check_json_depth(text, max_depth)
-    return json.loads(text, **options)
+    value = json.loads(text, **{"parse_constant": no_constant, "parse_float": finite_float, **options})
+    check_text(text, value)
+    return value
 
 
 def loads_strict_json(data: bytes | str, *, max_depth: int = DEFAULT_PARSE_LIMITS.max_depth) -> Any:
-    """`canonical.loads_strict` (no duplicate keys, no NaN) after the depth check."""
+    """`canonical.loads_strict` (no duplicate keys, no non-finite number) after the depth check,
+    and no lone surrogate: what heddle reads from a person, a caller or a bundle."""
     from heddle.canonical import loads_strict
 
     text = _text(data)
     check_json_depth(text, max_depth)
-    return loads_strict(text)
+    value = loads_strict(text)
+    check_text(text, value)
+    return value
 
 
 # ------------------------------------------------------------------ YAML

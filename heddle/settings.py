@@ -5,8 +5,10 @@ carries a `Setting` (in the field's metadata), and `heddle run`'s options and `h
 flags are generated from those, so a default, a unit or a help text is written here and only here.
 Durations are float seconds; each shell reads them as `30s`, `500ms`, `5m`, `1h` or `1m30s`, and
 a plain number in its own historic unit (the CLI seconds, the server milliseconds) with a note.
+Sizes are whole bytes, read as `64MiB`, `400MB` or `16KiB` by both, a plain number as bytes.
 
-Only the standard library is imported: both shells read this module before `--help`.
+Only the standard library (and heddle.oci's own light constants) is imported: both shells read this
+module before `--help`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+# The one default the OCI layer defines for itself (heddle.oci imports the standard library only).
+from heddle.oci import TRANSFER_TIMEOUT_S
+
 if TYPE_CHECKING:
     from heddle.engine.options import RunOptions
     from heddle.surface import Surface
@@ -27,7 +32,7 @@ if TYPE_CHECKING:
 Unit = Literal["s", "ms"]
 # How a setting is read from the command line: "flag" takes no value and, given, sets the opposite of
 # its default; "switch" has an on and an off spelling (--stream/--no-stream).
-Kind = Literal["int", "duration", "rounds", "flag", "path", "paths", "text", "texts", "switch"]
+Kind = Literal["int", "duration", "size", "rounds", "flag", "path", "paths", "text", "texts", "switch"]
 
 # ---------------------------------------------------------------------------------------- durations
 
@@ -77,10 +82,44 @@ def format_duration(seconds: float) -> str:
 
 def plain_note(flag: str, text: str, plain: Unit) -> str:
     """The deprecation note for a duration given as a plain number."""
-    unit = "milliseconds" if plain == "ms" else "seconds"
-    seconds = int(text) / 1000 if plain == "ms" else float(text)
-    return (f"{flag} {text}: a plain number is read as {unit}, which is deprecated; "
-            f"write it with its unit: {flag} {format_duration(seconds)}")
+    if plain == "ms":
+        # The number may have been meant as seconds: show both spellings, never milliseconds alone.
+        return (f"{flag} {text}: a plain number is read as milliseconds, which is deprecated; write it with its "
+                f"unit: {flag} {format_duration(int(text) / 1000)} to keep this meaning, or {flag} "
+                f"{format_duration(int(text))} for seconds")
+    return (f"{flag} {text}: a plain number is read as seconds, which is deprecated; "
+            f"write it with its unit: {flag} {format_duration(float(text))}")
+
+
+# ---------------------------------------------------------------------------------------- sizes
+
+# Decimal units are powers of 1000, binary ones of 1024, as their names say; a plain number is bytes.
+_SIZE_UNITS: Mapping[str, int] = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+                                  "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+_SIZE = re.compile(r"(\d{1,20})(?:\.(\d{1,20}))?\s*([kmgt]i?b|b)?")
+SIZE_FORMS = "64MiB, 400MB, 16KiB or 1048576 (bytes)"
+
+
+def parse_size(text: str) -> int:
+    """`text` in bytes: a whole number of bytes, or a number with its unit (KB/MB/GB/TB, KiB/MiB/GiB/TiB).
+
+    Read exactly (no float): a value that is not a whole number of bytes, such as 0.1KiB, is refused.
+    Raises ValueError naming the text and the forms a size takes."""
+    match = _SIZE.fullmatch(text.strip().lower())
+    if match is None:
+        raise ValueError(f"{text!r} is not a size; give one such as {SIZE_FORMS}")
+    whole, fraction, unit = (str(g or "") for g in match.groups())
+    bytes_, left = divmod(int(whole + fraction) * _SIZE_UNITS[unit or "b"], int(10 ** len(fraction)))
+    if left:
+        raise ValueError(f"{text!r} is not a whole number of bytes; give one such as {SIZE_FORMS}")
+    return bytes_
+
+
+def format_size(n: int) -> str:
+    """The shortest exact spelling `parse_size` reads back: 16777216 -> "16MiB", 400000000 -> "400MB"."""
+    units = ("KiB", "MiB", "GiB", "TiB", "KB", "MB", "GB", "TB")
+    spellings = [str(n)] + [f"{n // _SIZE_UNITS[u.lower()]}{u}" for u in units if n and n % _SIZE_UNITS[u.lower()] == 0]
+    return min(spellings, key=lambda t: (len(t), t.isdigit()))
 
 
 # ---------------------------------------------------------------------------------------- the table
@@ -116,12 +155,16 @@ class Setting:
             return self.shown
         if self.kind == "duration" and isinstance(self.default, (int, float)):
             return format_duration(float(self.default))
+        if self.kind == "size" and isinstance(self.default, int):
+            return format_size(self.default)
         if self.kind in ("int", "rounds") and self.default is not None:
             return str(self.default)
         return None
 
     def help_for(self, plain: Unit) -> str:
-        """The help text with the unit the shell reads a plain number in, for durations."""
+        """The help text with the unit the shell reads a plain number in, for durations and sizes."""
+        if self.kind == "size":
+            return f"{self.help} A size such as 64MiB, 400MB or 16KiB (plain numbers are bytes)."
         if self.kind != "duration":
             return self.help
         unit = "milliseconds" if plain == "ms" else "seconds"
@@ -134,6 +177,8 @@ class Setting:
         if self.kind == "duration":
             seconds, was_plain = parse_duration(text, plain=plain)
             return seconds, plain_note(self.flag or self.name, text.strip(), plain) if was_plain else None
+        if self.kind == "size":
+            return parse_size(text), None
         if self.kind == "int":
             try:
                 return int(text.strip()), None
@@ -209,8 +254,8 @@ def parse_rounds(value: str | int | None) -> int | None:
 
 
 # Group names both shells show their flags under.
-LIMITS, WORKSPACES, SANDBOX, PLUGINS, BUNDLES, SOURCE, MODELS, SESSIONS = (
-    "limits", "workspaces", "sandbox", "plugins", "bundles", "source", "models", "sessions")
+LIMITS, WORKSPACES, SANDBOX, PLUGINS, BUNDLES, SOURCE, MODELS, SESSIONS, OBSERVABILITY = (
+    "limits", "workspaces", "sandbox", "plugins", "bundles", "source", "models", "sessions", "observability")
 
 
 @dataclass(frozen=True)
@@ -239,9 +284,21 @@ class RunSettings:
         kind="int", flag="--tool-output-limit", metavar="N", minimum=1, group=LIMITS,
         help="Characters of one tool result an agent's model gets; a longer one is written whole to "
              ".heddle/tool-output/ in the agent's workspace and the model gets its head and tail."))
+    max_tool_stdout_bytes: int = field(default=16 * 2**20, metadata=about(
+        kind="size", flag="--max-tool-stdout-bytes", metavar="SIZE", minimum=1, group=LIMITS,
+        help="Most bytes a tool process may print on its stdout in one call; past them it is killed and the "
+             "call fails (its stderr is kept to its last lines)."))
+    max_response_bytes: int = field(default=16 * 2**20, metadata=about(
+        kind="size", flag="--max-response-bytes", metavar="SIZE", minimum=1, group=LIMITS,
+        help="Most bytes, once decoded, of one answer a run reads from the network or an MCP server: a model's "
+             "answer (streamed or not), a RemoteTool's response, a message from an MCP server (over stdio, a line "
+             "of its stdout)."))
     model_timeout: float = field(default=120.0, metadata=about(
         kind="duration", flag=None, cli=False, server=False, minimum=0.001, group=MODELS,
-        help="Time one model request may take."))
+        help="Time a model request may stay silent (connecting, or between two pieces of its answer)."))
+    model_deadline: float = field(default=600.0, metadata=about(
+        kind="duration", flag=None, cli=False, server=False, minimum=0.001, group=MODELS,
+        help="Time one model request may take in all, its whole answer read."))
     model_retries: int = field(default=3, metadata=about(
         kind="int", flag=None, cli=False, server=False, minimum=0, group=MODELS,
         help="Times a failed model request is retried."))
@@ -267,7 +324,7 @@ class RunSettings:
         kind="int", flag="--mount-max-entries", metavar="N", minimum=1, group=WORKSPACES,
         help="Most files and folders one mount may hold."))
     mount_max_bytes: int = field(default=64 * 2**20, metadata=about(
-        kind="int", flag="--mount-max-bytes", metavar="BYTES", minimum=1, group=WORKSPACES, shown="67108864 (64 MiB)",
+        kind="size", flag="--mount-max-bytes", metavar="SIZE", minimum=1, group=WORKSPACES,
         help="Most bytes one mount may hold."))
     safe: bool = field(default=False, metadata=about(
         kind="flag", flag="--safe", group=SANDBOX,
@@ -287,6 +344,19 @@ class RunSettings:
     deny_net: bool = field(default=False, metadata=about(
         kind="flag", flag="--deny-net", group=SANDBOX,
         help="Under --safe, give tools no network."))
+    # Not server flags: a served bundle's list and secrets are sealed in it.
+    egress: tuple[str, ...] = field(default=(), metadata=about(
+        kind="texts", flag="--egress", metavar="TOOL=HOST[:PORT]", server=False, group=SANDBOX,
+        help="With a document: the hosts a tool (or another component, by name) may reach, the document's own "
+             "URLs added (repeatable; docs/sandbox.md). A bundle's list is sealed in it."))
+    secrets: tuple[str, ...] = field(default=(), metadata=about(
+        kind="texts", flag="--secret", metavar="NAME=ENV@HOST", server=False, group=SANDBOX,
+        help="With a document, under --safe: a tool's $NAME is a placeholder the egress proxy replaces by ENV's "
+             "value in requests to HOST alone (repeatable; docs/sandbox.md)."))
+    require_isolation: str | None = field(default=None, metadata=about(
+        kind="text", flag="--require-isolation", metavar="LEVEL", group=SANDBOX, shown="none",
+        help="Refuse the run unless its tools get this isolation here: sandbox (--safe works) or netns (also a "
+             "network namespace per call: --deny-net, or a bundle's egress allow-list and its proxy)."))
     plugins: tuple[Path, ...] = field(default=(), metadata=about(
         kind="paths", flag="--plugin", metavar="MANIFEST", group=PLUGINS,
         help="A plugin's plugin.json (repeatable; with a bundle, after its own)."))
@@ -304,6 +374,11 @@ class RunSettings:
         help="Start each plugin whose manifest declares discoverTools and ask it which tools it serves; they "
              "join its manifest's tools (without this, a plugin's tools are those its manifest lists)."))
 
+    strict: bool = field(default=False, metadata=about(
+        kind="flag", flag="--strict", group=SOURCE,
+        help="Refuse a document with a field the specification does not define for its component (without it, "
+             "such a field is not read, with a warning naming it)."))
+
     session_store: str | None = field(default=None, metadata=about(
         kind="text", flag="--session-store", metavar="STORE", group=SESSIONS,
         shown="sqlite for heddle run; none for heddle-server (stateless)",
@@ -315,10 +390,19 @@ class RunSettings:
     session_dir: Path | None = field(default=None, metadata=about(
         kind="path", flag="--session-dir", metavar="DIR", group=SESSIONS,
         shown="$XDG_DATA_HOME/heddle/sessions", help="The folder of the file session store."))
+    session_key: Path | None = field(default=None, metadata=about(
+        kind="path", flag="--session-key", metavar="FILE", group=SESSIONS,
+        shown="$HEDDLE_SESSION_KEY; for sqlite and file, else $XDG_CONFIG_HOME/heddle/session.key (made on first use)",
+        help="A file (0600) holding the key session records are authenticated with, at least 32 bytes; every server "
+             "sharing a postgres:// or plugin store needs the same one."))
     durable: bool = field(default=False, metadata=about(
         kind="flag", flag="--durable", server=False, group=SESSIONS,
         help="In a session, write the run's checkpoint after every node, so that a run that was killed continues "
              "with --resume."))
+    otel_capture_content: bool = field(default=False, metadata=about(
+        kind="flag", flag="--otel-capture-content", group=OBSERVABILITY,
+        help="Record prompts, answers, tool arguments and outputs (and error messages) in the run's trace spans, "
+             "when OTEL_EXPORTER_OTLP_ENDPOINT names a collector; without it spans carry names, sizes and timings."))
 
     def __post_init__(self) -> None:
         # A library caller may pass lists; the settings stay hashable and immutable.
@@ -368,12 +452,14 @@ class RunSettings:
             max_iterations=self.max_iterations, max_tool_rounds=self.max_tool_rounds, max_parallel=self.max_parallel,
             timeout=self.timeout,
             tool_timeout=self.tool_timeout, tool_output_limit=self.tool_output_limit, stream=self.stream,
-            model_timeout=self.model_timeout,
+            model_timeout=self.model_timeout, model_deadline=self.model_deadline,
+            max_response_bytes=self.max_response_bytes, max_tool_stdout_bytes=self.max_tool_stdout_bytes,
             model_retries=self.model_retries, surface=surface or CLI, model_urls=self._model_urls(),
             workspace=WorkspaceOptions(mounts=mounts, keep_root=self.workspace, mount_tools=self.mount_tools,
                                        max_entries=self.mount_max_entries, max_bytes=self.mount_max_bytes),
             sandbox=SandboxPolicy(safe=self.safe, backend=self.sandbox or "auto", allow_read=self.allow_read,
-                                  allow_write=self.allow_write, allow_env=self.allow_env, deny_net=self.deny_net),
+                                  allow_write=self.allow_write, allow_env=self.allow_env, deny_net=self.deny_net,
+                                  require_isolation=self.require_isolation),
         )
 
 
@@ -396,6 +482,13 @@ PLAIN_HTTP = Setting("plain_http", "flag", False, "With a bundle reference: spea
                      "that is not on this machine (a loopback one always is).", "--plain-http", BUNDLES)
 OFFLINE = Setting("offline", "flag", False, "With a bundle reference: ask no registry; a tag is its last "
                   "resolution and the bundle must be in the cache.", "--offline", BUNDLES)
+TRANSFER_TIMEOUT = Setting("transfer_timeout", "duration", TRANSFER_TIMEOUT_S, "With a bundle reference: time one "
+                           "exchange with the registry or URL may take in all, its whole answer read (the tag's "
+                           "manifest, the bundle's download).", "--transfer-timeout", BUNDLES, metavar="DURATION",
+                           minimum=0.001)
+ALLOW_DOWNGRADE = Setting("allow_downgrade", "flag", False, "With a bundle reference by tag or URL: accept a "
+                          "bundle signed before (or of a lower release than, or another agent than) the one last "
+                          "seen under it here.", "--allow-downgrade", BUNDLES, server=False)
 # How hard `heddle bundle` compresses. 3, zstd's own default, packs a tree of mixed files to the size
 # `tar | zstd -T0 -3` does, in its time plus the hashing pass; 1 is a quarter faster for 1-4% more
 # bytes, 6 and 9 take three to four times as long for 0.5-2% fewer (docs/benchmarks.md, "Bundles").
@@ -403,7 +496,24 @@ OFFLINE = Setting("offline", "flag", False, "With a bundle reference: ask no reg
 LEVEL = Setting("level", "int", 3, "zstd compression level of the bundle, 1 (fastest) to 22 (smallest). The "
                 "same tree at the same level gives the same bytes on any machine.", "--level", SOURCE,
                 metavar="N", minimum=1, server=False, maximum=22)
-SHELL_SETTINGS: tuple[Setting, ...] = (TOOLS_DIR, COMMANDS, TRUST, ALLOW_UNSIGNED, DATA_DIR, PLAIN_HTTP, OFFLINE)
+# What a shell writes on stderr (heddle run: its notes, warnings and errors; heddle-server: its log).
+LOG_FORMAT = Setting("log_format", "text", "text", "How lines on stderr are written: text, or json (one object a "
+                     "line, for a log collector).", "--log-format", OBSERVABILITY, metavar="text|json")
+LOG_LEVEL = Setting("log_level", "text", "info", "The least severe lines written on stderr: debug, info, warning or "
+                    "error.", "--log-level", OBSERVABILITY, metavar="LEVEL")
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def check_log(log_format: str, log_level: str) -> None:
+    """UsageError naming the flag when `--log-format` or `--log-level` is not one it takes."""
+    from heddle.errors import UsageError
+
+    for spec, value, allowed in ((LOG_FORMAT, log_format, LOG_FORMATS), (LOG_LEVEL, log_level, LOG_LEVELS)):
+        if value not in allowed:
+            raise UsageError(f"{spec.flag} {value!r}: use {' or '.join(allowed)}")
+SHELL_SETTINGS: tuple[Setting, ...] = (TOOLS_DIR, COMMANDS, TRUST, ALLOW_UNSIGNED, DATA_DIR, PLAIN_HTTP, OFFLINE,
+                                       ALLOW_DOWNGRADE, TRANSFER_TIMEOUT, LOG_FORMAT, LOG_LEVEL)
 # Taken by `heddle bundle` alone: how a bundle is written, not how anything runs.
 PACK_SETTINGS: tuple[Setting, ...] = (LEVEL,)
 

@@ -27,3 +27,19 @@ ensure_venv() {
   # shim in front of it costs a shell and a dozen processes on every tool call.
   export PATH="$VENV/bin:$PATH"
 }
+
+# Point everything this shell runs from now on (pytest, each heddle and heddle-server it starts, the
+# corpus runners) at one folder made here for the XDG cache, config and data homes and TMPDIR, and
+# remove it when the shell exits: a run of the tests writes nothing into the user's own folders and
+# leaves nothing in the temporary folder. Sets SCRATCH; replaces any EXIT trap.
+private_homes() {
+  SCRATCH="$(mktemp -d "${TMPDIR:-/tmp}/heddle-test.XXXXXX")"
+  # Cache entries are read-only folders: made writable again so that a user other than root can remove them.
+  trap 'chmod -R u+w "$SCRATCH" 2>/dev/null; rm -rf "$SCRATCH"' EXIT
+  # Laid out as / and /tmp are: the tests start Postgres as its own user, with its folder in TMPDIR.
+  chmod 0755 "$SCRATCH"
+  mkdir -m 0700 "$SCRATCH/cache" "$SCRATCH/config" "$SCRATCH/data"
+  mkdir -m 1777 "$SCRATCH/tmp"
+  export XDG_CACHE_HOME="$SCRATCH/cache" XDG_CONFIG_HOME="$SCRATCH/config" XDG_DATA_HOME="$SCRATCH/data" \
+    TMPDIR="$SCRATCH/tmp"
+}

@@ -30,6 +30,7 @@ from heddle.workspace import (  # noqa: E402
     confine,
     parse_mount,
 )
+from heddle.workspace.workspace import Workspace
 
 TOOL = "#!/bin/sh\ncat >/dev/null\necho '{}'\n"
 
@@ -67,11 +68,41 @@ def bench_calls(root: Path, calls: int) -> list[tuple[str, str, str]]:
     with spaces.open("bench") as ws:
         plain_ms = median_ms(call(plain), calls)
         safe_ms = median_ms(call(safe), calls)
+        egress_ms = median_ms(egress_call(safe, tool, tools_dir, ws), calls)
     return [
         ("tool call, plain (median)", f"{plain_ms:.2f} ms", "1.00x"),
         ("tool call, --safe (median)", f"{safe_ms:.2f} ms", f"{safe_ms / plain_ms:.2f}x"),
         ("--safe overhead per call", f"{safe_ms - plain_ms:.2f} ms", ""),
+        ("tool call, --safe with an egress list (median)", f"{egress_ms:.2f} ms", f"{egress_ms / plain_ms:.2f}x"),
+        ("egress enforcement per call, over --safe", f"{egress_ms - safe_ms:.2f} ms", ""),
     ]
+
+
+def egress_call(policy: SandboxPolicy, tool: Path, tools_dir: Path, ws: Workspace) -> Callable[[], None]:
+    """A call as the engine makes it under an egress list: the call's proxy opened on a loop (here a thread
+    of its own), the sandbox in a network namespace of its own with the relay started before the tool."""
+    import asyncio
+    import threading
+
+    from heddle.egress import EgressPolicy, Rule
+    from heddle.workspace.egress_proxy import guarded
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    egress = EgressPolicy({"noop": (Rule("example.com"),)})
+
+    def run() -> None:
+        async def one() -> None:
+            async with guarded(egress, "noop", lambda refusal: None) as call:
+                argv, env = confine(policy, [str(tool)], workspace=ws, tools_dir=tools_dir, env=ws.env(os.environ),
+                                    egress=call)
+                done = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                            stderr=subprocess.PIPE, env=env, cwd=ws.root)
+                await done.communicate(b"{}")
+
+        asyncio.run_coroutine_threadsafe(one(), loop).result()
+
+    return run
 
 
 def make_tree(root: Path, files: int, file_kib: int) -> int:

@@ -1,7 +1,7 @@
 """Load driver for `heddle-server`: N requests at concurrency C against servers it starts itself.
 
     scripts/load [--runs 200] [--concurrency 1,4,16] [--serve echo,no-tool,3-tool]
-    scripts/load [--bundle X --trust K.pub | --flow F --tools-dir T] [--max-concurrent N]
+    scripts/load [--bundle X --trust K.pub | --flow F --tools-dir T] [--max-concurrent N] [--otel]
 
 Bounded and loopback only: every server is started on 127.0.0.1 with a port of its own, the
 run count and concurrency are capped, and nothing else is contacted. What it serves by default:
@@ -18,6 +18,10 @@ server's peak RSS; afterwards it checks that no tool process is left and that th
 folder is empty. Then, with the floor measured, each server's requests/s as a ratio to it.
 Prints markdown tables; exits 1 if a check failed.
 
+`--otel` also measures each heddle-server with tracing on (OTEL_EXPORTER_OTLP_ENDPOINT set to an
+OTLP/HTTP sink this driver runs, which answers and discards every export), labelled `+otel`, and
+prints its requests/s as a share of the same server's untraced (the aim: within 3% on 3-tool).
+
 The client is a few lines over asyncio streams rather than an HTTP library: it shares the
 machine's cores with the server, and its own cost per request is in every figure.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -34,7 +39,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +75,7 @@ class Served:
     what: str
     args: list[str] | None
     body: dict[str, Any]
+    env: dict[str, str] = field(default_factory=dict)  # beside child_env's, for this server alone
 
 
 @dataclass
@@ -183,7 +191,8 @@ def seal_demo(root: Path) -> tuple[Path, Path]:
 
 # ------------------------------------------------------------------ the server
 
-def start_server(args: list[str] | None, work: Path, root: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(args: list[str] | None, work: Path, root: Path,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """heddle-server with `args`, or with None the echo floor; returns the process and its URL."""
     if args is None:
         argv, prefix, name = [sys.executable, str(Path(__file__).resolve()), "--serve-echo"], ECHO_LISTENING, "echo"
@@ -193,7 +202,7 @@ def start_server(args: list[str] | None, work: Path, root: Path) -> tuple[subpro
     log = root / "server.log"
     with open(log, "ab") as err:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                env=child_env(root))
+                                env={**child_env(root), **(env or {})})
     assert proc.stdout is not None
     line = proc.stdout.readline().decode("utf-8", "replace").strip()
     if not line.startswith(prefix):
@@ -441,7 +450,7 @@ def measure(served: list[Served], runs: int, concurrency: int, root: Path) -> li
         for one in served:
             work = root / f"work-{one.label}-c{concurrency}"
             work.mkdir()
-            proc, url = start_server(one.args, work, root)
+            proc, url = start_server(one.args, work, root, one.env)
             targets.append(Target(one, proc, url, work, Result(concurrency=concurrency, runs=runs, label=one.label)))
         rounds = max(1, min(ROUNDS if len(targets) > 1 else 1, runs // concurrency))
         asyncio.run(drive(targets, runs, concurrency, rounds))
@@ -490,6 +499,44 @@ def ratios(results: list[Result]) -> str:
         lines.append(f"| {r.label} | {r.concurrency} | {r.runs_per_s:.1f} | {echo.runs_per_s:.1f} | {ratio:.2f}x "
                      f"| {cpu} | {aim} |")
     return "\n".join(lines)
+
+
+def tracing_cost(results: list[Result]) -> str:
+    """Each traced server's requests/s as a share of the same server's untraced, per level."""
+    plain = {(r.label, r.concurrency): r for r in results}
+    lines = ["| traced | concurrency | runs/s | untraced runs/s | share |", "|---|---:|---:|---:|---:|"]
+    for r in results:
+        base = plain.get((r.label.removesuffix("+otel"), r.concurrency))
+        if not r.label.endswith("+otel") or base is None or not base.runs_per_s:
+            continue
+        lines.append(f"| {r.label} | {r.concurrency} | {r.runs_per_s:.1f} | {base.runs_per_s:.1f} "
+                     f"| {100 * r.runs_per_s / base.runs_per_s:.1f}% |")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def otlp_sink() -> Iterator[str]:
+    """An OTLP/HTTP endpoint on loopback that answers every export with 200 and keeps nothing."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Sink(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+    server = ThreadingHTTPServer((HOST, 0), Sink)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://{HOST}:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def _served(names: str) -> list[str]:
@@ -552,6 +599,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flow", type=Path, help="Serve this flow document (by flowPath) instead.")
     p.add_argument("--tools-dir", type=Path, help="With --flow: its tools.")
     p.add_argument("--input", default='{"x": "hello"}', help="The run's input (JSON object).")
+    p.add_argument("--otel", action="store_true",
+                   help="Also measure each heddle-server with tracing on, spans sent to a sink that discards them.")
     p.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)  # the floor's own process
     args = p.parse_args(argv)
     if args.serve_echo:
@@ -576,14 +625,21 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--input {args.input!r}: give a JSON object, e.g. '{{\"x\": \"hello\"}}'")
     max_concurrent = args.max_concurrent if args.max_concurrent is not None else max(args.concurrency)
     root = Path(tempfile.mkdtemp(prefix="heddle-load-"))
+    sink = contextlib.ExitStack()
     try:
         served = what_to_serve(args, inputs, root, ["--max-concurrent", str(max_concurrent)])
+        if args.otel:
+            endpoint = sink.enter_context(otlp_sink())
+            served += [Served(f"{s.label}+otel", f"{s.what}, traced", s.args, s.body,
+                              {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}) for s in served if s.args is not None]
         results = [r for c in args.concurrency for r in measure(served, args.runs, c, root)]
         for one in served:
             mine = [r for r in results if r.label == one.label]
             print(table(mine, what=one.what, max_concurrent=None if one.args is None else max_concurrent) + "\n")
         if any(r.label == "echo" for r in results) and any(r.label != "echo" for r in results):
             print(ratios(results))
+        if args.otel:
+            print("\n" + tracing_cost(results))
         bad = [r for r in results if not r.clean or r.failed]
         for r in bad:
             print(f"load: {r.label}, concurrency {r.concurrency}: {r.failed} run(s) failed; left behind "
@@ -591,6 +647,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
         return 1 if bad else 0
     finally:
+        sink.close()
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -16,14 +16,16 @@ import pytest
 # processes the suite starts compiled every module of heddle changed since its bytecode was last
 # written (up to ~0.25 s a process). So heddle's bytecode is brought up to date once, where Python
 # keeps it by default (compileall passes over what is current), and the pytest processes keep
-# their own in a folder outside the tree (never a new __pycache__ beside the sources: tests list
-# and seal folders of the checkout). The programs the suite starts still write none.
+# their own in pytest's cache folder of the checkout (never a new __pycache__ beside the sources:
+# tests list and seal folders of the checkout; never the temporary folder, which the suite leaves
+# as it found it). The programs the suite starts still write none.
 if sys.dont_write_bytecode:
+    _repo = Path(__file__).resolve().parents[1]
     if "PYTEST_XDIST_WORKER" not in os.environ:
         import compileall
 
-        compileall.compile_dir(Path(__file__).resolve().parents[1] / "heddle", quiet=1)
-    sys.pycache_prefix = os.path.join(tempfile.gettempdir(), f"heddle-tests-bytecode-{os.getuid()}")
+        compileall.compile_dir(_repo / "heddle", quiet=1)
+    sys.pycache_prefix = str(_repo / ".pytest_cache" / f"bytecode-{os.getuid()}")
     sys.dont_write_bytecode = False
 
 # A throwaway Postgres cluster (session scope) for the session stores and the servers sharing one.
@@ -38,19 +40,30 @@ if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
     os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
 
+# Where heddle keeps things of its own when nothing names a folder (XDG_CACHE_HOME: the cache of
+# verified payloads; XDG_CONFIG_HOME: the trust store and other settings; XDG_DATA_HOME: the default
+# session store) and the temporary folder (TMPDIR: seeded data folders, workspaces, a run killed
+# on purpose leaves its own behind). The names every test session points at folders of its own.
+PRIVATE_HOMES = ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "TMPDIR")
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _private_data_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The default session store (sqlite under $XDG_DATA_HOME/heddle) of every run this suite makes,
-    in this process or a `heddle` it starts, lives in a folder of this test session: never the
-    user's own."""
-    home = tmp_path_factory.mktemp("xdg-data")
-    before = os.environ.get("XDG_DATA_HOME")
-    os.environ["XDG_DATA_HOME"] = str(home)
-    yield home
-    if before is None:
-        os.environ.pop("XDG_DATA_HOME", None)
-    else:
-        os.environ["XDG_DATA_HOME"] = before
+def _private_homes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """Every run this suite makes, in this process or in a `heddle` or `heddle-server` it starts (they
+    inherit this environment), keeps its cache, settings, sessions and temporary folders in folders
+    of this test session: never the user's own, and nothing left in the temporary folder."""
+    homes = {name: tmp_path_factory.mktemp(name.lower()) for name in PRIVATE_HOMES}
+    before = {name: os.environ.get(name) for name in PRIVATE_HOMES}
+    tempdir = tempfile.tempdir
+    os.environ.update({name: str(path) for name, path in homes.items()})
+    tempfile.tempdir = str(homes["TMPDIR"])  # this process's own, read once and kept
+    yield homes
+    tempfile.tempdir = tempdir
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 # tests/model/test_conformance.py skips itself, with the reason, when the shared corpus is absent:

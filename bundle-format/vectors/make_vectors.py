@@ -294,6 +294,20 @@ def signatures(manifest: bytes, *signers: str, keyids: dict[str, str] | None = N
     return canonical({"payloadType": PAYLOAD_TYPE, "signatures": sigs})
 
 
+STATEMENT_TYPE = "application/vnd.heddle.statement+json"
+SIGNED_AT = "2026-01-02T03:04:05.123456Z"
+
+
+def timed_signatures(manifest: bytes, signed_at: str = SIGNED_AT, *, claimed: str | None = None) -> bytes:
+    """The trusted key's signature of the statement {manifest digest, signed_at} (SPEC.md section 6),
+    written with `claimed` as its signed_at when given (so the file says another time than was signed)."""
+    statement = canonical({"manifest": "sha256:" + hashlib.sha256(manifest).hexdigest(), "signed_at": signed_at})
+    key = KEYS["trusted"]
+    sig = key.sign(pae(STATEMENT_TYPE, statement))
+    entry = {"keyid": key.keyid, "sig": base64.b64encode(sig).decode(), "signed_at": claimed or signed_at}
+    return canonical({"payloadType": PAYLOAD_TYPE, "signatures": [entry]})
+
+
 def entries(manifest: bytes, sigs: bytes, files: Files) -> list[Entry]:
     out = [Entry(".heddle/manifest.json", manifest), Entry(".heddle/signatures.json", sigs)]
     out += [Entry(f"payload/{p}", d, mode=m) for p, d, m in sorted(files, key=lambda f: f[0].encode())]
@@ -430,6 +444,17 @@ def cases() -> list[Case]:
 
     add("valid-keyid-hint-wrong", "a good signature by the trusted key labelled with another key id: ids are hints",
         "ok", mislabelled, signers=("trusted",))
+    def timed(claimed: str | None = None) -> Callable[[], bytes]:
+        def build() -> bytes:
+            manifest = canonical(manifest_obj(BASE_FILES, release=3))
+            return archive(entries(manifest, timed_signatures(manifest, claimed=claimed), BASE_FILES))
+
+        return build
+
+    add("valid-signed-at", "a signature of the statement {manifest digest, signed_at}, and a release number",
+        "ok", timed(), signers=("trusted",))
+    add("signed-at-altered", "a timed signature whose signed_at was changed after signing", "bad_signature",
+        timed("2099-01-01T00:00:00.000000Z"), message=KEYS["trusted"].keyid)
     add("valid-unsigned-allowed", "an unsigned bundle opened with --allow-unsigned", "ok", _unsigned,
         allow_unsigned=True, file="unsigned.heddle")
     add("valid-long-path", "a path over 100 bytes, stored with the ustar prefix field", "ok",

@@ -49,8 +49,15 @@ def _make_writable(root: Path) -> None:
 
 
 def seed_data_dir(opened: OpenedBundle, data_dir: Path | None = None) -> DataDir:
-    created = data_dir is None and any(m.mode == "rw" for m in opened.manifest.mounts)
+    from heddle.format.private import check_private_dir, make_private_dir
+
+    has_rw = any(m.mode == "rw" for m in opened.manifest.mounts)
+    created = data_dir is None and has_rw
     base: Path | None = Path(tempfile.mkdtemp(prefix="heddle-data-")) if created else data_dir
+    if data_dir is not None and (has_rw or os.path.lexists(data_dir)):
+        # The state a run goes on from: another user able to change it would choose what the
+        # next run's rw mounts hold.
+        (make_private_dir if has_rw else check_private_dir)(data_dir, what="data folder", setting="--data-dir")
     mounts: list[SeededMount] = []
     for mount in opened.manifest.mounts:
         source = opened.mount_source(mount)

@@ -31,6 +31,9 @@ class BundleDiff:
     # cannot tell the new behaviour from the old one.
     commands_unversioned: list[str] = field(default_factory=list)
     settings_changed: list[Change] = field(default_factory=list)
+    # Per component, the hosts its egress allow-list gained or lost ("*" when a bundle declares none:
+    # it is not restricted at all).
+    egress_changed: list[Change] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return any(getattr(self, name) for name in self.__dataclass_fields__)
@@ -46,6 +49,7 @@ class BundleDiff:
                          "changed": changes(self.commands_changed),
                          "changed_without_adapter_version": self.commands_unversioned},
             "settings": changes(self.settings_changed),
+            "egress": changes(self.egress_changed),
         }
 
     def lines(self) -> list[str]:
@@ -61,6 +65,7 @@ class BundleDiff:
         out += [f"! command {name}: its configuration changed but its adapter_version did not; raise "
                 "adapter_version when a command changes" for name in self.commands_unversioned]
         out += [f"~ {c.what}: {_show(c.before)} -> {_show(c.after)}" for c in self.settings_changed]
+        out += [f"~ egress {c.what}: {_show(c.before)} -> {_show(c.after)}" for c in self.egress_changed]
         return out
 
 
@@ -92,11 +97,27 @@ def diff_manifests(a: Manifest, b: Manifest) -> BundleDiff:
         elif ta.entry in pa and ta.entry in pb and pa[ta.entry].sha256 != pb[tb.entry].sha256:
             d.tools_changed.append(Change(f"{name} executable", pa[ta.entry].sha256[:12], pb[tb.entry].sha256[:12]))
     _diff_commands(d, a, b)
+    _diff_egress(d, a, b)
     ja, jb = a.to_json(), b.to_json()
     for key in ("name", "flow", "mounts", "plugins", "input", "requires", "proposals", "heddle_version"):
         if ja[key] != jb[key]:
             d.settings_changed.append(Change(key, ja[key], jb[key]))
     return d
+
+
+def _diff_egress(d: BundleDiff, a: Manifest, b: Manifest) -> None:
+    if (a.egress is None) != (b.egress is None):
+        d.egress_changed.append(Change("(declared)", "no (any host)" if a.egress is None else "yes",
+                                           "no (any host)" if b.egress is None else "yes"))
+    ea, eb = a.egress or {}, b.egress or {}
+    for name in sorted(set(ea) | set(eb)):
+        before, after = list(ea.get(name, ())), list(eb.get(name, ()))
+        if before != after:
+            d.egress_changed.append(Change(name, before, after))
+    sa, sb = a.secrets or {}, b.secrets or {}
+    for name in sorted(set(sa) | set(sb)):
+        if sa.get(name) != sb.get(name):
+            d.egress_changed.append(Change(f"secret {name}", sa.get(name), sb.get(name)))
 
 
 def _diff_commands(d: BundleDiff, a: Manifest, b: Manifest) -> None:
@@ -107,7 +128,8 @@ def _diff_commands(d: BundleDiff, a: Manifest, b: Manifest) -> None:
     for name in sorted(set(ca) & set(cb)):
         before, after = ca[name], cb[name]
         for label, key in (("revision", "revision"), ("input-schema fingerprint", "fingerprint"),
-                           ("expected_version", "expected_version"), ("adapter_version", "adapter_version")):
+                           ("expected_version", "expected_version"), ("adapter_version", "adapter_version"),
+                           ("program", "executable_path"), ("program sha256", "executable_sha256")):
             if getattr(before, key) != getattr(after, key):
                 d.commands_changed.append(Change(f"{name} {label}", getattr(before, key), getattr(after, key)))
         if before.revision != after.revision and before.adapter_version == after.adapter_version:

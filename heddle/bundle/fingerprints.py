@@ -74,24 +74,33 @@ def sealed_commands(payload: Path, manifest: Manifest | None) -> CommandSet | No
     if manifest is None or manifest.commands is None:
         return None
     from heddle.format.errors import ContentMismatchError
-    from heddle.format.manifest import CommandEntry
-    from heddle.tools.commands import read_commands
+    from heddle.tools.commands import SYSTEM_PATH, Program, read_commands
 
     sealed = manifest.commands
+    programs = {name: Program(entry.executable_path, entry.executable_sha256, sealed=True)
+                for name, entry in sealed.entries.items()
+                if entry.executable_path is not None and entry.executable_sha256 is not None}
     commands = read_commands(payload / sealed.file, what=f"the sealed commands file {sealed.file}", folder=payload,
-                             error=MalformedBundleError)
-    found = {c.name: CommandEntry(revision=c.revision, fingerprint=c.input_schema_fingerprint,
-                                  expected_version=c.expected_version, adapter_version=c.adapter_version)
+                             error=MalformedBundleError, programs=programs)
+    found = {c.name: (c.revision, c.input_schema_fingerprint, c.expected_version, c.adapter_version)
              for c in commands}
+    for command in commands:
+        pin = programs.get(command.name)
+        # The pinned path must be where the executable the file names resolves (SYSTEM_PATH, never PATH).
+        if pin is not None and pin.path != command.executable and \
+                pin.path not in {f"{d}/{command.executable}" for d in SYSTEM_PATH}:
+            raise ContentMismatchError(f"command {command.name!r} runs {command.executable!r} in the sealed commands "
+                                       f"file, but the manifest pins {pin.path}")
     for name in sorted(set(found) | set(sealed.entries)):
         if name not in sealed.entries:
             raise ContentMismatchError(f"the sealed commands file has command {name!r}, which the manifest does not "
                                        "list")
         if name not in found:
             raise ContentMismatchError(f"command {name!r} is in the manifest but not in the sealed commands file")
-        if found[name] != sealed.entries[name]:
-            raise ContentMismatchError(f"command {name!r} has revision {found[name].revision} in the sealed commands "
-                                       f"file but {sealed.entries[name].revision} in the manifest (or another input "
+        entry = sealed.entries[name]
+        if found[name] != (entry.revision, entry.fingerprint, entry.expected_version, entry.adapter_version):
+            raise ContentMismatchError(f"command {name!r} has revision {found[name][0]} in the sealed commands "
+                                       f"file but {entry.revision} in the manifest (or another input "
                                        "schema or version)")
     return commands
 

@@ -19,6 +19,9 @@ from heddle.format.errors import MalformedBundleError, PackError
 
 # The OpenAiConfig default when a config gives no api_key (heddle.model.client.resolve_api_key).
 OPENAI_DEFAULT = "OPENAI_API_KEY"
+# A GeminiConfig's key is its auth's (a GeminiAIStudioAuthConfig, checked as a config is), else this.
+GEMINI_AUTH = "GeminiAIStudioAuthConfig"
+GEMINI_DEFAULT = "GEMINI_API_KEY"
 _CHECKED = ("api_key",)  # the fields of an llm config that must not be written into a sealed flow
 _FROM_ENV = ("api_key", "url")  # the fields of an llm config the engine reads from the environment
 
@@ -28,7 +31,7 @@ def llm_config_types() -> frozenset[str]:
     from heddle.spec.components import LlmConfig
 
     union = get_args(LlmConfig)[0]
-    return frozenset(cls.model_fields["component_type"].default for cls in get_args(union))
+    return frozenset(cls.model_fields["component_type"].default for cls in get_args(union)) | {GEMINI_AUTH}
 
 
 def _configs(document: Any, *, skip_metadata: bool) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -70,34 +73,90 @@ def env_reference(value: Any) -> str | None:
     return None if match is None else match.group(1) or match.group(2)
 
 
-def literal_keys(document: Any) -> list[str]:
-    """Each llm config of the (unresolved) document that writes its key in the document:
-    every one, used or not, since the document's bytes are what a bundle carries."""
-    found = []
-    for path, config in _configs(document, skip_metadata=False):
-        for key in _CHECKED:
-            value = config.get(key)
-            if value is not None and value != "" and env_reference(value) is None:
-                found.append(f"{_label(config, path)} has a literal {key}")
+def _literal(value: Any) -> bool:
+    return value is not None and value != "" and env_reference(value) is None
+
+
+def _reference(value: Any) -> str | None:
+    """The id a `{"$component_ref": ID}` value names (as pyagentspec exports a sensitive field, its
+    value given apart from the document), else None."""
+    from heddle.spec.references import REF
+
+    ref = value.get(REF) if isinstance(value, dict) and set(value) == {REF} else None
+    return ref if isinstance(ref, str) else None
+
+
+def _tables(document: Any, where: str) -> dict[str, tuple[str, Any]]:
+    """{id: (where it is written, value)} for every `$referenced_components` entry of a parsed document."""
+    from heddle.spec.references import REFS
+
+    found: dict[str, tuple[str, Any]] = {}
+    stack: list[tuple[str, Any]] = [("$", document)]
+    seen: set[int] = set()
+    while stack:
+        path, node = stack.pop()
+        if not isinstance(node, (dict, list)) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        items = node.items() if isinstance(node, dict) else ((f"[{i}]", v) for i, v in enumerate(node))
+        for key, value in items:
+            at = f"{path}{key}" if isinstance(node, list) else f"{path}.{key}"
+            if key == REFS and isinstance(value, dict):
+                for ref, target in value.items():
+                    found.setdefault(str(ref), (f"{where}{at}.{ref}", target))
+            stack.append((at, value))
     return found
 
 
-def refuse_literal_keys(flow: Path, fmt: str | None = None, *, what: str = "flow") -> None:
-    """Refuse to seal a flow (or its components file) that carries a model key, naming each llm config that does."""
+def literal_keys(document: Any, shared: Any = None, *, shared_source: str = "--components") -> list[str]:
+    """Each llm config of the (unresolved) document that writes its key in the document:
+    every one, used or not, since the document's bytes are what a bundle carries. A key given by
+    `$component_ref` is a reference, not a key: what it names is checked where it is written (in
+    the document's `$referenced_components`, or those of `shared`, the parsed components file),
+    as is any entry of those tables pyagentspec names as an api_key (`ID.api_key`)."""
+    tables = {**(_tables(shared, f"{shared_source} ") if shared is not None else {}), **_tables(document, "")}
+    found = []
+    named: set[str] = set()
+    for path, config in _configs(document, skip_metadata=False):
+        for key in _CHECKED:
+            value = config.get(key)
+            ref = _reference(value)
+            if ref is None:
+                if _literal(value):
+                    found.append(f"{_label(config, path)} has a literal {key}")
+                continue
+            named.add(ref)
+            where, target = tables.get(ref, ("", None))
+            if isinstance(target, str) and _literal(target):
+                found.append(f"{_label(config, path)} has a literal {key}, given by $component_ref {ref!r} at {where}")
+    for ref, (where, target) in tables.items():
+        if ref not in named and ref.endswith(".api_key") and isinstance(target, str) and _literal(target):
+            found.append(f"$referenced_components entry {ref!r} at {where} is a literal api_key")
+    return found
+
+
+def refuse_literal_keys(flow: Path, fmt: str | None = None, *, what: str = "flow",
+                        components: Path | None = None) -> None:
+    """Refuse to seal a flow (or its components file) that carries a model key, naming each llm config that does.
+    `components`, the flow's components file, is where a key the flow gives by `$component_ref` may be."""
     from heddle.errors import DocumentError
     from heddle.spec.document import _parse_text, detect_format
 
-    try:
-        document = _parse_text(flow.read_text(encoding="utf-8"), detect_format(flow, fmt), str(flow))
-    except OSError as exc:
-        raise PackError(f"{what} {flow}: cannot be read: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise PackError(f"{what} {flow}: is not UTF-8 text") from None
-    except DocumentError as exc:
-        raise PackError(str(exc)) from None
-    except RecursionError:
-        raise PackError(f"{what} {flow}: nests too deeply to be read") from None
-    found = literal_keys(document)
+    def parse(path: Path, fmt: str | None, what: str) -> Any:
+        try:
+            return _parse_text(path.read_text(encoding="utf-8"), detect_format(path, fmt), str(path))
+        except OSError as exc:
+            raise PackError(f"{what} {path}: cannot be read: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise PackError(f"{what} {path}: is not UTF-8 text") from None
+        except DocumentError as exc:
+            raise PackError(str(exc)) from None
+        except RecursionError:
+            raise PackError(f"{what} {path}: nests too deeply to be read") from None
+
+    document = parse(flow, fmt, what)
+    shared = parse(components, None, "--components") if components is not None else None
+    found = literal_keys(document, shared, shared_source=f"--components {components}")
     if found:
         raise PackError(
             f"{what} {flow}: {'; '.join(found)}, which every copy of the bundle would carry; write "
@@ -134,9 +193,16 @@ def env_reads(document: Any, components: Any = None) -> list[EnvRead]:
         if config.get("api_key") is None and config.get("component_type") == "OpenAiConfig":
             out.setdefault(OPENAI_DEFAULT, EnvRead(
                 OPENAI_DEFAULT, f"api_key of {_label(config, path)}, which gives none (sent if set)", required=False))
+        if not config.get("api_key") and config.get("component_type") == GEMINI_AUTH:
+            out.setdefault(GEMINI_DEFAULT, EnvRead(
+                GEMINI_DEFAULT, f"api_key of {_label(config, path)}, which gives none (sent if set)", required=False))
     from heddle.tools.remote import header_env_reads
 
     for name, where in header_env_reads(resolved):
+        out.setdefault(name, EnvRead(name, where))
+    from heddle.engine.pgcache import postgres_env_reads
+
+    for name, where in postgres_env_reads(resolved):
         out.setdefault(name, EnvRead(name, where))
     return list(out.values())
 

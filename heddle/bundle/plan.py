@@ -98,7 +98,9 @@ def make_plan(
         carried.extend(collect_tree(commands.path, file, what=commands.what))
         commands_entry = CommandsEntry(file=file, entries={
             c.name: CommandEntry(revision=c.revision, fingerprint=c.input_schema_fingerprint,
-                                 expected_version=c.expected_version, adapter_version=c.adapter_version)
+                                 expected_version=c.expected_version, adapter_version=c.adapter_version,
+                                 executable_path=c.program.path if c.program else None,
+                                 executable_sha256=c.program.sha256 if c.program else None)
             for c in commands})
     if tools_dir is not None:
         if not Path(tools_dir).is_dir():
@@ -109,7 +111,7 @@ def make_plan(
     plugin_entries = _plugins(plugins, carried)
     _check_paths(carried, limits)
     refuse_secrets(carried.files, include_secrets)
-    refuse_literal_keys(flow, flow_format)
+    refuse_literal_keys(flow, flow_format, components=components)
     if components is not None:
         refuse_literal_keys(components, None, what="--components")
     return PackPlan(

@@ -44,6 +44,7 @@ class SealedRun:
     cached: bool = False
     repaired: str | None = None  # why the cached copy was not trusted and was verified again
     commands: CommandSet | None = None  # its sealed commands file, checked again against the manifest
+    signed_at: str | None = None  # when its latest trusted signature was made; None when unknown
 
 
 def open_runnable(
@@ -111,4 +112,5 @@ def open_runnable(
         manifest=manifest,
         repaired=opened.repaired,
         commands=sealed_commands(opened.root, manifest),
+        signed_at=opened.signed_at,
     )

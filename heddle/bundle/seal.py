@@ -11,6 +11,7 @@ left at the output path.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -103,6 +104,11 @@ def seal(
     components: StrPath | None = None,
     commands: StrPath | None = None,
     level: int | None = None,
+    release: int | None = None,
+    safe: bool = False,
+    egress: Sequence[str] = (),
+    egress_file: StrPath | None = None,
+    secrets: Sequence[str] = (),
 ) -> SealResult:
     """Check everything, then write the bundle atomically to `output` and describe it.
 
@@ -111,13 +117,20 @@ def seal(
     started: their settings are given where the bundle runs). `sign_key` is a private key
     file from `heddle keygen` (an encrypted one asks for its passphrase through
     HEDDLE_KEY_PASSPHRASE or the terminal) or a loaded `SigningKey`; None seals unsigned.
-    `input`, `requires` and `max_tool_rounds` ("unlimited" or a number) are recorded as the
-    bundle's proposals. `components` is a file of shared components the flow document refers to
-    (`$referenced_components`, as a disaggregated configuration has them): it is sealed beside the
-    flow and read with it wherever the bundle opens. `commands` is a commands file
-    (heddle.tools.commands) whose commands the flow names as tools: it is checked, sealed, and checked
-    again wherever the bundle opens. `level` is the zstd level (1 to 22; None: heddle.settings.LEVEL's
-    default); the same inputs at the same level give the same bytes on any machine. Raises a
+    `input`, `requires`, `max_tool_rounds` ("unlimited" or a number) and `safe` (every run under the
+    tools' sandbox) are recorded as the bundle's proposals. `components` is a file of shared
+    components the flow document refers to (`$referenced_components`, as a disaggregated
+    configuration has them): it is sealed beside the flow and read with it wherever the bundle
+    opens. `commands` is a commands file (heddle.tools.commands) whose commands the flow names as
+    tools: it is checked, sealed, and checked again wherever the bundle opens. `level` is the zstd
+    level (1 to 22; None: heddle.settings.LEVEL's default); the same inputs at the same level give
+    the same manifest and payload on any machine (each signature carries the time it was made).
+    `release` is a release number sealed in the manifest: where a tag is followed, a bundle of a
+    lower release than the one seen is refused. `egress` (`TOOL=HOST[:PORT][,...]` each) and `egress_file` (a
+    YAML or JSON file with an `egress:` mapping) declare the hosts each tool may reach; with the commands
+    file's and the plugins' `egress:` sections they seal an allow-list (heddle.bundle.egress); `secrets`
+    (`NAME=ENV@HOST[:PORT][,...]` each, and the egress file's `secrets:`) seal the secrets tools use
+    through the proxy without holding them. Raises a
     `heddle.HeddleError` naming what is wrong; nothing is written then.
     """
     from heddle.bundle.fingerprints import fingerprints_of
@@ -125,6 +138,7 @@ def seal(
     from heddle.errors import GraphError
     from heddle.format.manifest import Proposals
     from heddle.format.pack import pack
+    from heddle.format.replaced import check_replaceable
     from heddle.graph import check_flow
     from heddle.plugin_host.carried import read_carried
     from heddle.settings import LEVEL
@@ -159,6 +173,13 @@ def seal(
     # An input nothing gives is the run's to refuse (before any tool or model call, wherever the
     # bundle runs): the seal is sound, so it is written, and the author told now.
     run_problems = [p for p in check_flow(loaded, tools=known, tools_dir=tools_root) if p not in problems]
+    from heddle.bundle.egress import parse_flags, parse_secret_flags, read_egress_file, sealed_egress
+
+    from_file, file_secrets = read_egress_file(Path(egress_file)) if egress_file is not None else ({}, {})
+    sealed_secrets = parse_secret_flags(secrets, file_secrets)
+    sealed_hosts = sealed_egress(loaded, (parse_flags(egress), from_file,
+                                          declared.egress if declared is not None else {}, carried.egress),
+                                 secrets=sealed_secrets is not None)
     parsed_mounts = _mounts(mounts)
     check_mounts(parsed_mounts, max_entries=mount_max_entries, max_bytes=mount_max_bytes)
     # The same fingerprints the verifier recomputes from the sealed flow; a command is described by
@@ -166,7 +187,7 @@ def seal(
     leave_out = {*carried.tool_names, *(declared.commands if declared is not None else ())}
     specs = {tool: ToolSpec(path=tools[tool], fingerprint=fingerprint)
              for tool, fingerprint in fingerprints_of(loaded, leave_out=leave_out).items()}
-    proposals = Proposals(max_tool_rounds=_proposal(max_tool_rounds))
+    proposals = Proposals(max_tool_rounds=_proposal(max_tool_rounds), safe=True if safe else None)
     key = _signing_key(sign_key)
     # A tools folder that does not exist carries nothing; the graph check above already refused
     # a flow that names a tool it would have had to hold.
@@ -178,8 +199,11 @@ def seal(
         components=components_path, commands=declared,
     )
     out = Path(output) if output is not None else Path(f"{plan.name}.heddle")
-    if out.is_dir():
-        raise UsageError(f"{out}: is a folder; give the path of the .heddle file to write")
+    check_replaceable(out, what="-o")
+    if release is not None:
+        plan = dataclasses.replace(plan, release=release)
+    if sealed_hosts is not None:
+        plan = dataclasses.replace(plan, egress=sealed_hosts, secrets=sealed_secrets)
     packed = pack(plan, out, signing_key=key, progress=progress, level=chosen_level)
     return SealResult(
         path=packed.path,
@@ -191,5 +215,6 @@ def seal(
         file_count=packed.file_count,
         skipped=tuple(packed.skipped),
         manifest=packed.manifest,
-        warnings=(*document_root(loaded).warnings, *(f"a run of it will be refused: {p}" for p in run_problems)),
+        warnings=(*document_root(loaded).warnings, *(f"a run of it will be refused: {p}" for p in run_problems),
+                  *(declared.warnings if declared is not None else ())),
     )

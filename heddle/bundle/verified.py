@@ -132,9 +132,15 @@ def open_bundle(
 
         node_types = read_carried([Path(p) for p in plugins]).node_types
     bundle_path = Path(path)
-    runnable = open_runnable(
-        bundle_path, trust=trust, data_dir=Path(data_dir) if data_dir is not None else None, seed_data=seed_data,
-        cache_root=Path(cache_dir) if cache_dir is not None else None, fmt=flow_format, progress=progress,
-        node_types=node_types,
-    )
+    from heddle.engine.tracing import DIGEST, SIGNER, verify_span
+
+    with verify_span() as span:
+        runnable = open_runnable(
+            bundle_path, trust=trust, data_dir=Path(data_dir) if data_dir is not None else None, seed_data=seed_data,
+            cache_root=Path(cache_dir) if cache_dir is not None else None, fmt=flow_format, progress=progress,
+            node_types=node_types,
+        )
+        if span is not None:
+            span.set_attributes({DIGEST: digest_text(runnable.digest), SIGNER: list(runnable.signers),
+                                 "heddle.bundle.name": runnable.name, "heddle.bundle.cached": runnable.cached})
     return Bundle(bundle_path, runnable)

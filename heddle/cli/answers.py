@@ -7,7 +7,6 @@ does not build those commands to check its flags.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
@@ -15,6 +14,7 @@ if TYPE_CHECKING:
     from heddle.engine.journal import Answer
 
 _FLAGS = {"session_store": "--session-store", "session_db": "--session-db", "session_dir": "--session-dir",
+          "session_key": "--session-key",
           "durable": "--durable"}
 
 
@@ -42,11 +42,12 @@ def answer_from_flags(*, approve: bool, deny: str | None, tool_result: str | Non
     if deny is not None:
         return Answer("approval", approved=False, reason=deny)
     if tool_result is not None:
+        from heddle.safeparse import json_problem, loads_strict_json
+
         try:
-            value = json.loads(tool_result)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"--tool-result is not valid JSON ({exc.msg} at line {exc.lineno}, column "
-                             f"{exc.colno}); give the tool's result as JSON, such as '\"sunny\"' or "
-                             "'{\"temperature\": 21}'") from None
+            value = loads_strict_json(tool_result)
+        except ValueError as exc:
+            raise UsageError(f"--tool-result is not valid JSON ({json_problem(exc)}); give the tool's result as "
+                             "JSON, such as '\"sunny\"' or '{\"temperature\": 21}'") from None
         return Answer("client_tool", tool_result=value)
     return None

@@ -14,6 +14,7 @@ import typer
 from heddle.cli import output
 from heddle.cli.flags import takes
 from heddle.cli.output import QUIET, VERBOSE, json_option
+from heddle.textsafe import printable
 
 if TYPE_CHECKING:
     from heddle.bundle.seal import SealResult
@@ -172,33 +173,23 @@ def verify(
     reached, refuses the credentials or has no such reference.
     """
     from heddle.bundle.fingerprints import flow_tool_fingerprints
+    from heddle.cli.errors import error_context
     from heddle.cli.progress import terminal_progress
-    from heddle.format.errors import BundleError
     from heddle.format.trust import TrustPolicy
     from heddle.format.verify import open_bundle
 
     output.use(quiet=quiet, verbose=verbose)
     policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
     output.detail(_trusting(trust, policy.keyids) + ("; admitting an unsigned bundle" if allow_unsigned else ""))
-    target = None
-    try:
-        # A pulled blob that is not what its digest says is a verification outcome like any other.
-        target = _target(bundle, plain_http, offline, cache_dir)
-        opened = open_bundle(
-            target.path, trusted_keys=policy.trusted, allow_unsigned=policy.admits_unsigned, cache_root=cache_dir,
-            deep=deep, prove_file=True,
-            progress=None if json_out else terminal_progress(), tool_fingerprints=flow_tool_fingerprints,
-        )
-    except BundleError as exc:
-        if not json_out:
-            raise
-        from heddle.cli.errors import shown
-
-        error = {"kind": exc.kind, "exit_code": exc.exit_code, "message": shown(exc.message)}
-        outcome = {"ok": False, "bundle": target.name if target else bundle,
-                   "oci_digest": target.oci_digest if target else None, "error": error}
-        typer.echo(json.dumps(outcome, ensure_ascii=False))
-        raise typer.Exit(exc.exit_code) from None
+    # A pulled blob that is not what its digest says is a verification outcome like any other.
+    error_context(bundle=bundle, oci_digest=None)
+    target = _target(bundle, plain_http, offline, cache_dir)
+    error_context(bundle=target.name, oci_digest=target.oci_digest)
+    opened = open_bundle(
+        target.path, trusted_keys=policy.trusted, allow_unsigned=policy.admits_unsigned, cache_root=cache_dir,
+        deep=deep, prove_file=True,
+        progress=None if json_out else terminal_progress(), tool_fingerprints=flow_tool_fingerprints,
+    )
     m = opened.manifest
     if opened.repaired:
         output.warn(f"the cached copy could not be proved ({opened.repaired}); it was replaced")
@@ -206,8 +197,9 @@ def verify(
                   f"{' and re-hashed (--deep)' if opened.cached and deep else ''}: {opened.root}")
     if json_out:
         typer.echo(json.dumps({
-            "ok": True, "bundle": target.name, "oci_digest": target.oci_digest, "digest": opened.digest,
-            "signers": opened.signers,
+            "ok": True, "bundle": target.name, "oci_digest": target.oci_digest,
+            "digest": opened.digest if opened.legacy else f"sha256:{opened.digest}",
+            "signers": opened.signers, "signed_at": opened.signed_at, "release": m.release,
             "legacy": opened.legacy, "cached": opened.cached, "repaired": opened.repaired,
             "root": str(opened.root), "name": m.name,
             "files": len(m.files), "payload_bytes": m.total_size, "tools": sorted(m.tools),
@@ -219,7 +211,10 @@ def verify(
     if target.oci_digest:
         typer.echo(f"  oci      {target.oci_digest}")
     if opened.signers:
-        typer.echo(f"  signed   by {', '.join(opened.signers)} (trusted)")
+        at = f", at {opened.signed_at}" if opened.signed_at is not None else ", at an unknown time"
+        typer.echo(f"  signed   by {', '.join(opened.signers)} (trusted){at}")
+    if m.release is not None:
+        typer.echo(f"  release  {m.release}")
     else:
         typer.echo("  signed   no (admitted by --allow-unsigned)")
     typer.echo(f"  contents {len(m.files)} files ({_size(m.total_size)}), {len(m.tools)} tools, {len(m.mounts)} mounts")
@@ -258,7 +253,8 @@ def inspect(
     if json_out:
         typer.echo(json.dumps({
             "bundle": target.name, "oci_digest": target.oci_digest, "status": verdict.status, "detail": status,
-            "digest": seen.digest, "signatures": seen.signatures.keyids, "manifest": seen.manifest.to_json(),
+            "digest": f"sha256:{seen.digest}" if seen.digest else None, "signatures": seen.signatures.keyids,
+            "manifest": seen.manifest.to_json(),
         }, ensure_ascii=False, indent=2))
         return
     _print_manifest(target.name, seen.manifest, seen.digest or "", seen.signatures.keyids, status, target.oci_digest)
@@ -292,6 +288,18 @@ def _print_manifest(bundle: str, m: Manifest, digest: str, keyids: list[str], st
             shown = json.dumps(first, ensure_ascii=False) + (f" (and {len(more)} more lines)" if more else "")
             echo(f"    {'':<20} expected version {shown}")
             echo(f"    {'':<20} adapter_version {json.dumps(command.adapter_version, ensure_ascii=False)}")
+            if command.executable_path is not None:
+                echo(f"    {'':<20} program {command.executable_path} sha256 {command.executable_sha256}")
+    if m.egress is None:
+        echo("  egress     not declared (tools and remote calls may reach any host)")
+    else:
+        echo(f"  egress     {len(m.egress)} allow-lists")
+        for name, hosts in sorted(m.egress.items()):
+            echo(f"    {printable(name):<20} {', '.join(hosts)}")
+    for name, secret in sorted((m.secrets or {}).items()):
+        source = f"${secret['env']}" if "env" in secret else secret["file"]
+        echo(f"  secret     {name} from {printable(source)}, sent as {printable(secret['header'])!r} to "
+             f"{', '.join(secret['hosts'])}")
     echo(f"  mounts     {len(m.mounts)}")
     for mount in m.mounts:
         echo(f"    {mount.dest} <- {mount.prefix} ({mount.mode})")
@@ -313,6 +321,8 @@ def diff(
     a: str = typer.Argument(..., metavar="A", help="The older bundle: a .heddle path or a reference."),
     b: str = typer.Argument(..., metavar="B", help="The newer bundle: a .heddle path or a reference."),
     json_out: bool = typer.Option(False, "--json", help="Print the differences as JSON."),
+    exit_code: bool = typer.Option(False, "--exit-code", help="Exit 1 when the bundles differ, 0 when they do not "
+                                                              "(as git diff --exit-code)."),
     quiet: bool = QUIET,
     verbose: bool = VERBOSE,
     *,
@@ -321,7 +331,8 @@ def diff(
 ) -> None:
     """Show the files, tools, input-schema fingerprints and settings that differ from A to B.
 
-    Reads both manifests without verifying either; exits 0 whether or not they differ.
+    Reads both manifests without verifying either; exits 0 whether or not they differ, unless
+    --exit-code is given: then 1 when they differ.
     """
     from heddle.bundle.diff import diff_manifests
     from heddle.format.verify import peek
@@ -335,17 +346,19 @@ def diff(
     changes = diff_manifests(older.manifest, newer.manifest)
     if json_out:
         typer.echo(json.dumps(changes.to_json(), ensure_ascii=False, indent=2))
-        return
-    if not changes:
+    elif not changes:
         typer.echo("no differences")
-        return
-    for line in changes.lines():
+    for line in [] if json_out else changes.lines():
         typer.echo(line)
+    if exit_code and changes:
+        raise typer.Exit(1)
 
 
 @takes("plain_http", "offline")
 def doctor(
     bundle: str = typer.Argument(..., metavar="BUNDLE", help=f"The bundle whose requirements to check: {_REFERENCE}."),
+    trust: list[str] = _TRUST,
+    allow_unsigned: bool = _ALLOW_UNSIGNED,
     json_out: bool = json_option("Print every check as JSON (the exit status is the same)."),
     quiet: bool = QUIET,
     verbose: bool = VERBOSE,
@@ -353,13 +366,21 @@ def doctor(
     plain_http: bool,
     offline: bool,
 ) -> None:
-    """Check that this machine has what the bundle `requires` and what its flow reads: binaries on
-    PATH, environment variables set (the `$VAR`s of its llm configs too; values are never printed),
-    files present. Installs nothing and trusts nothing: it reads the manifest and the sealed flow.
+    """Check that this machine has what the bundle needs: what it `requires` and what its flow reads
+    (binaries on PATH, environment variables set, the `$VAR`s of its llm configs too, values never
+    printed; files present); each command's program at its sealed path with its sealed sha256, and
+    answering its version probe with the expected version; each plugin's runtime (the program its
+    manifest's command starts); and bubblewrap, when the bundle proposes --safe. Installs nothing:
+    it reads the manifest and the sealed files it needs from the archive. Beside them it reports which
+    layers of a tool's isolation this machine enforces (sandbox, netns, proxy, seccomp, rlimits), as
+    --require-isolation checks them. A version probe runs a
+    program with arguments the bundle chose, so only for a bundle whose signers are trusted (as
+    --trust and --allow-unsigned say, as for run); otherwise it is listed as not run.
 
-    Exits 0 when everything is there, 9 when something is missing.
+    Exits 0 when everything is there, 9 when something is missing (the bundle would not run here).
     """
     from heddle.bundle.flowenv import sealed_flow_reads
+    from heddle.bundle.machine import check_machine, trust_problem
     from heddle.bundle.requires import check_flow_env, check_requires
     from heddle.format.errors import RequirementsUnmetError
     from heddle.format.verify import peek
@@ -377,22 +398,42 @@ def doctor(
         reads = check_flow_env(sealed_flow_reads(target.path), declared=seen.manifest.requires.env)
         output.detail(f"its sealed flow reads {len(reads)} more environment variable(s)")
         checks += reads
-    missing = [c for c in checks if not c.ok and c.required]
+        m = seen.manifest
+        if m.commands is not None or m.plugins or m.proposals.safe:
+            why_not = trust_problem(seen.manifest_bytes, seen.signatures, trust=trust, allow_unsigned=allow_unsigned,
+                                    what=name) if m.commands is not None else None
+            checks += check_machine(target.path, m, probe=why_not is None, why_not=why_not or "")
+    from heddle.bundle.machine import check_tracing
+
+    tracing = check_tracing()  # not the bundle's requirement: whether its runs here would be traced
+    from heddle.workspace.sandbox import isolation_layers
+
+    isolation = isolation_layers()  # not a requirement either: which layers this machine enforces
+    missing = [c for c in (*checks, tracing) if not c.ok and c.required]
     if json_out:
         pulled = {"oci_digest": target.oci_digest} if target.reference else {}
         output.print_json({
             "bundle": name, **pulled, "ok": not missing,
             "checks": [{"kind": c.kind, "name": c.name, "required": c.required, "ok": c.ok, "detail": c.detail}
                        for c in checks],
+            "tracing": {"ok": tracing.ok, "detail": tracing.detail},
+            "isolation": [{"layer": layer, "enforced": ok, "detail": why} for layer, ok, why in isolation],
         })
     elif not checks:
         typer.echo(f"{name} requires nothing of this machine")
     for check in [] if json_out else checks:
-        status = "ok     " if check.ok else "MISSING" if check.required else "unset  "
-        typer.echo(f"{status} {check.kind:<4} {check.name}: {check.detail}")
+        status = "ok     " if check.ok else "MISSING" if check.required else "unset  " if check.kind == "env" \
+            else "not run"
+        # A detail may quote what a program printed (its version).
+        typer.echo(printable(f"{status} {check.kind:<4} {check.name}: {check.detail}"))
+    if not json_out:
+        typer.echo(printable(f"{'ok     ' if tracing.ok else 'MISSING'} {tracing.kind:<4} {tracing.name}: "
+                             f"{tracing.detail}"))
+        for layer, ok, why in isolation:
+            typer.echo(printable(f"{'ok     ' if ok else 'absent '} iso  {layer}: {why}"))
     if missing:
         names = ", ".join(f"{c.kind} {c.name}" for c in missing)
-        needed = sum(c.required for c in checks)
+        needed = sum(c.required for c in checks) + (not tracing.ok)
         raise RequirementsUnmetError(f"{name}: {len(missing)} of {needed} requirements missing: {names}")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
 
@@ -28,7 +29,34 @@ def shown(message: str) -> str:
 
 
 def report(message: str) -> None:
-    sys.stderr.write(f"error: {shown(message)}\n")
+    from heddle.cli import output
+
+    output.error(shown(message))
+
+
+# What a command's JSON error says beside the error itself (`verify`: the bundle and its OCI digest).
+_CONTEXT: dict[str, Any] = {}
+
+
+def error_context(**fields: Any) -> None:
+    """Name `fields` in the JSON object a failure of this command prints under `--json`."""
+    _CONTEXT.update(fields)
+
+
+def _wants_json(args: list[str]) -> bool:
+    """Whether the command line asks for JSON (`--json` before any `--`): then its failure is JSON too."""
+    return "--json" in (args[:args.index("--")] if "--" in args else args)
+
+
+def _fail(kind: str, exit_code: int, message: str, as_json: bool) -> int:
+    """Say why the command failed, once: the error line on stderr, and under `--json` the object on stdout."""
+    from heddle.cli import output
+
+    report(message)
+    if as_json and not output.json_printed():
+        output.print_json({"ok": False, **_CONTEXT,
+                           "error": {"kind": kind, "exit_code": exit_code, "message": shown(message)}}, indent=None)
+    return exit_code
 
 
 def _usage_error_types() -> tuple[type[BaseException], ...]:
@@ -67,22 +95,28 @@ def run_app(app: typer.Typer, args: list[str] | None = None) -> int:
 
     output.reset()
     _ALIASES.clear()
+    _CONTEXT.clear()
+    as_json = _wants_json(sys.argv[1:] if args is None else args)
     try:
         rc = app(args=args, standalone_mode=False)
     except HeddleError as exc:
-        report(exc.message)
-        return exc.exit_code
+        return _fail(exc.kind, exc.exit_code, exc.message, as_json)
     except typer.Abort:
-        report("aborted")
-        return 130
+        return _fail("interrupted", 130, "aborted", as_json)
     except _exit_types() as exc:
         return int(getattr(exc, "exit_code", 0) or 0)
     except _usage_error_types() as exc:
+        code = int(getattr(exc, "exit_code", 2))
+        if as_json:
+            return _fail("usage_error", code, exc.format_message(), as_json)  # type: ignore[attr-defined]
         exc.show()  # type: ignore[attr-defined]
-        return int(getattr(exc, "exit_code", 2))
+        return code
     except KeyboardInterrupt:
-        report("interrupted")
-        return 130
+        return _fail("interrupted", 130, "interrupted", as_json)
     except BrokenPipeError:
         return 1
+    finally:
+        from heddle.cli.opening import close_opened
+
+        close_opened()
     return rc if isinstance(rc, int) else 0

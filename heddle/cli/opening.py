@@ -28,5 +28,19 @@ def open_verified(target: Path, *, trust: TrustPolicy, data_dir: Path | None, fm
     who = ", ".join(bundle.signers) or "nobody (unsigned, admitted by --allow-unsigned)"
     output.detail(f"verified {target}: {bundle.digest}, signed by {who}")
     if seed_data and any(m.mode == "rw" for m in bundle.runnable.mounts):
-        output.note(f"rw mounts are seeded in {bundle.data_dir}")
+        made = bundle.runnable.data_dir_created
+        output.note(f"rw mounts are seeded in {bundle.data_dir}"
+                    + (" (removed when the command ends; --data-dir DIR keeps them)" if made else ""))
+    if bundle.runnable.data_dir_created:
+        _made.append(bundle)
     return bundle
+
+
+# Bundles opened with a data folder made for them: removed when the command ends, whatever its
+# outcome (heddle.cli.errors.run_app), or every run would leave one in the temporary folder.
+_made: list[Bundle] = []
+
+
+def close_opened() -> None:
+    while _made:
+        _made.pop().close()

@@ -20,6 +20,8 @@ from typing import IO, Any
 
 import typer
 
+from heddle.textsafe import printable_json, write_line
+
 QUIET_HELP = "Print only the result, warnings and errors: no notes and no progress bar on stderr."
 VERBOSE_HELP = "Also say on stderr what heddle does as it goes (for a run: every node and tool call)."
 
@@ -41,6 +43,13 @@ class Verbosity(IntEnum):
 
 
 _level = Verbosity.NORMAL
+# --log-format and --log-level (heddle.settings): how each line on stderr is written, and the least
+# severe written. -q and -v choose which notes are said; the level then keeps only the severe enough.
+_SEVERITY = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+_json_lines = False
+_least = _SEVERITY["debug"]
+# Whether the command's JSON result is on stdout: a failure after it (doctor's exit 9) adds no second object.
+_json_printed = False
 
 
 def use(*, quiet: bool = False, verbose: bool = False) -> Verbosity:
@@ -54,10 +63,24 @@ def use(*, quiet: bool = False, verbose: bool = False) -> Verbosity:
     return _level
 
 
+def use_log(log_format: str, log_level: str) -> None:
+    """Write stderr's lines as `--log-format` says, from `--log-level` up."""
+    global _json_lines, _least
+    from heddle.settings import check_log
+
+    check_log(log_format, log_level)
+    _json_lines, _least = log_format == "json", _SEVERITY[log_level]
+
+
 def reset() -> None:
     """Back to the default, before a command runs (a process may run several, as tests do)."""
-    global _level
+    global _level, _json_lines, _least, _json_printed
     _level = Verbosity.NORMAL
+    _json_lines, _least, _json_printed = False, _SEVERITY["debug"], False
+
+
+def json_printed() -> bool:
+    return _json_printed
 
 
 def verbosity() -> Verbosity:
@@ -78,11 +101,18 @@ def detail(text: str) -> None:
 
 def warn(text: str) -> None:
     """Something a person must know even with --quiet."""
-    _line(f"warning: {text}")
+    _line(f"warning: {text}", "warning")
+
+
+def error(text: str) -> None:
+    """The one line saying why a command failed."""
+    _line(f"error: {text}", "error")
 
 
 def print_json(value: Any, *, indent: int | None = 2) -> None:
-    sys.stdout.write(json.dumps(value, ensure_ascii=False, indent=indent) + "\n")
+    global _json_printed
+    _json_printed = True
+    sys.stdout.write(printable_json(json.dumps(value, ensure_ascii=False, indent=indent)) + "\n")
     sys.stdout.flush()
 
 
@@ -106,13 +136,20 @@ def decorated(stream: IO[str]) -> bool:
         return False
 
 
-def _line(text: str) -> None:
-    sys.stderr.write(text + "\n")
-    sys.stderr.flush()
+def _line(text: str, level: str = "info") -> None:
+    if _SEVERITY[level] < _least:
+        return
+    if _json_lines:
+        import time
+
+        text = printable_json(json.dumps({"time": round(time.time(), 3), "level": level, "message": text},
+                                         ensure_ascii=False))
+    write_line(sys.stderr, text)
 
 
 def _short(value: Any, limit: int = 200) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    text = value if isinstance(value, str) else \
+        printable_json(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -125,10 +162,10 @@ class EventPrinter:
         from heddle.engine import events as ev
 
         if self.protocol == "heddle":
-            sys.stdout.write(json.dumps(event.to_dict(), ensure_ascii=False) + "\n")
+            sys.stdout.write(printable_json(json.dumps(event.to_dict(), ensure_ascii=False)) + "\n")
             sys.stdout.flush()
         if isinstance(event, ev.Warning):
-            self._line(f"warning: {event.message}")
+            _line(f"warning: {event.message}", "warning")
             return
         if isinstance(event, ev.Message):
             # Meant for the person running the flow: shown unless --quiet, on stderr (stdout is the result).
@@ -162,5 +199,4 @@ class EventPrinter:
 
     @staticmethod
     def _line(text: str) -> None:
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
+        _line(text)

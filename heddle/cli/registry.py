@@ -58,10 +58,12 @@ def push(
     Example:
       heddle push app.heddle oci://registry.example.com/agents/app:1.0 --annotation team=search
     """
+    from heddle.cli.progress import terminal_progress
     from heddle.oci import push as push_bundle
 
     output.use(quiet=quiet, verbose=verbose)
-    pushed = push_bundle(bundle, reference, annotations=_annotations(annotation), plain_http=plain_http)
+    pushed = push_bundle(bundle, reference, annotations=_annotations(annotation), plain_http=plain_http,
+                         progress=None if json_out else terminal_progress())
     if json_out:
         output.print_json({
             "bundle": str(bundle), "reference": str(pushed.reference), "pinned": str(pushed.pinned),
@@ -82,11 +84,10 @@ def _write_copy(source: Path, dest: Path) -> None:
     from heddle.errors import UsageError
     from heddle.format.replaced import replaced, umasked
 
-    if dest.is_dir():
-        raise UsageError(f"-o {dest}: is a folder; give the path of the file to write")
     with ExitStack() as stack:
         try:
-            out = stack.enter_context(replaced(dest, prefix=f".{dest.name}.", suffix=".part", mode=umasked(0o666)))
+            out = stack.enter_context(replaced(dest, prefix=f".{dest.name}.", suffix=".part", mode=umasked(0o666),
+                                               what="-o"))
         except OSError as exc:
             raise UsageError(f"-o {dest}: cannot write in {dest.parent}: {exc.strerror}") from None
         with open(source, "rb") as src:
@@ -94,7 +95,7 @@ def _write_copy(source: Path, dest: Path) -> None:
                 out.write(chunk)
 
 
-@takes("plain_http", "offline")
+@takes("plain_http", "offline", "allow_downgrade", "transfer_timeout")
 def pull(
     reference: str = typer.Argument(..., metavar="REFERENCE",
                                     help="oci://REGISTRY/REPO:TAG, oci://REGISTRY/REPO@sha256:DIGEST, or an https:// "
@@ -107,24 +108,42 @@ def pull(
     *,
     plain_http: bool,
     offline: bool,
+    allow_downgrade: bool,
+    transfer_timeout: str | None,
 ) -> None:
     """Download a bundle from a registry (or a URL) to FILE, byte for byte.
 
     The blob is checked against its OCI digest while it streams, and must be a bundle; it is
     kept in the cache by that digest, so a second pull of the same digest asks the registry
     for nothing but the tag. Its signature is not checked here: `heddle verify FILE` (or run
-    it) checks it against the keys you trust.
+    it) checks it against the keys you trust. A bundle signed before (or of a lower release than,
+    or another agent than) the one last seen under the tag here is refused unless --allow-downgrade.
     """
     from heddle.errors import UsageError
     from heddle.format.verify import peek
     from heddle.oci import pull as pull_bundle
     from heddle.oci.reference import looks_like_reference, parse_reference
+    from heddle.oci.seen import check_seen
 
     output.use(quiet=quiet, verbose=verbose)
     if not looks_like_reference(reference):
         raise UsageError(f"{reference}: not a reference; heddle pull takes oci://REGISTRY/REPO:TAG, "
                          "oci://REGISTRY/REPO@sha256:DIGEST or an https:// URL")
-    pulled = pull_bundle(parse_reference(reference), plain_http=plain_http, offline=offline, cache_dir=cache_dir)
+    from heddle.format.replaced import check_replaceable
+
+    check_replaceable(out, what="-o")  # before anything is downloaded
+    from heddle.cli.target import transfer_seconds
+    from heddle.oci import TRANSFER_TIMEOUT_S
+
+    timeout = transfer_seconds(transfer_timeout)
+    from heddle.cli.progress import terminal_progress
+
+    pulled = pull_bundle(parse_reference(reference), plain_http=plain_http, offline=offline, cache_dir=cache_dir,
+                         timeout=TRANSFER_TIMEOUT_S if timeout is None else timeout,
+                         progress=None if json_out else terminal_progress())
+    accepted = check_seen(pulled, allow_downgrade=allow_downgrade, cache_dir=cache_dir)
+    if accepted is not None:
+        output.warn(accepted)
     digest = peek(pulled.path).digest
     _write_copy(pulled.path, out)
     bundle_digest = f"sha256:{digest}" if digest else None

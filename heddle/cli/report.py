@@ -8,7 +8,11 @@ from typing import Any
 def print_validation(report: dict[str, Any]) -> None:
     import sys
 
-    out = sys.stdout.write
+    from heddle.textsafe import printable
+
+    def out(text: str) -> None:
+        # A report names what a document holds, and a document may come from anywhere.
+        sys.stdout.write(printable(text))
     nodes = ", ".join(f"{n} {k}" for k, n in sorted(report["nodes"].items()))
     out(f"flow      {report['flow']!r} from {report['source']} (agentspec {report['agentspec_version']})\n")
     if report["top_level"] != "Flow":

@@ -16,6 +16,7 @@ from heddle.cli.flags import RESUMES_COLLECTOR, takes
 from heddle.cli.output import QUIET, VERBOSE, json_option
 from heddle.cli.output import use as use_output  # by name: `bundle` has an `output` parameter
 from heddle.settings import SETTINGS, RunSettings
+from heddle.textsafe import printable_json
 
 # The options that are run settings (limits, mounts, sandbox, plugins, bundles) are generated from
 # heddle.settings by @takes; these few belong to the commands themselves.
@@ -44,9 +45,8 @@ def _load_plugins(settings: RunSettings, *, require_settings: bool = True) -> An
 
 
 def _read_input(value: str | None) -> dict[str, Any]:
-    import json
-
     from heddle.errors import UsageError
+    from heddle.safeparse import json_problem, loads_strict_json
 
     if value is None:
         return {}
@@ -60,11 +60,14 @@ def _read_input(value: str | None) -> dict[str, Any]:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise UsageError(f"--input {value}: cannot read {path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"--input {value}: {path} is not UTF-8 text") from None
         source = f"--input {value}"
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{source} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
+        # As the server reads a request's inputs: no duplicate keys, no NaN, no lone surrogate.
+        data = loads_strict_json(text)
+    except ValueError as exc:
+        raise UsageError(f"{source} is not valid JSON ({json_problem(exc)}); "
                          "give a JSON object such as '{\"query\": \"hi\"}'") from None
     if not isinstance(data, dict):
         raise UsageError(f"{source} must be a JSON object, not {type(data).__name__}")
@@ -86,7 +89,7 @@ def _bundle_options(trust: list[Path], allow_unsigned: bool, data_dir: Path | No
 
 # `heddle run` takes every run setting the command line sets, and how to find and trust a bundle.
 _RUN_SETTINGS = ("tools_dir", "commands", *(s.name for s in SETTINGS if s.cli and s.flag), "trust", "allow_unsigned",
-                 "data_dir", "plain_http", "offline")
+                 "data_dir", "plain_http", "offline", "allow_downgrade", "transfer_timeout", "log_format", "log_level")
 _TARGET_HELP = ("A sealed bundle (a .heddle path, oci://REGISTRY/REPO:TAG, oci://REGISTRY/REPO@sha256:DIGEST or an "
                 "https:// URL), or a flow document (.json, .yaml, .yml).")
 
@@ -137,6 +140,10 @@ def run(
     data_dir: Path | None,
     plain_http: bool,
     offline: bool,
+    allow_downgrade: bool,
+    transfer_timeout: str | None,
+    log_format: str | None,
+    log_level: str | None,
 ) -> None:
     """Run a flow, an agent or a node (or a sealed bundle) and print its final state as one JSON object.
 
@@ -169,6 +176,10 @@ def run(
     verification failures have their own (bundle-format/SPEC.md).
     """
     use_output(quiet=quiet, verbose=verbose)
+    from heddle.cli.output import use_log
+    from heddle.settings import LOG_FORMAT, LOG_LEVEL
+
+    use_log(log_format or LOG_FORMAT.default, log_level or LOG_LEVEL.default)
     from heddle.cli.target import resolve_target
     from heddle.errors import UsageError
     from heddle.runs import from_bundle, from_document
@@ -192,12 +203,13 @@ def run(
         if answer is not None and message is not None:
             raise UsageError("--message and an answer flag: give one answer to what the session waits for")
     inputs = _read_input(input) if input is not None else None
-    from heddle.cli.target import Remote
+    from heddle.cli.target import Remote, transfer_seconds
 
     if target is not None and "://" in target:
         resume_collector()  # a reference is pulled (downloaded into the cache) with the collector on
     resolved = resolve_target(target, flow_file, bundle_options=_bundle_options(trust, allow_unsigned, data_dir),
-                              remote=Remote(plain_http, offline))
+                              remote=Remote(plain_http, offline, seen=True, allow_downgrade=allow_downgrade,
+                                            timeout=transfer_seconds(transfer_timeout)))
     path = resolved.path
     if resolved.is_bundle:
         # A bundle's payload is read, checked and written with the collector on, as any command's.
@@ -212,6 +224,10 @@ def run(
         policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
         sealed = open_verified(path, trust=policy, data_dir=data_dir, fmt=format,
                                plugins=settings.plugins).runnable
+        if resolved.seen_key is not None:
+            from heddle.oci.seen import remember
+
+            remember(resolved.seen_key, sealed)
         loaded = from_bundle(sealed, settings, given=given, inputs=inputs, load_plugins=_load_plugins)
     else:
         loaded = from_document(path, settings, tools_dir=tools_dir, fmt=format, components=components,
@@ -278,7 +294,7 @@ def _print_result(outcome: Any, *, outputs: bool, protocol: str | None, messages
         from heddle.spec.messages import with_messages
 
         printed = with_messages(outcome.outputs, messages) if outputs else outcome.state
-        sys.stdout.write(json.dumps(printed, ensure_ascii=False) + "\n")
+        sys.stdout.write(printable_json(json.dumps(printed, ensure_ascii=False)) + "\n")
 
 
 def _run_once(loaded: Any, *, message: str | None, outputs: bool, protocol: str | None, verbose: bool) -> None:
@@ -320,8 +336,8 @@ def _run_in_session(loaded: Any, store: Any, session: str, *, message: str | Non
             return
         if not on_terminal(no_input):
             if protocol is None:  # else the event stream on stdout ended with its `waiting` event
-                sys.stdout.write(json.dumps(waiting_object(session, outcome.waiting, outcome.messages),
-                                            ensure_ascii=False) + "\n")
+                sys.stdout.write(printable_json(json.dumps(waiting_object(session, outcome.waiting, outcome.messages),
+                                                           ensure_ascii=False)) + "\n")
                 sys.stdout.flush()
             raise typer.Exit(WAITING_EXIT)
         # -q kept the run's messages off stderr; the person answering must see them all the same.
@@ -357,7 +373,7 @@ def _show_model_urls(loaded: Any) -> None:
 
 
 @takes("tools_dir", "commands", "trust", "allow_unsigned", "plugins", "plugin_configs", "plugin_timeout",
-       "max_node_attempts", "discover_tools", "plain_http", "offline")
+       "max_node_attempts", "discover_tools", "plain_http", "offline", "strict")
 def validate(
     target: str | None = typer.Argument(None, metavar="FLOW|BUNDLE", show_default=False, help=_TARGET_HELP),
     flow_file: Path | None = _FLOW,
@@ -381,8 +397,6 @@ def validate(
     Exits 0 only when the flow is valid (2 otherwise), printing every problem at once.
     """
     use_output(quiet=quiet, verbose=verbose)
-    import json
-
     from heddle.cli.target import Remote, resolve_target
     from heddle.errors import GraphError, UsageError
     from heddle.settings import settle
@@ -405,6 +419,10 @@ def validate(
         host = _load_plugins(settle(settings, given=given, plugins=getattr(sealed, "plugins", ())))
         tools: dict[str, Path] | None = sealed.tools
         flow, source = sealed.flow, f"{resolved.name} (sealed {sealed.digest})"
+        if settings.strict:
+            from heddle.spec.document import check_strict
+
+            check_strict(flow)
         declared = sealed.commands
     else:
         from heddle.spec import load_flow
@@ -413,7 +431,8 @@ def validate(
 
         declared = read_commands(commands) if commands is not None else None
         host = _load_plugins(settings)
-        flow = load_flow(path, fmt=format, node_types=host.node_types() if host else (), components=components)
+        flow = load_flow(path, fmt=format, node_types=host.node_types() if host else (), components=components,
+                         strict=settings.strict)
         tools = discover_tools(tools_dir) if tools_dir is not None else None
         source = str(path)
     from heddle.cli.output import warn
@@ -421,7 +440,7 @@ def validate(
     from heddle.spec.roots import document_root
 
     discover_apart(host, settings)  # --discover-tools: the tools the plugins list join theirs
-    for warning in document_root(flow).warnings:
+    for warning in (*document_root(flow).warnings, *(declared.warnings if declared is not None else ())):
         warn(warning)
     from heddle.tools.command_run import with_commands
 
@@ -437,12 +456,17 @@ def validate(
     else:
         report = validation_report(flow, tools=tools, source=source, tools_dir=tools_dir)
     if declared is not None:
-        report["commands"] = declared.describe()
+        report["commands"] = [{**row, "executable_path": pin.path if pin else None,
+                               "executable_sha256": pin.sha256 if pin else None}
+                              for row in declared.describe()
+                              for pin in [declared.commands[row["name"]].program]]
         for row in report["tools"]:
             if row["name"] in declared.commands:
                 row["executable"], row["command"] = None, declared.commands[row["name"]].revision
     if json_out:
-        sys.stdout.write(json.dumps(report, ensure_ascii=False, indent=2) + "\n")
+        from heddle.cli.output import print_json
+
+        print_json(report)  # then GraphError, when the report has problems: it is their one JSON object
     else:
         from heddle.cli.report import print_validation
 
@@ -455,9 +479,11 @@ def validate(
 
 
 @takes("tools_dir", "commands", "mounts", "mount_max_entries", "mount_max_bytes", "max_tool_rounds", "plugins",
-       "plugin_configs", "plugin_timeout", "max_node_attempts", "level",
+       "plugin_configs", "plugin_timeout", "max_node_attempts", "level", "safe", "strict",
        help={"max_tool_rounds": "Proposed tool-round limit recorded in the bundle; where it runs, "
-                                "--max-tool-rounds wins over it."})
+                                "--max-tool-rounds wins over it.",
+             "safe": "Propose safe mode, recorded in the bundle: wherever it runs, its tools run in the sandbox "
+                     "(as with --safe), and `heddle doctor` checks that bubblewrap works there."})
 def bundle(
     flow_path: Path | None = typer.Argument(None, metavar="FLOW", show_default=False,
                                                help="The flow document to seal (.json, .yaml, .yml)."),
@@ -470,8 +496,26 @@ def bundle(
     sign_key: Path | None = typer.Option(None, "--sign-key", metavar="KEY",
                                             help="Private key (from heddle keygen) to sign with."),
     name: str | None = typer.Option(None, "--name", metavar="NAME", help="Bundle name (default: the flow's name)."),
+    release: int | None = typer.Option(None, "--release", metavar="N",
+                                       help="A release number sealed in the manifest (a whole number): where the "
+                                            "bundle's tag is followed, a lower release than the one seen is "
+                                            "refused."),
     format: str | None = _FORMAT,
     components: Path | None = _COMPONENTS,
+    egress: list[str] = typer.Option([], "--egress", metavar="TOOL=HOST[:PORT][,HOST]",
+                                     help="The hosts a tool (or an MCP transport, ApiNode or llm config, by name) "
+                                          "may reach, sealed in the manifest (repeatable; HOST may be *.name, no "
+                                          "port means 443 and 80). Any egress declared makes the list complete: "
+                                          "the document's URLs are added, and nothing else is reached."),
+    egress_file: Path | None = typer.Option(None, "--egress-file", metavar="FILE",
+                                            help="A YAML or JSON file with an egress: mapping of tool name to a "
+                                                 "list of HOST[:PORT], as --egress, and a secrets: mapping, as "
+                                                 "--secret (each with env or file, hosts and header)."),
+    secret: list[str] = typer.Option([], "--secret", metavar="NAME=ENV@HOST[:PORT][,HOST]",
+                                     help="A secret the tools use without holding it (repeatable): under --safe "
+                                          "a tool's $NAME is a placeholder, which heddle's egress proxy replaces "
+                                          "by the value of ENV, read where the bundle runs, in the header "
+                                          "'Authorization: Bearer {}' of requests to those hosts alone."),
     output: Path | None = typer.Option(None, "-o", "--output", metavar="PATH",
                                           help="Where to write the bundle (default: <name>.heddle)."),
     include_secret: list[Path] = _INCLUDE_SECRET,
@@ -508,7 +552,12 @@ def bundle(
     flow = resolve_flow(flow_path, flow_file)
     # Manifests, and the settings given, are checked before anything is packed; settings are
     # not sealed: the operator gives them where the bundle runs.
-    _load_plugins(settings, require_settings=False)
+    host = _load_plugins(settings, require_settings=False)
+    if settings.strict:
+        # Refused here as every --strict run of it would be; the bundle seals the document as written.
+        from heddle.spec import load_flow
+
+        load_flow(flow, fmt=format, node_types=host.node_types() if host else (), components=components, strict=True)
     # Only a limit given here is proposed; "unlimited" is a proposal too.
     rounds = settings.max_tool_rounds
     proposal = None if "max_tool_rounds" not in given else "unlimited" if rounds is None else str(rounds)
@@ -516,7 +565,8 @@ def bundle(
          input_text=input, requires=requires, max_tool_rounds=proposal, sign_key=sign_key, name=name, fmt=format,
          output=output, max_entries=settings.mount_max_entries, max_bytes=settings.mount_max_bytes,
          read_input=_read_input, include_secrets=include_secret, json_out=json_out, components=components,
-         commands=commands, level=zstd_level)
+         commands=commands, level=zstd_level, release=release, safe=settings.safe,
+         egress=egress, egress_file=egress_file, secrets=secret)
 
 
 def init(

@@ -29,6 +29,11 @@ def seal_flow(
     components: Path | None = None,
     commands: Path | None = None,
     level: int | None = None,
+    release: int | None = None,
+    safe: bool = False,
+    egress: Sequence[str] = (),
+    egress_file: Path | None = None,
+    secrets: Sequence[str] = (),
 ) -> None:
     """Seal the flow as the flags say and print what was written (as JSON with `json_out`)."""
     from heddle.bundle.requires import parse_requires
@@ -43,7 +48,8 @@ def seal_flow(
         requires=parse_requires(requires) if requires is not None else None,
         max_tool_rounds=max_tool_rounds, include_secrets=include_secrets or (), flow_format=fmt,
         mount_max_entries=max_entries, mount_max_bytes=max_bytes, progress=terminal_progress(),
-        components=components, commands=commands, level=level,
+        components=components, commands=commands, level=level, release=release, safe=safe,
+        egress=egress, egress_file=egress_file, secrets=secrets,
     )
     for warning in result.warnings:
         warn(warning)

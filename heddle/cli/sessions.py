@@ -17,17 +17,19 @@ from heddle.cli import output
 from heddle.cli.flags import SettingsCommand, takes
 from heddle.cli.output import QUIET, VERBOSE, json_option
 from heddle.settings import RunSettings  # at run time: @takes reads the commands' annotations
+from heddle.textsafe import printable, printable_json
 
 if TYPE_CHECKING:
     from heddle.plugin_host.host import PluginHost
     from heddle.sessions.record import Pending
+    from heddle.sessions.seal import SealedStore
     from heddle.sessions.store import SessionStore
 
 # The settings that say where sessions are; `--durable` is a run's, not a store's.
-STORE_SETTINGS = ("session_store", "session_db", "session_dir")
+STORE_SETTINGS = ("session_store", "session_db", "session_dir", "session_key")
 
 
-def open_cli_store(settings: RunSettings, *, plugins: PluginHost | None = None) -> SessionStore:
+def open_cli_store(settings: RunSettings, *, plugins: PluginHost | None = None) -> SealedStore:
     """The store the session flags name (sqlite unless --session-store says otherwise), opened and
     reachable; a flag for another kind of store than the one chosen is refused, not ignored."""
     from heddle.errors import UsageError
@@ -40,7 +42,8 @@ def open_cli_store(settings: RunSettings, *, plugins: PluginHost | None = None) 
     if settings.session_dir is not None and spec != "file":
         raise UsageError("--session-dir is the folder of the file session store; it does not apply to "
                          "--session-store " + _shown(spec) + " (drop one of them, or give --session-store file)")
-    return open_store(spec, db=settings.session_db, directory=settings.session_dir, plugins=plugins)
+    return open_store(spec, db=settings.session_db, directory=settings.session_dir, plugins=plugins,
+                      key_file=settings.session_key)
 
 
 def _shown(spec: str) -> str:
@@ -83,7 +86,7 @@ def _waits(summary: dict[str, Any]) -> str:
 
 
 @contextlib.contextmanager
-def _store(settings: RunSettings) -> Iterator[SessionStore]:
+def _store(settings: RunSettings) -> Iterator[SealedStore]:
     """The store `settings` name, its plugins loaded first (a `plugin:` store); both closed after."""
     from heddle.cli.run import _load_plugins
 
@@ -118,8 +121,10 @@ def sessions_ls(
     output.use(quiet=quiet, verbose=verbose)
     with _store(settings) as store:
         rows: list[dict[str, Any]] = []
-        for stored in store.list():
+        for stored, refused in store.survey():
             try:
+                if refused is not None:
+                    raise refused
                 rows.append(decode(stored.id, stored.data, store=store.name).summary())
             except SessionError as exc:
                 # Listed, not hidden: `rm` is how a person gets rid of it.
@@ -137,7 +142,7 @@ def sessions_ls(
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
     for row in table:
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
-        sys.stdout.write("  ".join([*cells, row[-1]]) + "\n")
+        sys.stdout.write(printable("  ".join([*cells, row[-1]])) + "\n")
 
 
 @sessions_app.command("show", cls=SettingsCommand)
@@ -164,7 +169,11 @@ def sessions_show(
     if json_out:
         output.print_json(summary)
         return
-    out = sys.stdout.write
+
+    def out(text: str) -> None:
+        # The prompt and the arguments are a document's or a model's.
+        sys.stdout.write(printable(text))
+
     out(f"session   {summary['id']} in {store.name}\n")
     out(f"status    {summary['status']}\n")
     out(f"document  {summary['document']} ({summary['digest']})\n")
@@ -175,7 +184,7 @@ def sessions_show(
     if waiting:
         out(f"waits for {waiting['kind']} at node {waiting['node']!r}\n")
         if waiting.get("tool") is not None:
-            arguments = json.dumps(waiting.get("arguments") or {}, ensure_ascii=False)
+            arguments = printable_json(json.dumps(waiting.get("arguments") or {}, ensure_ascii=False))
             out(f"tool      {waiting['tool']} {arguments}\n")
         if waiting.get("prompt") is not None:
             out(f"prompt    {waiting['prompt']}\n")

@@ -37,6 +37,7 @@ class Target:
     is_bundle: bool
     reference: str | None = None  # as given, when the bundle was pulled
     oci_digest: str | None = None
+    seen_key: str | None = None  # the tag or URL it is remembered under once verified (Remote.seen)
 
     @property
     def name(self) -> str:
@@ -51,27 +52,58 @@ class Remote:
     plain_http: bool = False
     offline: bool = False
     cache_dir: Path | None = None
+    # A tag or URL is compared with the bundle last seen under it, and remembered (heddle.oci.seen):
+    # what `run` and `pull` ask for. `allow_downgrade` accepts an older bundle or another agent.
+    seen: bool = False
+    allow_downgrade: bool = False
+    timeout: float | None = None  # --transfer-timeout, in seconds; None: its default
+
+
+def transfer_seconds(text: str | None) -> float | None:
+    """`--transfer-timeout` as given (None when it was not), in seconds."""
+    if text is None:
+        return None
+    from heddle.settings import TRANSFER_TIMEOUT
+
+    seconds: float = TRANSFER_TIMEOUT.parse(text, plain="s")[0]
+    return seconds
 
 
 def bundle_target(text: str | Path, remote: Remote = Remote()) -> Target:
     """A command's BUNDLE argument: a path, as it is, or a reference pulled into the cache (and
     said so on stderr). `--plain-http`/`--offline` with a path are refused."""
-    from heddle.oci import source
+    from heddle.oci import TRANSFER_TIMEOUT_S, source
 
     pulled = source(text if isinstance(text, str) else Path(text), plain_http=remote.plain_http,
-                    offline=remote.offline, cache_dir=remote.cache_dir)
+                    offline=remote.offline, cache_dir=remote.cache_dir,
+                    timeout=TRANSFER_TIMEOUT_S if remote.timeout is None else remote.timeout)
     if pulled.reference is None:
+        if remote.allow_downgrade:
+            raise UsageError(f"--allow-downgrade applies to a bundle reference by tag or URL; {text} is a file: "
+                             "leave it out")
+        if remote.timeout is not None:
+            raise UsageError(f"--transfer-timeout applies to a bundle reference (oci://REGISTRY/REPO:TAG or an "
+                             f"https:// URL); {text} is a file: leave it out")
         return Target(pulled.path, True)
     from heddle.cli import output
     from heddle.cli.errors import alias
 
     alias(str(pulled.path), pulled.reference)
+    key = None
+    if remote.seen:
+        from heddle.oci.seen import check_seen, seen_key
+
+        accepted = check_seen(pulled, allow_downgrade=remote.allow_downgrade, cache_dir=remote.cache_dir,
+                              record=False)
+        if accepted is not None:
+            output.warn(accepted)
+        key = seen_key(pulled)
     what = f" ({pulled.oci_digest})" if pulled.oci_digest else ""
     if pulled.downloaded:
         output.note(f"pulled {pulled.reference}{what}")
     output.detail(f"{pulled.reference}{what}: {'downloaded to' if pulled.downloaded else 'in the cache at'} "
                   f"{pulled.path}")
-    return Target(pulled.path, True, pulled.reference, pulled.oci_digest)
+    return Target(pulled.path, True, pulled.reference, pulled.oci_digest, key)
 
 
 def _starts_like_bundle(path: Path) -> bool:
@@ -138,7 +170,7 @@ def resolve_target(positional: str | Path | None, flow: Path | None, *, bundle_o
 
         if looks_like_reference(given):
             return bundle_target(given, remote)
-    if remote.plain_http or remote.offline:
+    if remote.plain_http or remote.offline or remote.allow_downgrade or remote.timeout is not None:
         bundle_target(given if given is not None else Path(str(flow)), remote)  # refuses them, naming the path
     if given is None:
         assert flow is not None

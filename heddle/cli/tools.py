@@ -102,6 +102,8 @@ def tools(
 
 
 def _print(found: Any) -> None:
+    from heddle.textsafe import printable
+
     rows = [(t.name, _source(t), t.input_schema_fingerprint or "-", t.description) for t in found.tools]
     if not rows and not found.toolboxes:
         sys.stdout.write("no tools\n")
@@ -109,7 +111,8 @@ def _print(found: Any) -> None:
     widths = [max((len(r[i]) for r in rows), default=0) for i in range(3)]
     for row in rows:
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
-        sys.stdout.write(("  ".join([*cells, row[3]])).rstrip() + "\n")
+        # A description is a document's or a plugin's own text.
+        sys.stdout.write(printable("  ".join([*cells, row[3]])).rstrip() + "\n")
     for name in found.toolboxes:
         sys.stdout.write(f"toolbox {name} (mcp): its tools are listed by its server once a run starts it\n")
 

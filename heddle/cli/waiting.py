@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from heddle.textsafe import printable_json, write_line
+
 if TYPE_CHECKING:
     from heddle.engine.journal import Answer, WaitingFor
 
@@ -34,12 +36,12 @@ def waiting_object(session: str, waiting: WaitingFor, messages: Sequence[str]) -
 
 
 def _say(text: str) -> None:
-    sys.stderr.write(text + "\n")
-    sys.stderr.flush()
+    write_line(sys.stderr, text)
 
 
 def _arguments(value: Any) -> str:
-    return json.dumps(value if value is not None else {}, ensure_ascii=False, indent=2)
+    # Every character of the arguments shown, the ones a terminal would act on as escapes.
+    return printable_json(json.dumps(value if value is not None else {}, ensure_ascii=False, indent=2))
 
 
 def read_line(prompt: str, *, allow_empty: bool = False) -> str:
@@ -58,8 +60,7 @@ def read_line(prompt: str, *, allow_empty: bool = False) -> str:
 
 
 def _say_inline(text: str) -> None:
-    sys.stderr.write(text)
-    sys.stderr.flush()
+    write_line(sys.stderr, text, end="")
 
 
 def _yes(prompt: str) -> bool:
@@ -74,6 +75,7 @@ def ask(waiting: WaitingFor, messages: Sequence[str] = ()) -> Answer:
     """The person's answer to `waiting`, asked for on stderr. `messages` are shown first (those the
     run showed while --quiet kept them off stderr)."""
     from heddle.engine.journal import Answer
+    from heddle.safeparse import json_problem, loads_strict_json
 
     for text in messages:
         _say(text)
@@ -93,7 +95,7 @@ def ask(waiting: WaitingFor, messages: Sequence[str] = ()) -> Answer:
     while True:
         text = read_line("Its result (JSON)> ")
         try:
-            return Answer("client_tool", tool_result=json.loads(text))
-        except json.JSONDecodeError as exc:
-            _say(f"not JSON ({exc.msg} at column {exc.colno}); give a JSON value, such as \"sunny\" or "
+            return Answer("client_tool", tool_result=loads_strict_json(text))
+        except ValueError as exc:
+            _say(f"not JSON ({json_problem(exc)}); give a JSON value, such as \"sunny\" or "
                  "{\"temperature\": 21}")

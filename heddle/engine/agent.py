@@ -73,6 +73,10 @@ async def run_agent(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) 
         from heddle.engine.multiagent import run_multi_agent
 
         return await run_multi_agent(ctx, node, inputs)
+    if isinstance(node.agent, c.A2AAgent):
+        from heddle.engine.a2a import run_a2a_agent
+
+        return await run_a2a_agent(ctx, node, node.agent)
     agent = node.agent
     endpoint = ctx.endpoint(agent.llm_config)
     # The document's own tools for this agent (its MCP toolboxes', its MCP tools as their servers
@@ -96,13 +100,19 @@ async def run_agent(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) 
         messages += [dict(m) for m in ctx.conversation.agents.get(_agent_key(agent), [])]
     user = top.text if top is not None else json.dumps(inputs, ensure_ascii=False)
     messages.append({"role": "user", "content": user})
-    confirm = frozenset(t.name for t in agent.tools if t.requires_confirmation)
+    confirm = confirmed_tools(ctx, agent)
     # A human_in_the_loop agent in a flow gives outputs other than its answer as a JSON object; an
     # answer in prose is then meant for the person (the specification's default is true).
     talks = agent.human_in_the_loop and any(t != "result" for t in io.titles(io.outputs_of(node)))
     limit = ctx.options.max_tool_rounds
     truncates = limits_of(agent.tools)  # the tools' own, tighter limits on what the model gets of a result
     response_format, retried = _ask_for_outputs(node, messages, offers_tools=bool(definitions)), False
+    transforms = None
+    if agent.transforms:
+        from heddle.engine.transforms import AgentTransforms
+
+        # What the model is sent of the conversation, each round; the conversation kept is whole.
+        transforms = AgentTransforms(ctx, node.name, agent, lasting=top is not None)
 
     def on_delta(text: str) -> None:
         ctx.emit(ev.TokenDelta(node=node.name, text=text))
@@ -110,7 +120,8 @@ async def run_agent(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) 
     async with ctx.workspaces.enter(node.name) as workspace:
 
         async def one_round(agent_round: AgentRound) -> RoundResult:
-            turn = await ctx.chat(ModelRequest(node.name, endpoint, agent_round.messages, definitions, on_delta,
+            sent = agent_round.messages if transforms is None else await transforms.apply(agent_round.messages)
+            turn = await ctx.chat(ModelRequest(node.name, endpoint, sent, definitions, on_delta,
                                                response_format))
             if not turn.tool_calls:
                 return RoundResult(turn, [])
@@ -138,7 +149,7 @@ async def run_agent(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) 
                     # Prose where its outputs were asked for: a human_in_the_loop agent in a flow is
                     # speaking to the person, and waits for the reply (the same turn goes on with it).
                     if ctx.journal is None:
-                        raise _talks_to_the_user(node)
+                        raise _talks_to_the_user(node, ctx.options.surface.say("session"))
                     reply = ctx.wait(WaitingFor("message", node.name, prompt=answer))
                     messages += [{"role": "assistant", "content": answer},
                                  {"role": "user", "content": reply.message or ""}]
@@ -161,18 +172,25 @@ async def run_agent(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) 
                                  {"role": "user", "content": structured.retry_message(problem)}]
 
 
+def confirmed_tools(ctx: RunContext, agent: c.Agent) -> frozenset[str]:
+    """The tools of `agent` whose every call a person approves first: its own that require
+    confirmation, and those of its toolboxes that do."""
+    own = {t.name for t in agent.tools if t.requires_confirmation}
+    return frozenset(own | ctx.document_tools.confirm.get(agent.id or agent.name, set()))
+
+
 def _looks_like_json(answer: str) -> bool:
     return structured.unfenced(answer)[:1] in ("{", "[")
 
 
-def _talks_to_the_user(node: c.AgentNode) -> NeedsSessionError:
+def _talks_to_the_user(node: c.AgentNode, session: str) -> NeedsSessionError:
     # Prose where JSON outputs were asked for is, with human_in_the_loop, the agent speaking to the
     # person; without a session there is no one to answer, and asking the model again would turn
     # the conversation into something the document did not say.
     return NeedsSessionError(
         f"agent {node.agent.name!r} of AgentNode {node.name!r} answered the user instead of giving its outputs "
         "(human_in_the_loop is true unless the document sets it false): waiting for the user's reply needs a "
-        "session (--session NAME); set human_in_the_loop: false to have it always give its outputs")
+        f"session ({session}); set human_in_the_loop: false to have it always give its outputs")
 
 
 def _agent_key(agent: c.Agent) -> str:

@@ -3,6 +3,7 @@ and the run's seams, through which every node, tool call and model call goes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
     from heddle.engine.conversation import Conversation
     from heddle.engine.journal import Answer, Journal, WaitingFor
+    from heddle.engine.tracing import Tracing
     from heddle.model.client import ModelClient, ModelEndpoint
     from heddle.model.turn import AssistantTurn
     from heddle.spec import components as c
@@ -63,6 +65,8 @@ class RunContext:
     # What this run showed live (not replayed from the journal): the messages a stopped or finished
     # run reports for this step.
     live_shown: list[str] = field(default_factory=list)
+    # How the run is traced (heddle.engine.tracing): a tool's program runs in a span of its own.
+    tracing: Tracing | None = None
 
     def show(self, text: str, node: str) -> None:
         """Show `text` to the person running the flow, as the agent's message (heddle.spec.messages)."""
@@ -156,14 +160,35 @@ class RunContext:
         """Run a tool's program in the request's workspace, confined by the run's sandbox policy
         (`tools_dir`, the folder it comes from, is bound read-only)."""
         from heddle.tools.process import run_tool_process
+        from heddle.workspace.egress_proxy import call_guard, redact
         from heddle.workspace.sandbox import confine
 
-        workspace = request.workspace
-        argv, env = confine(self.options.sandbox, [str(executable)], workspace=workspace, tools_dir=tools_dir,
-                            env=workspace.env(os.environ))
-        return await run_tool_process(request.tool, argv, request.arguments, cwd=workspace.root, env=env,
-                                      timeout=self.options.tool_timeout, surface=self.options.surface,
-                                      sandboxed=self.options.sandbox.safe)
+        workspace, policy = request.workspace, self.options.sandbox
+        with _sandbox_span(self.tracing, safe=policy.safe, backend=policy.backend, tool=request.tool) as traced:
+            async with call_guard(self.options, request.tool, self.emit) as egress:
+                argv, env = confine(policy, [str(executable)], workspace=workspace, tools_dir=tools_dir,
+                                    env={**workspace.env(os.environ), **traced}, egress=egress)
+                try:
+                    output = await run_tool_process(request.tool, argv, request.arguments, cwd=workspace.root,
+                                                    env=env, timeout=self.options.tool_timeout,
+                                                    surface=self.options.surface, sandboxed=policy.safe,
+                                                    max_stdout=self.options.max_tool_stdout_bytes)
+                except ToolError as exc:
+                    # Its stderr, quoted in the message, is output too.
+                    message, leaked = redact(exc.args[0] if exc.args else str(exc), self.options.secrets)
+                    if not leaked:
+                        raise
+                    self._leaked(request.tool, leaked)
+                    raise type(exc)(request.tool, message.removeprefix(f"tool {request.tool!r}: ")) from None
+        redacted, leaked = redact(output, self.options.secrets)
+        self._leaked(request.tool, leaked)
+        shown: dict[str, Any] = redacted
+        return shown
+
+    def _leaked(self, tool: str, names: list[str]) -> None:
+        for name in names:
+            self.emit(ev.Warning(message=f"tool {tool!r}: its output held the value of secret {name}, which a tool "
+                                         "is never given (a server it reached sent it back?); it was redacted"))
 
     # ---------------------------------------------------------------- models
 
@@ -193,6 +218,15 @@ class RunContext:
             raise ModelError(f"node {request.node!r} has no model client")
         return await self.client.chat(request.endpoint, request.messages, request.tools, on_delta=request.on_delta,
                                       response_format=request.response_format)
+
+
+def _sandbox_span(tracing: Tracing | None, *, safe: bool, backend: str,
+                  tool: str) -> contextlib.AbstractContextManager[dict[str, str]]:
+    if tracing is None:
+        return contextlib.nullcontext({})
+    from heddle.engine.tracing import sandbox_span
+
+    return sandbox_span(tracing, safe=safe, backend=backend, tool=tool)
 
 
 def _no_document_tools() -> DocumentTools:

@@ -96,6 +96,18 @@ class Warning(Event):
 
 
 @dataclass(frozen=True)
+class EgressRefused(Warning):
+    """A request of a tool's process that the egress proxy refused (heddle.workspace.egress_proxy):
+    shown as a warning, with the tool, the host and port it asked for, and why."""
+
+    type: ClassVar[str] = "egress_refused"
+    tool: str = ""
+    host: str = ""
+    port: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class FlowComplete(Event):
     type: ClassVar[str] = "flow_complete"
     flow: str
@@ -118,7 +130,7 @@ EventSink = Callable[[Event], None]
 
 EVENT_TYPES: tuple[str, ...] = tuple(
     cls.type for cls in (FlowStart, NodeStart, NodeComplete, NodeError, ToolCall, ToolResult,
-                         TokenDelta, Message, Warning, FlowComplete, Waiting)
+                         TokenDelta, Message, Warning, EgressRefused, FlowComplete, Waiting)
 )
 
 

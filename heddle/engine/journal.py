@@ -35,15 +35,29 @@ WaitKind = Literal["message", "approval", "client_tool"]
 _SCOPE: contextvars.ContextVar[str] = contextvars.ContextVar("heddle_journal_scope", default="")
 
 
+def arguments_fingerprint(arguments: dict[str, Any]) -> str:
+    """What an answer to a call is bound to: sha256 of the canonical JSON of its exact arguments."""
+    from heddle.canonical import fingerprint
+
+    return fingerprint(arguments)
+
+
 @dataclass(frozen=True)
 class WaitingFor:
-    """What a stopped run waits for, as the person (or the client) is shown it."""
+    """What a stopped run waits for, as the person (or the client) is shown it. A call's wait carries
+    the fingerprint of its arguments: the answer is bound to it, and a call with other arguments is
+    never run on it."""
 
     kind: WaitKind
     node: str  # the node's name
     prompt: str | None = None  # the question or message shown with it (kind message)
     tool: str | None = None  # kind approval / client_tool: the tool's name
     arguments: dict[str, Any] | None = None  # ... and the arguments the model or the node gave it
+    fingerprint: str | None = None  # ... and theirs (arguments_fingerprint), made from them when not given
+
+    def __post_init__(self) -> None:
+        if self.arguments is not None and self.fingerprint is None:
+            object.__setattr__(self, "fingerprint", arguments_fingerprint(self.arguments))
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "node": self.node}
@@ -53,12 +67,23 @@ class WaitingFor:
             out["tool"] = self.tool
         if self.arguments is not None:
             out["arguments"] = self.arguments
+            out["fingerprint"] = self.fingerprint
         return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WaitingFor:
-        return cls(kind=data["kind"], node=data["node"], prompt=data.get("prompt"), tool=data.get("tool"),
-                   arguments=data.get("arguments"))
+        """A stored wait; ValueError when its fingerprint is not that of the arguments it shows."""
+        if data["kind"] not in ("message", "approval", "client_tool") or not isinstance(data["node"], str):
+            raise ValueError(f"a wait of kind {data['kind']!r} at {data['node']!r}")
+        arguments = data.get("arguments")
+        if arguments is not None and not isinstance(arguments, dict):
+            raise ValueError("a wait's arguments are not an object")
+        waiting = cls(kind=data["kind"], node=data["node"], prompt=data.get("prompt"), tool=data.get("tool"),
+                      arguments=arguments)
+        if data.get("fingerprint") != waiting.fingerprint:
+            raise ValueError(f"the wait at node {waiting.node!r} shows arguments whose fingerprint is not the one "
+                             "it keeps")
+        return waiting
 
 
 @dataclass(frozen=True)
@@ -71,32 +96,53 @@ class Answer:
     approved: bool | None = None
     reason: str | None = None
     tool_result: Any = None
+    # An answer to a call (approval, client_tool): the fingerprint of the arguments it answers. The
+    # session sets it to the one of the call shown (a caller that sends one must send that one).
+    fingerprint: str | None = None
 
     def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any]
         if self.kind == "message":
-            return {"message": self.message}
-        if self.kind == "approval":
-            return {"approve": True} if self.approved else {"deny": self.reason or ""}
-        return {"tool_result": self.tool_result}
+            out = {"message": self.message}
+        elif self.kind == "approval":
+            out = {"approve": True} if self.approved else {"deny": self.reason or ""}
+        else:
+            out = {"tool_result": self.tool_result}
+        if self.fingerprint is not None:
+            out["fingerprint"] = self.fingerprint
+        return out
+
+    def entry(self) -> dict[str, Any]:
+        """The answer as the journal keeps it."""
+        return {"kind": self.kind, "message": self.message, "approved": self.approved, "reason": self.reason,
+                "tool_result": self.tool_result, "fingerprint": self.fingerprint}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Answer:
         """The HTTP shape (`{"message": ...}`, `{"approve": true}`, `{"deny": "reason"}`,
-        `{"tool_result": ...}`); SessionError for anything else."""
-        if not isinstance(data, dict) or len(data) != 1:
-            raise SessionError('answer: give exactly one of {"message": TEXT}, {"approve": true}, '
-                               '{"deny": REASON}, {"tool_result": JSON}')
-        (key, value), = data.items()
+        `{"tool_result": ...}`, an answer to a call with the `"fingerprint"` of the call it answers
+        beside it); SessionError for anything else."""
+        shapes = ('give exactly one of {"message": TEXT}, {"approve": true}, {"deny": REASON}, {"tool_result": '
+                  'JSON} (an answer to a call may add the "fingerprint" of the call it answers)')
+        if not isinstance(data, dict):
+            raise SessionError(f"answer: {shapes}")
+        fingerprint = data.get("fingerprint")
+        rest = {k: v for k, v in data.items() if k != "fingerprint"}
+        if len(rest) != 1:
+            raise SessionError(f"answer: {shapes}")
+        if fingerprint is not None and (not isinstance(fingerprint, str) or "message" in rest):
+            raise SessionError(f'answer: "fingerprint" is the text a call\'s wait shows, for an answer to a call; '
+                               f"{shapes}")
+        (key, value), = rest.items()
         if key == "message" and isinstance(value, str):
             return cls("message", message=value)
         if key == "approve" and value is True:
-            return cls("approval", approved=True)
+            return cls("approval", approved=True, fingerprint=fingerprint)
         if key == "deny" and isinstance(value, str):
-            return cls("approval", approved=False, reason=value)
+            return cls("approval", approved=False, reason=value, fingerprint=fingerprint)
         if key == "tool_result":
-            return cls("client_tool", tool_result=value)
-        raise SessionError(f'answer: {key!r} with {type(value).__name__} is not an answer; give exactly one of '
-                           '{"message": TEXT}, {"approve": true}, {"deny": REASON}, {"tool_result": JSON}')
+            return cls("client_tool", tool_result=value, fingerprint=fingerprint)
+        raise SessionError(f"answer: {key!r} with {type(value).__name__} is not an answer; {shapes}")
 
 
 class Suspended(Exception):
@@ -166,14 +212,13 @@ class Journal:
         key = self.key("w")
         found, value = self.recorded(key)
         if found:
-            return Answer(**value)
+            return _bound(waiting, Answer(**value))
         if self.waited == key and self.answer is not None:
             if self.answer.kind != waiting.kind:  # the session layer checks this before the run starts
                 raise SessionError(f"the run waits for {_what(waiting.kind)} at node {waiting.node!r}, not for "
                                    f"{_what(self.answer.kind)}")
-            answer, self.answer = self.answer, None
-            self.record(key, {"kind": answer.kind, "message": answer.message, "approved": answer.approved,
-                              "reason": answer.reason, "tool_result": answer.tool_result})
+            answer, self.answer = _bound(waiting, self.answer), None
+            self.record(key, answer.entry())
             return answer
         if self.answer is not None:
             # Replaying reached a wait that is not the one answered: the document or heddle changed.
@@ -185,11 +230,33 @@ class Journal:
     # ------------------------------------------------------------------ the record
 
     def as_json(self) -> dict[str, Any]:
-        return {"entries": self.entries, "waited": self.waited}
+        entries = self.entries
+        if self.answer is not None and self.waited is not None:
+            # Not reached yet, but given: a run resumed from this journal gets the same answer, never
+            # waits there again.
+            entries = {**entries, self.waited: self.answer.entry()}
+        return {"entries": entries, "waited": self.waited}
 
     @classmethod
     def from_json(cls, data: dict[str, Any], *, answer: Answer | None = None) -> Journal:
-        return cls(entries=dict(data.get("entries") or {}), waited=data.get("waited"), answer=answer)
+        """A stored journal; ValueError (or TypeError) when it is not the shape heddle writes."""
+        entries, waited = data.get("entries") or {}, data.get("waited")
+        if not isinstance(entries, dict) or not (waited is None or isinstance(waited, str)):
+            raise ValueError("a journal that is not the shape heddle writes")
+        return cls(entries=dict(entries), waited=waited, answer=answer)
+
+
+def _bound(waiting: WaitingFor, answer: Answer) -> Answer:
+    """`answer`, when it answers the call `waiting` is for: a call's answer is bound to the fingerprint of
+    the arguments shown, and a call with any other arguments is never run on it."""
+    if waiting.kind != "message" and (answer.fingerprint is None or answer.fingerprint != waiting.fingerprint):
+        from heddle.errors import SessionUnreadable
+
+        raise SessionUnreadable(
+            f"the call to tool {waiting.tool!r} at node {waiting.node!r} has arguments (fingerprint "
+            f"{waiting.fingerprint}) other than those the answer was given for ({answer.fingerprint or 'none'}); it "
+            "is not run: the session's record does not hold what was shown")
+    return answer
 
 
 def _what(kind: WaitKind) -> str:
@@ -197,8 +264,9 @@ def _what(kind: WaitKind) -> str:
 
 
 def no_session(waiting: WaitingFor, surface: Surface) -> NeedsSessionError:
-    """What a wait raises in a run without a session (documents that may wait are refused before they
-    start, so this is only reached by a wait no check could see coming: a ClientTool an agent called)."""
+    """What a wait raises in a run without a session (a document that surely waits is refused before it
+    starts; this is a wait an agent's choice made: a tool that requires confirmation or a ClientTool
+    it called)."""
     return NeedsSessionError(f"node {waiting.node!r} waits for {_what(waiting.kind)}: run it in a session "
                              f"({surface.say('session')})")
 

@@ -33,7 +33,14 @@ from typing import TYPE_CHECKING, Any
 
 from heddle.engine import events as ev
 from heddle.engine import structured
-from heddle.engine.agent import _error, _looks_like_json, _one_call, answer_outputs, answer_shape
+from heddle.engine.agent import (
+    _error,
+    _looks_like_json,
+    _one_call,
+    answer_outputs,
+    answer_shape,
+    confirmed_tools,
+)
 from heddle.engine.conversation import Conversation
 from heddle.engine.journal import WaitingFor
 from heddle.engine.seams import AgentRound, ModelRequest, RoundResult, RoundStep, ToolRequest
@@ -206,7 +213,7 @@ class _Turn:
         history = self.threads[thread.key]
         schemas = {d["function"]["name"]: d["function"]["parameters"] for d in definitions}
         endpoint = ctx.endpoint(agent.llm_config)
-        confirm = frozenset(t.name for t in agent.tools if t.requires_confirmation)
+        confirm = confirmed_tools(ctx, agent)
         limit = ctx.options.max_tool_rounds
         truncates = limits_of(agent.tools)  # the tools' own, tighter limits on what the model gets of a result
 

@@ -8,7 +8,7 @@ from heddle.engine import events as ev
 from heddle.engine.context import RunContext
 from heddle.engine.seams import ModelRequest, Outcome, ToolRequest
 from heddle.engine.templates import as_text, render
-from heddle.errors import RunError, ToolInputError
+from heddle.errors import MissingInputError, RunError, ToolInputError
 from heddle.spec import components as c
 
 
@@ -18,7 +18,7 @@ async def start_node(ctx: RunContext, node: c.StartNode, inputs: dict[str, Any])
     out, missing = declared_values(node.inputs or node.outputs, inputs)
     if missing:
         names = ", ".join(repr(m) for m in missing)
-        raise RunError(f"the flow needs input {names} (declared by StartNode {node.name!r}); "
+        raise MissingInputError(f"the flow needs input {names} (declared by StartNode {node.name!r}); "
                        f"pass it with --input '{{\"{missing[0]}\": ...}}'")
     return out, None
 
@@ -37,20 +37,22 @@ async def tool_node(ctx: RunContext, node: c.ToolNode, inputs: dict[str, Any]) -
     else:
         # A tool that declares no inputs gets the node's own (none, unless the node declares some).
         arguments = dict(inputs)
+    from heddle.engine.journal import WaitingFor
+
+    # Every kind of tool, a ClientTool too, asks a person first when it requires confirmation.
+    if tool.requires_confirmation:
+        verdict = ctx.wait(WaitingFor("approval", node.name, tool=tool.name, arguments=arguments))
+        if not verdict.approved:
+            from heddle.errors import CallDenied
+
+            raise CallDenied(f"ToolNode {node.name!r}: the user denied the call to tool {tool.name!r}: "
+                             f"{verdict.reason or 'no reason given'}")
     if isinstance(tool, c.ClientTool):
         # The client runs it: the flow waits for its result, which is the node's output.
-        from heddle.engine.journal import WaitingFor
         from heddle.tools.client import as_output
 
         answer = ctx.wait(WaitingFor("client_tool", node.name, tool=tool.name, arguments=arguments))
         return as_output(tool, answer.tool_result), None
-    if tool.requires_confirmation:
-        from heddle.engine.journal import WaitingFor
-
-        verdict = ctx.wait(WaitingFor("approval", node.name, tool=tool.name, arguments=arguments))
-        if not verdict.approved:
-            raise RunError(f"ToolNode {node.name!r}: the user denied the call to tool {tool.name!r}: "
-                           f"{verdict.reason or 'no reason given'}")
     async with ctx.workspaces.enter(node.name) as workspace:
         output = await ctx.call_tool(ToolRequest(node.name, tool.name, arguments, workspace))
     return output, None
@@ -152,6 +154,10 @@ async def run_node(ctx: RunContext, node: c.Node, inputs: dict[str, Any]) -> Out
         return await output_message_node(ctx, node, inputs)
     if isinstance(node, c.InputMessageNode):
         return await input_message_node(ctx, node, inputs)
+    if isinstance(node, c.ApiNode):
+        from heddle.engine.api import api_node
+
+        return await api_node(ctx, node, inputs)
     if isinstance(node, c.COMPOSITE_NODES):
         from heddle.engine.composite import run_composite
 

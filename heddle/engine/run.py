@@ -30,7 +30,7 @@ from heddle.engine.context import RunContext
 from heddle.engine.journal import Journal, Suspended, WaitingFor
 from heddle.engine.options import RunOptions
 from heddle.engine.seams import NO_PLUGINS, NodeStep, Outcome, Plugins, Rendering
-from heddle.errors import GraphError, HeddleError, LimitError, NeedsSessionError, RunError
+from heddle.errors import GraphError, HeddleError, LimitError, NeedsSessionError, RunError, UsageError
 from heddle.graph import FlowGraph, check_flow, llm_configs, node_key, referenced_tools
 from heddle.spec import components as c
 from heddle.spec import io
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     import httpx
 
     from heddle.engine.conversation import Conversation
+    from heddle.engine.tracing import ModelObserver, Tracing
     from heddle.model.client import ModelClient, ModelEndpoint
 
 T = TypeVar("T")
@@ -71,10 +72,15 @@ class PreparedRun:
     tool_kinds: tuple[Any, ...] | None = None
     # The flow's graph, indexed once here for every run of it. None: built when the run starts.
     graph: FlowGraph | None = None
+    # How its runs are traced (heddle.engine.tracing); None: they are not.
+    tracing: Tracing | None = None
+    # What is told of its model calls (a server's metrics); None: nothing.
+    observer: ModelObserver | None = None
 
 
 def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | None, options: RunOptions,
-                sandbox_flags: tuple[str, ...] = (), plugins: Plugins | None = None) -> PreparedRun:
+                sandbox_flags: tuple[str, ...] = (), plugins: Plugins | None = None,
+                tracing: Tracing | None = None, observer: ModelObserver | None = None) -> PreparedRun:
     """Graph, tools, keys, mounts and sandbox: everything refused before any node runs.
 
     `plugins` (a heddle.plugin_host.PluginHost) adds its node types, tools, files and seams.
@@ -93,6 +99,18 @@ def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | No
         raise GraphError(problems)
     options = plugins.with_files(options)
     check_policy(options.sandbox, explicitly_set=sandbox_flags)
+    if options.egress is not None and options.sandbox.safe and not options.sandbox.deny_net:
+        from heddle.workspace.egress_proxy import check_relay
+
+        check_relay()
+    if options.secrets is not None:
+        from heddle.workspace.egress_proxy import check_secrets
+
+        check_secrets(options)
+    if options.sandbox.require_isolation is not None:
+        from heddle.workspace.sandbox import check_isolation
+
+        check_isolation(options.sandbox, egress=options.egress is not None)
     ws = options.workspace
     check_mounts(ws.mounts, max_entries=ws.max_entries, max_bytes=ws.max_bytes)
     if not options.sandbox.safe and not tools.keys().isdisjoint(referenced_tools(flow)):
@@ -100,8 +118,17 @@ def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | No
 
         # The flow runs tools of the folder: their reaper server's start overlaps what is left before the first call.
         SPAWNER.prestart()
-    return PreparedRun(flow, tools, tools_dir, options, resolve_endpoints(flow, model_urls=options.model_urls),
-                       plugins, tuple(warnings), tuple(kinds(flow)), FlowGraph.build(flow))
+    endpoints = resolve_endpoints(flow, model_urls=options.model_urls)
+    if options.egress is not None:
+        # A model is called from heddle's own process: its URL (--model-url included) is checked here,
+        # before any node runs.
+        for label, config in llm_configs(flow):
+            refused = options.egress.url_problem(config.name, endpoints[id(config)].base_url)
+            if refused is not None:
+                raise UsageError(f"llm config {config.name!r} of {label}: {refused}")
+    return PreparedRun(flow, tools, tools_dir, options, endpoints,
+                       plugins, tuple(warnings), tuple(kinds(flow)), FlowGraph.build(flow), tracing,
+                       observer)
 
 
 def _label(node: c.Node) -> str:
@@ -231,8 +258,15 @@ async def run_flow(ctx: RunContext, flow: c.Flow, inputs: dict[str, Any], *, gra
         state.update(produced)
         edge = graph.next_edge(node, branch)
         if edge is None:
-            raise RunError(f"{node.component_type} {node.name!r} chose branch {branch or 'next'!r} "
-                           "but no control edge leaves by it")
+            # No control edge leaves by the branch taken: the flow ends here, as the reference runtime
+            # ends it, with the latest value of each of its outputs (their defaults for the rest).
+            outputs, missing = io.declared_values(io.flow_outputs(flow), wiring.names)
+            if missing:
+                raise RunError(f"flow {flow.name!r} ended after {_label(node)}, which took branch "
+                               f"{branch or 'next'!r} that no control edge leaves by, before any node gave the "
+                               f"flow's output {missing[0]!r}, and that output has no default")
+            state.update(outputs)
+            return FlowRun(outputs, "next", state)
         node = graph.nodes.get(node_key(edge.to_node), edge.to_node)
 
 
@@ -285,8 +319,9 @@ async def _open_model_client(prepared: PreparedRun,
     from heddle.model.client import ModelClient
 
     options = prepared.options
-    async with ModelClient(stream=options.stream, timeout=options.model_timeout,
-                           retries=options.model_retries, transport=transport) as client:
+    async with ModelClient(stream=options.stream, timeout=options.model_timeout, deadline=options.model_deadline,
+                           max_bytes=options.max_response_bytes, retries=options.model_retries,
+                           transport=transport) as client:
         yield client
 
 
@@ -365,7 +400,17 @@ async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *, on_even
                      endpoints=prepared.endpoints, workspaces=workspaces, sink=on_event,
                      message=TopMessage(target, message) if target is not None and message is not None else None,
                      journal=journal, conversation=conversation)
-    async with prepared.plugins.start_run(ctx, rendering) as seams:
+    run_seams = prepared.plugins.start_run(ctx, rendering)
+    if prepared.observer is not None:
+        from heddle.engine.tracing import MeasuredSeams
+
+        run_seams = MeasuredSeams(run_seams, prepared.observer)
+    if prepared.tracing is not None:
+        from heddle.engine.tracing import TracedSeams
+
+        ctx.tracing = prepared.tracing
+        run_seams = TracedSeams(run_seams, prepared.tracing, ctx, prepared.flow)
+    async with run_seams as seams:
         ctx.seams = seams
         workspaces.check()
         started = time.perf_counter()

@@ -220,3 +220,42 @@ class NoPlugins:
 
 
 NO_PLUGINS: Plugins = NoPlugins()
+
+
+class SeamsLayer:
+    """A layer over a run's seams (the plugin host's, or the engine's own): each seam passed to them."""
+
+    def __init__(self, inner: RunSeams) -> None:
+        self.inner = inner
+
+    def node_type(self, component_type: str) -> NodeStep | None:
+        return self.inner.node_type(component_type)
+
+    def tool(self, name: str) -> ProvidedTool | None:
+        return self.inner.tool(name)
+
+    async def node(self, node: c.Node, inputs: dict[str, Any], next: NodeStep) -> Outcome:
+        return await self.inner.node(node, inputs, next)
+
+    async def call_tool(self, request: ToolRequest, next: ToolStep) -> dict[str, Any]:
+        return await self.inner.call_tool(request, next)
+
+    async def call_model(self, request: ModelRequest, next: ModelStep) -> AssistantTurn:
+        return await self.inner.call_model(request, next)
+
+    async def agent_round(self, agent_round: AgentRound, next: RoundStep) -> RoundResult:
+        return await self.inner.agent_round(agent_round, next)
+
+    def event(self, event: ev.Event, next: ev.EventSink) -> None:
+        self.inner.event(event, next)
+
+    async def finish(self, state: dict[str, Any]) -> None:
+        await self.inner.finish(state)
+
+    async def __aenter__(self) -> Self:
+        await self.inner.__aenter__()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.inner.__aexit__(exc_type, exc, tb)

@@ -27,8 +27,9 @@ Property = dict[str, Any]
 
 # The llm config types whose endpoints take `response_format: {type: json_schema}`: OpenAI,
 # OpenAI-compatible servers, vLLM (guided decoding) and Ollama (since 0.5). A type not listed
-# here is given the schema in an instruction instead.
-RESPONSE_FORMAT_CONFIGS = frozenset({"OpenAiConfig", "OpenAiCompatibleConfig", "VllmConfig", "OllamaConfig"})
+# here is given the schema in an instruction instead. Gemini's OpenAI-compatible endpoint takes it too.
+RESPONSE_FORMAT_CONFIGS = frozenset({"OpenAiConfig", "OpenAiCompatibleConfig", "VllmConfig", "OllamaConfig",
+                                     "GeminiConfig"})
 
 _FENCE = re.compile(r"^```[A-Za-z0-9_-]*\s*\n(.*)\n```$", re.DOTALL)
 _SCHEMA_NAME = re.compile(r"[^A-Za-z0-9_-]+")

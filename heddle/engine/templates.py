@@ -14,12 +14,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-_PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 
 def placeholders(template: str) -> list[str]:
     """The placeholder names of `template`, each once, in order of first appearance."""
-    return list(dict.fromkeys(match.group(1) for match in _PLACEHOLDER.finditer(template)))
+    return list(dict.fromkeys(match.group(1) for match in PLACEHOLDER.finditer(template)))
 
 
 def as_text(value: Any) -> str:
@@ -33,4 +33,4 @@ def render(template: str, values: Mapping[str, Any]) -> str:
         name = match.group(1)
         return as_text(values[name]) if name in values else match.group(0)
 
-    return _PLACEHOLDER.sub(substitute, template)
+    return PLACEHOLDER.sub(substitute, template)

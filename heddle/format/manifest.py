@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import posixpath
 import re
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
@@ -43,6 +44,7 @@ _FILE_FIELDS = itemgetter("path", "size", "sha256", "mode")  # in FileEntry's or
 # A FileEntry's fields by index, for passes of C over every file.
 _PATH, _SIZE = itemgetter(0), itemgetter(1)
 _FINGERPRINT = re.compile(r"sha256:[0-9a-f]{64}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 MountMode = Literal["ro", "rw"]
@@ -95,10 +97,16 @@ class CommandEntry:
     fingerprint: str  # sha256: of its input schema
     expected_version: str
     adapter_version: str
+    # The program it runs, as resolved when it was sealed, and the sha256 (lowercase hex) of its
+    # bytes; both written together, and absent only in bundles sealed before programs were pinned.
+    executable_path: str | None = None
+    executable_sha256: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        pinned = {} if self.executable_path is None else {"executable_path": self.executable_path,
+                                                          "executable_sha256": self.executable_sha256}
         return {"adapter_version": self.adapter_version, "expected_version": self.expected_version,
-                "fingerprint": self.fingerprint, "revision": self.revision}
+                **pinned, "fingerprint": self.fingerprint, "revision": self.revision}
 
 
 @dataclass(frozen=True)
@@ -143,9 +151,12 @@ class Proposals:
     """
 
     max_tool_rounds: int | Literal["unlimited"] | None = None
+    # True: every run is under --safe (the tools' sandbox); None proposes nothing. Written only when
+    # true, so a manifest without it is byte for byte what it was before the field existed.
+    safe: Literal[True] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"max_tool_rounds": self.max_tool_rounds}
+        return {"max_tool_rounds": self.max_tool_rounds, **({"safe": True} if self.safe else {})}
 
 
 @dataclass(frozen=True)
@@ -166,6 +177,16 @@ class Manifest:
     components: str | None = None
     # The commands file and its commands, if any; written only when there is one, as `components` is.
     commands: CommandsEntry | None = None
+    # The release number the packer gave (`--release N`), which orders the releases of one agent;
+    # written only when given, as `components` is.
+    release: int | None = None
+    # Per tool or component, the hosts it may reach (heddle.egress rules, canonical and sorted); None:
+    # no egress declared, so no list is enforced. Written only when declared, as `components` is.
+    egress: Mapping[str, tuple[str, ...]] | None = None
+    # Secrets the tools use without holding them (heddle.egress.SecretSpec's JSON, by name): where the value
+    # comes from at run time, the hosts it may be sent to and the header it goes in; never the value.
+    # Written only when declared, as `components` is.
+    secrets: Mapping[str, Mapping[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -186,6 +207,12 @@ class Manifest:
             out["components"] = self.components
         if self.commands is not None:
             out["commands"] = self.commands.to_json()
+        if self.release is not None:
+            out["release"] = self.release
+        if self.egress is not None:
+            out["egress"] = {name: list(self.egress[name]) for name in sorted(self.egress)}
+        if self.secrets is not None:
+            out["secrets"] = {name: dict(self.secrets[name]) for name in sorted(self.secrets)}
         return out
 
     def to_bytes(self) -> bytes:
@@ -286,6 +313,9 @@ def _canonical(obj: dict[str, Any], data: bytes, files: tuple[FileEntry, ...] | 
         return False
 
 
+MAX_RELEASE = 2**53 - 1  # the largest integer every JSON reader holds exactly
+
+
 class _Reader:
     """Field-by-field checks, each failure naming the field at fault."""
 
@@ -293,7 +323,7 @@ class _Reader:
         "files", "flow", "format", "heddle_version", "input", "mounts", "name",
         "plugins", "proposals", "requires", "tools", "version",
     })
-    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"components", "commands"})
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"components", "commands", "release", "egress", "secrets"})
 
     def __init__(self, what: str, limits: Limits, error: type[Exception]) -> None:
         self.what = what
@@ -366,6 +396,8 @@ class _Reader:
                 self.fail("components", f"{components!r} is not one of the files")
             if components == flow:
                 self.fail("components", "is the flow itself; it names a second file")
+        if "secrets" in obj and "egress" not in obj:
+            self.fail("secrets", "is there without egress; a bundle with secrets holds an egress allow-list too")
         commands = self.commands(obj["commands"], by_path, (flow, components)) if "commands" in obj else None
         tools = self.tools(obj["tools"], by_path)
         if commands is not None:
@@ -386,7 +418,52 @@ class _Reader:
             version=VERSION,
             components=components,
             commands=commands,
+            release=self.release(obj["release"]) if "release" in obj else None,
+            egress=self.egress(obj["egress"]) if "egress" in obj else None,
+            secrets=self.secrets(obj["secrets"]) if "secrets" in obj else None,
         )
+
+    def secrets(self, value: Any) -> dict[str, dict[str, Any]]:
+        from heddle.egress import EgressError, parse_secrets
+
+        try:
+            specs = parse_secrets(value, "secrets")
+        except EgressError as exc:
+            self.fail("secrets", str(exc))
+        for name, spec in specs.items():
+            if spec.to_json() != value[name]:
+                self.fail(f"secrets[{name!r}]", "must be in canonical form (hosts canonical and sorted, each once; "
+                                                "the header as 'Name: value')")
+        return {name: spec.to_json() for name, spec in specs.items()}
+
+    def egress(self, value: Any) -> dict[str, tuple[str, ...]]:
+        from heddle.egress import MAX_RULES, EgressError, check_name, parse_rules
+
+        if not isinstance(value, dict):
+            self.fail("egress", "must be a JSON object of component name to a list of HOST[:PORT]")
+        if len(value) > self.limits.max_files:
+            self.fail("egress", f"names {len(value)} components, over the cap of {self.limits.max_files}", cap=True)
+        out: dict[str, tuple[str, ...]] = {}
+        for name, hosts in value.items():
+            where = f"egress[{name!r}]"
+            try:
+                check_name(name, where)
+                if not isinstance(hosts, list) or not hosts or len(hosts) > MAX_RULES:
+                    raise EgressError(f"{where} must be a list of 1 to {MAX_RULES} HOST[:PORT] strings")
+                rules = tuple(map(str, parse_rules(hosts, where)))
+            except EgressError as exc:
+                self.fail("egress", str(exc))
+            if list(rules) != hosts:
+                self.fail(where, "must list each HOST[:PORT] once, in its canonical form (lowercase, no trailing "
+                                 "dot), sorted")
+            out[name] = rules
+        return out
+
+    def release(self, value: Any) -> int:
+        number = self.integer(value, "release")
+        if not 0 <= number <= MAX_RELEASE:
+            self.fail("release", f"is {number}; a release is a whole number from 0 to {MAX_RELEASE}")
+        return number
 
     def commands(self, value: Any, files: set[str], documents: tuple[str | None, ...]) -> CommandsEntry:
         value = self.keys(value, "commands", {"file", "entries"})
@@ -402,7 +479,9 @@ class _Reader:
         for name, item in entries.items():
             where = f"commands.entries[{name!r}]"
             self.text(name, f"{where} name", max_len=128)
-            item = self.keys(item, where, {"revision", "fingerprint", "expected_version", "adapter_version"})
+            pinned = {"executable_path", "executable_sha256"}
+            item = self.keys(item, where, {"revision", "fingerprint", "expected_version", "adapter_version",
+                                           *(pinned if pinned & set(item if isinstance(item, dict) else ()) else ())})
             for key in ("revision", "fingerprint"):
                 if not isinstance(item[key], str) or not _FINGERPRINT.fullmatch(item[key]):
                     self.fail(f"{where}.{key}", "must be 'sha256:' and 64 lowercase hex digits")
@@ -410,10 +489,18 @@ class _Reader:
             # A version may span lines (`--version` often prints several), so only NUL is refused.
             if not isinstance(expected, str) or not expected or len(expected) > 4096 or "\x00" in expected:
                 self.fail(f"{where}.expected_version", "must be a non-empty string of at most 4096 characters")
+            path, sha256 = item.get("executable_path"), item.get("executable_sha256")
+            if path is not None:
+                text = self.text(path, f"{where}.executable_path", max_len=4096)
+                if not text.startswith("/") or posixpath.normpath(text) != text or any(c.isspace() for c in text):
+                    self.fail(f"{where}.executable_path", "must be a plain absolute path without white space")
+                if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+                    self.fail(f"{where}.executable_sha256", "must be 64 lowercase hex digits")
             out[name] = CommandEntry(revision=item["revision"], fingerprint=item["fingerprint"],
                                      expected_version=expected,
                                      adapter_version=self.text(item["adapter_version"], f"{where}.adapter_version",
-                                                               max_len=128))
+                                                               max_len=128),
+                                     executable_path=path, executable_sha256=sha256)
         return CommandsEntry(file=file, entries=out)
 
     def files(self, value: Any) -> tuple[FileEntry, ...]:
@@ -586,10 +673,13 @@ class _Reader:
         return Requires(**lists)
 
     def proposals(self, value: Any) -> Proposals:
-        value = self.keys(value, "proposals", {"max_tool_rounds"})
+        safe = isinstance(value, dict) and "safe" in value
+        value = self.keys(value, "proposals", {"max_tool_rounds", *(("safe",) if safe else ())})
         rounds = value["max_tool_rounds"]
         if rounds is not None and rounds != "unlimited":
             rounds = self.integer(rounds, "proposals.max_tool_rounds")
             if rounds < 1:
                 self.fail("proposals.max_tool_rounds", "must be 1 or more, \"unlimited\", or null")
-        return Proposals(max_tool_rounds=rounds)
+        if safe and value["safe"] is not True:
+            self.fail("proposals.safe", "must be true when present (no proposal is written as no field)")
+        return Proposals(max_tool_rounds=rounds, safe=True if safe else None)

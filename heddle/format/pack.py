@@ -55,8 +55,8 @@ from heddle.format.manifest import (
     ToolEntry,
 )
 from heddle.format.progress import Progress
-from heddle.format.replaced import replaced, umasked
-from heddle.format.signing import Signatures, sign
+from heddle.format.replaced import check_replaceable, replaced, umasked
+from heddle.format.signing import Signatures, now_stamp, sign
 from heddle.format.tar import MAX_SIZE
 from heddle.settings import LEVEL
 
@@ -95,6 +95,9 @@ class PackPlan:
     skipped: list[Path] = field(default_factory=list)
     components: str | None = None  # the payload path of the flow's components file, if it has one
     commands: CommandsEntry | None = None  # the commands file's payload path and its commands, if it has one
+    release: int | None = None  # the release number sealed in the manifest (`--release N`), if given
+    egress: Mapping[str, tuple[str, ...]] | None = None  # the hosts each component may reach, if declared
+    secrets: Mapping[str, Mapping[str, Any]] | None = None  # the secrets the tools use unseen, if declared
 
 
 @dataclass(frozen=True)
@@ -123,14 +126,15 @@ def resolve_source_date_epoch(explicit: int | None = None) -> int:
 
 
 @contextlib.contextmanager
-def atomic_output(out: Path, *, mode: int | None = None) -> Iterator[IO[bytes]]:
-    """A temporary file beside `out`, renamed onto it only if the block completes."""
+def atomic_output(out: Path, *, mode: int | None = None, what: str = "-o") -> Iterator[IO[bytes]]:
+    """A temporary file beside `out`, renamed onto it only if the block completes; `what` names `out`
+    in a refusal (a bundle signed in place is no `-o`)."""
     out = Path(out)
-    if out.is_dir():
-        raise PackError(f"-o {out}: is a folder; name the bundle file to write")
+    check_replaceable(out, what=what)
     if not out.parent.is_dir():
-        raise PackError(f"-o {out}: the folder {out.parent} does not exist")
-    with replaced(out, prefix=f".{out.name}.", suffix=".tmp", mode=umasked(0o644) if mode is None else mode) as fh:
+        raise PackError(f"{what} {out}: the folder {out.parent} does not exist")
+    with replaced(out, prefix=f".{out.name}.", suffix=".tmp", mode=umasked(0o644) if mode is None else mode,
+                  what=what) as fh:
         yield fh
 
 
@@ -271,6 +275,9 @@ def build_manifest(plan: PackPlan, entries: Sequence[FileEntry], *, limits: Limi
         heddle_version=__version__,
         components=plan.components,
         commands=plan.commands,
+        release=plan.release,
+        egress=plan.egress,
+        secrets=plan.secrets,
     )
     # Read back what would be written, so a bundle this heddle makes is one it can open.
     try:
@@ -290,14 +297,20 @@ def pack(
     limits: Limits = DEFAULT_LIMITS,
     level: int = ZSTD_LEVEL,
     threads: int | None = None,
+    signed_at: str | None = None,
 ) -> PackResult:
     """Seal `plan` into the bundle `out`. Checks everything first; nothing is at `out` on failure.
+
+    Each signature carries the time it was made (`signed_at`, RFC 3339 UTC; now when None): it
+    lives in the signatures, not the manifest, so the manifest and payload bytes depend on the
+    inputs alone.
 
     `level` is the zstd level (1 to 22); `threads` the threads that hash and compress (None:
     this machine's CPUs, capped). The bytes depend on the level, never on the threads.
     """
     out = Path(out)
     what = f"bundle {out.name}"
+    check_replaceable(Path(out), what="-o")  # before the files are hashed: nothing to undo
     problem = LEVEL.problem(level) if type(level) is int else f"{LEVEL.flag} {level!r}: must be a whole number"
     if problem is not None:
         raise UsageError(problem)
@@ -319,7 +332,8 @@ def pack(
             progress.start(total, f"packing {out.name}")
         manifest = build_manifest(plan, [entry for entry, _ in hashed], limits=limits, what=what)
         manifest_bytes = canonical.dumps(manifest.to_json(), strict=False)  # build_manifest proved it canonical
-        signatures = Signatures(tuple(sign(manifest_bytes, k) for k in _as_signing_keys(signing_key)))
+        at = signed_at if signed_at is not None else now_stamp()
+        signatures = Signatures(tuple(sign(manifest_bytes, k, signed_at=at) for k in _as_signing_keys(signing_key)))
         signatures_bytes = signatures.to_bytes()
         with atomic_output(out) as fh:
             writer = ArchiveWriter(fh, total=tar_size(manifest, len(manifest_bytes), len(signatures_bytes)),
@@ -390,7 +404,7 @@ def add_signature(path: Path, key: SigningKey, *, limits: Limits = DEFAULT_LIMIT
         signatures = signatures.with_signature(sign(head.manifest_bytes, key))
         signatures_bytes = signatures.to_bytes()
         mode = os.fstat(src.fileno()).st_mode & 0o777
-        with atomic_output(path, mode=mode) as fh:
+        with atomic_output(path, mode=mode, what="bundle") as fh:
             writer = ArchiveWriter(fh, total=tar_size(manifest, len(head.manifest_bytes), len(signatures_bytes)))
             writer.add(MANIFEST_ENTRY, head.manifest_bytes, META_MODE, head.mtime)
             writer.add(SIGNATURES_ENTRY, signatures_bytes, META_MODE, head.mtime)

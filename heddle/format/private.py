@@ -1,4 +1,6 @@
-"""Folders whose contents heddle trusts: the cache of verified payloads and the trust store.
+"""Folders whose contents heddle trusts: the cache of verified payloads, the trust store, the session
+stores' folders, kept workspaces (`--workspace`), the data folder of `rw` mounts (`--data-dir`) and
+heddle-server's `--work-dir`.
 
 What is in such a folder is believed because of where it is, so nobody but this user may be
 able to change it: the folder must be owned by us (or root) and writable by nobody else, and
@@ -96,6 +98,7 @@ def make_private_dir(path: Path, *, what: str, setting: str) -> Path:
     for folder in reversed(missing):
         try:
             os.mkdir(folder, 0o700)
+            os.chmod(folder, 0o700)  # a umask may have taken bits the owner needs
         except FileExistsError:
             pass
         except NotADirectoryError:

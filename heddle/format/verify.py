@@ -39,7 +39,7 @@ from heddle.format.keys import PublicKey
 from heddle.format.limits import DEFAULT_LIMITS, Limits
 from heddle.format.manifest import FileEntry, Manifest, MountEntry
 from heddle.format.progress import Progress
-from heddle.format.signing import Signatures, decide_trust
+from heddle.format.signing import Signatures, check_signatures
 from heddle.format.snapshot import Snapshot, SnapshotError, prove
 from heddle.format.staging import StagingTree, StagingWriter
 from heddle.format.tar import Retire, TarHeader, TarReader
@@ -62,6 +62,8 @@ class OpenedBundle:
     legacy_tools_dir: str | None = field(default=None, repr=False)
     # Why a cached copy of this digest was not trusted (it was evicted and verified again).
     repaired: str | None = None
+    # When the latest trusted signature was made (RFC 3339, UTC); None when no signature says.
+    signed_at: str | None = None
 
     @property
     def flow_path(self) -> Path:
@@ -177,7 +179,7 @@ def open_bundle(
             )
         head = read_head(fh, what=what, limits=limits)
         signatures = Signatures.from_bytes(head.signatures_bytes, limits=limits, what=f"{what} signatures")
-        signers = decide_trust(
+        signed = check_signatures(
             head.manifest_bytes, signatures, trusted_keys, allow_unsigned=allow_unsigned, what=what
         )
         with collector_paused():
@@ -196,7 +198,8 @@ def open_bundle(
         else:
             _fill(cache, digest, manifest, head.reader, what=what, progress=progress,
                   tool_fingerprints=tool_fingerprints)
-    opened = OpenedBundle(path, cache.payload(digest), manifest, digest, signers, cached=cached, repaired=repaired)
+    opened = OpenedBundle(path, cache.payload(digest), manifest, digest, signed.signers, cached=cached,
+                          repaired=repaired, signed_at=signed.signed_at)
     if cached and tool_fingerprints is not None:
         check_tools(opened.root, manifest, tool_fingerprints, what=what)
     cache.touch(digest)

@@ -3,25 +3,35 @@
 `POST {base}/chat/completions`, streamed (server-sent events) by default or buffered.
 Connection failures, 429 and 5xx are retried with exponential backoff; anything else,
 or the last failure, becomes a `ModelError` quoting the status and the start of the body.
+An llm config's `retry_policy` replaces that rule for its requests, as the reference runtime
+(WayFlow 26.3.1) applies it: its attempts, its waits, the statuses it deems recoverable, any
+network failure before an answer (a timeout too, but not a TLS failure) and its `request_timeout`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
+import email.utils
 import json
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from heddle.errors import ModelError, UsageError
-from heddle.model.sse import event_data
+from heddle.bounded import ACCEPT_ENCODING, Body, BodyError, read_body, size_text
+from heddle.errors import ModelError, ModelOverrun, UsageError
+from heddle.model.sse import event_data, lines
 from heddle.model.turn import AssistantTurn, ToolCall, TurnAssembler, turn_from_completion
 from heddle.safeparse import loads_json
+from heddle.secret_env import is_secret, secret_read
+
+if TYPE_CHECKING:
+    from heddle.spec.components import RetryPolicy
 
 __all__ = [
     "AssistantTurn",
@@ -53,6 +63,7 @@ class ModelEndpoint:
     model_id: str
     api_key: str | None  # already resolved (no "$NAME" here)
     params: dict[str, Any] = field(default_factory=dict)  # default_generation_parameters, passed through
+    retry_policy: RetryPolicy | None = None  # the config's own; replaces the client's retries and timeout
 
 
 def endpoint_url(url: str, *, where: str | None = None) -> str:
@@ -84,6 +95,8 @@ def resolve_api_key(value: str | None, *, config_type: str, where: str) -> str |
         raise UsageError(f"{where}: api_key {value!r} is not a valid environment variable reference;"
                          " write it as $NAME")
     name = match.group(1) or match.group(2)
+    if is_secret(name):
+        raise UsageError(f"{where}: {secret_read('api_key', name)}")
     key = os.environ.get(name)
     if key is None:
         raise UsageError(f"{where}: api_key names environment variable {name}, which is not set;"
@@ -97,11 +110,12 @@ def resolve_api_key(value: str | None, *, config_type: str, where: str) -> str |
 class _Retryable(Exception):
     """One attempt failed in a way another attempt may not."""
 
-    def __init__(self, what: str, detail: str, retry_after: float | None = None) -> None:
+    def __init__(self, what: str, detail: str, retry_after: float | None = None, status: int | None = None) -> None:
         super().__init__(what)
         self.what = what  # "HTTP 503", "cannot connect"
         self.detail = detail  # the start of the body, or the network error
         self.retry_after = retry_after
+        self.status = status  # of an HTTP answer; None for a network failure
 
 
 def _excerpt(data: bytes) -> str:
@@ -114,29 +128,43 @@ def _retry_after(response: httpx.Response) -> float | None:
     try:
         seconds = float(value)
     except ValueError:
-        return None  # the HTTP-date form is rare from model servers; plain backoff applies
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.UTC)
+        seconds = (when - datetime.datetime.now(datetime.UTC)).total_seconds()
     return min(max(seconds, 0.0), _MAX_RETRY_AFTER_S)
 
 
 async def _read_start(response: httpx.Response, limit: int = 4096) -> bytes:
-    # An error page can be large or endless; the message only quotes its start.
-    data = b""
-    async for chunk in response.aiter_bytes():
-        data += chunk
-        if len(data) >= limit:
-            break
-    return data
+    # An error page can be large, endless or a compressed bomb; the message only quotes its start.
+    data = bytearray()
+    try:
+        async for chunk in Body(response, what="", cap=limit, cap_text="").chunks():
+            data += chunk
+    except BodyError:
+        pass
+    return bytes(data[:limit])
 
 
 class ModelClient:
     """One per run. Owns one HTTP connection pool; use `async with` or call `aclose()`."""
 
     def __init__(self, *, stream: bool = True, timeout: float = 120.0, retries: int = 3, backoff: float = 0.5,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None, deadline: float | None = None,
+                 max_bytes: int | None = None) -> None:
         self.stream = stream
         self.retries = max(0, retries)
         self.backoff = backoff
-        self.timeout = timeout
+        self.timeout = timeout  # silence: connecting, or between two reads
+        self.deadline = deadline  # one attempt, its whole answer read
+        if max_bytes is None:
+            from heddle.settings import RunSettings
+
+            max_bytes = RunSettings.max_response_bytes
+        self.max_bytes = max_bytes  # of one answer, once decoded
         if transport is None:
             from heddle.lazytls import LazyTLSTransport
 
@@ -182,50 +210,103 @@ class ModelClient:
         except (TypeError, ValueError) as exc:
             raise UsageError(f"{where}: the request cannot be sent as JSON ({exc});"
                              " check default_generation_parameters") from None
-        headers = {"content-type": "application/json",
+        headers = {"content-type": "application/json", "accept-encoding": ACCEPT_ENCODING,
                    "accept": "text/event-stream" if self.stream else "application/json"}
         if endpoint.api_key:
             headers["authorization"] = f"Bearer {endpoint.api_key}"
+        policy = endpoint.retry_policy
+        retries = self.retries if policy is None else policy.max_attempts
+        started = asyncio.get_running_loop().time()
         attempt = 0
         while True:
             assembler = TurnAssembler(on_delta)
             try:
-                return await self._attempt(url, content, headers, assembler, where)
+                return await self._attempt(url, content, headers, assembler, where, policy)
             except _Retryable as failure:
-                if attempt >= self.retries or assembler.emitted:
+                # Content already shown cannot be taken back: an answer broken mid-stream is not asked again.
+                delay = None if attempt >= retries or assembler.emitted else self._delay(policy, attempt, failure,
+                                                                                          started)
+                if delay is None:
                     tries = f" after {attempt + 1} attempts" if attempt else ""
                     detail = f": {failure.detail}" if failure.detail else ""
                     raise ModelError(f"{where}: {failure.what}{tries}{detail}") from None
-                delay = self.backoff * (2 ** attempt)
-                if failure.retry_after is not None:
-                    delay = max(delay, failure.retry_after)
                 attempt += 1
                 await asyncio.sleep(delay)
 
+    def _delay(self, policy: RetryPolicy | None, attempt: int, failure: _Retryable, started: float) -> float | None:
+        """Seconds to wait before the next attempt; None when a policy's time for all attempts is spent."""
+        if policy is None:
+            delay = self.backoff * float(2 ** attempt)
+            return delay if failure.retry_after is None else max(delay, failure.retry_after)
+        from heddle.tools.retry import TOTAL_BUDGET_S, wait_before
+
+        # The reference runtime waits what the server's Retry-After says, else the policy's backoff,
+        # within one budget for all the attempts.
+        delay = failure.retry_after if failure.retry_after is not None else wait_before(policy, attempt,
+                                                                                          failure.status)
+        left = TOTAL_BUDGET_S - (asyncio.get_running_loop().time() - started)
+        return None if left <= 0 else min(delay, left)
+
     async def _attempt(self, url: str, content: bytes, headers: dict[str, str], assembler: TurnAssembler,
-                       where: str) -> AssistantTurn:
+                       where: str, policy: RetryPolicy | None = None) -> AssistantTurn:
         try:
-            async with self._http.stream("POST", url, content=content, headers=headers) as response:
+            async with asyncio.timeout(self.deadline):
+                return await self._exchange(url, content, headers, assembler, where, policy)
+        except BaseException as exc:
+            assembler.abandon()
+            if not isinstance(exc, TimeoutError):
+                raise
+            raise ModelOverrun(f"{where}: the answer did not finish within {self.deadline:g} s, the most one model "
+                             "request may take") from None
+
+    async def _exchange(self, url: str, content: bytes, headers: dict[str, str], assembler: TurnAssembler,
+                        where: str, policy: RetryPolicy | None = None) -> AssistantTurn:
+        timeout: Any = httpx.USE_CLIENT_DEFAULT
+        if policy is not None and policy.request_timeout is not None:
+            # The reference runtime's per-attempt timeout: connecting, and each wait for the server.
+            timeout = httpx.Timeout(policy.request_timeout)
+        try:
+            async with self._http.stream("POST", url, content=content, headers=headers, timeout=timeout) as response:
                 status = response.status_code
+                if policy is not None and not 200 <= status < 300:
+                    from heddle.tools.retry import recoverable_status
+
+                    start = await _read_start(response)
+                    if recoverable_status(policy, status, start.decode("utf-8", "replace")):
+                        raise _Retryable(f"HTTP {status}", _excerpt(start), _retry_after(response), status)
+                    raise ModelError(f"{where}: HTTP {status}: {_excerpt(start)}{_HINTS.get(status, '')}")
                 if status == 429 or status >= 500:
-                    raise _Retryable(f"HTTP {status}", _excerpt(await _read_start(response)), _retry_after(response))
+                    raise _Retryable(f"HTTP {status}", _excerpt(await _read_start(response)), _retry_after(response),
+                                     status)
                 if not 200 <= status < 300:
                     hint = _HINTS.get(status, "")
                     raise ModelError(f"{where}: HTTP {status}: {_excerpt(await _read_start(response))}{hint}")
                 if "text/event-stream" in response.headers.get("content-type", ""):
                     return await self._read_stream(response, assembler, where)
-                return self._read_buffered(await response.aread(), assembler.on_delta, where)
+                return self._read_buffered(await read_body(response, what=where, cap=self.max_bytes,
+                                                           cap_text=self._cap_text()), assembler.on_delta, where)
+        except BodyError as exc:
+            raise ModelOverrun(exc.message) from None
         except _RETRYABLE_TRANSPORT as exc:
+            if policy is not None and _tls(exc):
+                raise ModelError(_failed(where, exc)) from exc
             raise _Retryable(*_describe(exc)) from exc
         except httpx.TimeoutException as exc:
-            raise ModelError(f"{where}: no answer within {self.timeout:g} s ({type(exc).__name__})") from exc
+            if policy is not None:
+                limit = policy.request_timeout or self.timeout
+                raise _Retryable(f"no answer within {limit:g} s", type(exc).__name__) from exc
+            raise ModelOverrun(f"{where}: no answer within {self.timeout:g} s ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            if policy is None or _tls(exc):
+                raise ModelError(_failed(where, exc)) from exc
+            raise _Retryable(*_describe(exc)) from exc
         except httpx.HTTPError as exc:
-            what, detail = _describe(exc)
-            raise ModelError(f"{where}: {what}: {detail}" if detail else f"{where}: {what}") from exc
+            raise ModelError(_failed(where, exc)) from exc
 
     async def _read_stream(self, response: httpx.Response, assembler: TurnAssembler, where: str) -> AssistantTurn:
         done = False
-        async for data in event_data(response.aiter_lines()):
+        body = Body(response, what=where, cap=self.max_bytes, cap_text=self._cap_text())
+        async for data in event_data(lines(body.chunks())):
             if data.strip() == "[DONE]":
                 done = True
                 break
@@ -244,6 +325,9 @@ class ModelClient:
         except ModelError as exc:
             raise ModelError(f"{where}: {exc.message}") from None
 
+    def _cap_text(self) -> str:
+        return f"{size_text(self.max_bytes)}; raise --max-response-bytes if it needs more"
+
     def _read_buffered(self, raw: bytes, on_delta: Callable[[str], None] | None, where: str) -> AssistantTurn:
         try:
             obj = loads_json(raw)
@@ -256,6 +340,25 @@ class ModelClient:
         if turn.content and on_delta is not None:
             on_delta(turn.content)
         return turn
+
+
+def _failed(where: str, exc: httpx.HTTPError) -> str:
+    what, detail = _describe(exc)
+    return f"{where}: {what}: {detail}" if detail else f"{where}: {what}"
+
+
+def _tls(exc: BaseException) -> bool:
+    """A failure of the server's certificate, which no retry mends (the reference runtime's reading)."""
+    import ssl
+
+    current: BaseException | None = exc
+    while current is not None:
+        if isinstance(current, ssl.SSLCertVerificationError) or any(
+                s in str(current) for s in ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "hostname",
+                                            "self signed certificate")):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _describe(exc: httpx.HTTPError) -> tuple[str, str]:

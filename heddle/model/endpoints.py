@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from heddle.errors import UsageError
+from heddle.secret_env import is_secret, secret_read
 
 if TYPE_CHECKING:
     from heddle.model.client import ModelEndpoint
@@ -31,6 +32,8 @@ def resolve_url(value: str, *, where: str) -> str:
     if match is None:
         raise UsageError(f"{where}: url {value!r} is not a valid environment variable reference; write it as $NAME")
     name = match.group(1) or match.group(2)
+    if is_secret(name):
+        raise UsageError(f"{where}: {secret_read('url', name)}")
     url = os.environ.get(name)
     if url is None or not url.strip():
         state = "is not set" if url is None else "is empty"
@@ -87,6 +90,7 @@ def _overrides(configs: Sequence[LlmConfig], model_urls: Mapping[str, str]) -> d
 def flow_endpoints(configs: Sequence[tuple[str, LlmConfig]], model_urls: Mapping[str, str]) -> dict[int, ModelEndpoint]:
     """{id(config): endpoint} for the (label, config) pairs of a flow (heddle.graph.llm_configs)."""
     from heddle.model.client import ModelEndpoint, resolve_api_key
+    from heddle.spec.components import GEMINI_API_KEY_VARIABLE, GeminiConfig, written_api_key
 
     overrides = _overrides([cfg for _, cfg in configs], model_urls)
     endpoints: dict[int, ModelEndpoint] = {}
@@ -96,9 +100,15 @@ def flow_endpoints(configs: Sequence[tuple[str, LlmConfig]], model_urls: Mapping
         where = f"llm_config {config.name!r} of {label}"
         override = overrides.get(id(config))
         url = override[1] if override is not None else resolve_url(config.url, where=where)
-        key = resolve_api_key(config.api_key, config_type=config.component_type, where=where)
-        endpoints[id(config)] = ModelEndpoint(base_url=url, model_id=config.model_id, api_key=key,
-                                              params=dict(config.default_generation_parameters or {}))
+        key = resolve_api_key(written_api_key(config), config_type=config.component_type, where=where)
+        model_id = config.model_id
+        if isinstance(config, GeminiConfig):
+            model_id = config.wire_model_id()
+            if config.auth.api_key is None:
+                key = os.environ.get(GEMINI_API_KEY_VARIABLE) or None
+        endpoints[id(config)] = ModelEndpoint(base_url=url, model_id=model_id, api_key=key,
+                                              params=dict(config.default_generation_parameters or {}),
+                                              retry_policy=config.retry_policy)
     return endpoints
 
 

@@ -26,6 +26,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from heddle.errors import UsageError
 from heddle.model.script import ScriptError, check_script, load_script
+from heddle.safeparse import loads_json
 from heddle.tcp import no_delay
 
 __all__ = ["ScriptError", "ScriptedModel", "check_script", "chunks", "completion", "load_script", "serve"]
@@ -127,7 +128,7 @@ class ScriptedModel:
             return _json(404, {"error": {"message": f"no route {request.method} {target}"}})
         raw = await request.body()
         try:
-            body = json.loads(raw or b"{}")
+            body = loads_json(raw or b"{}")
         except ValueError:
             body = {"_unparsed": raw.decode("utf-8", "replace")}
         # Every POST takes an index, even a misrouted one, so that request numbers line up

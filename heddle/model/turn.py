@@ -121,6 +121,12 @@ class TurnAssembler:
         self.usage: dict[str, Any] | None = None
         self.emitted = False  # whether any content reached on_delta (a retry would repeat it)
 
+    def abandon(self) -> None:
+        """Drop what was assembled of an answer that failed (an error's traceback may keep the
+        assembler alive until a collection; its text need not live that long)."""
+        self._content.clear()
+        self._calls.clear()
+
     def feed(self, chunk: Any) -> None:
         if isinstance(chunk, dict) and isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]

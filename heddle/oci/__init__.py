@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING
 from heddle.format.limits import DEFAULT_LIMITS, Limits
 
 if TYPE_CHECKING:
+    from heddle.format.progress import Progress
     from heddle.oci.reference import Reference, UrlReference
+
+# Seconds one exchange with a registry or URL may take in all, its whole answer read (a manifest,
+# a token, a bundle's download): a server that drips bytes ends here. Silence ends sooner, at the
+# client's read timeout (heddle.oci.client.TIMEOUT). `--transfer-timeout` sets it.
+TRANSFER_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -77,46 +83,54 @@ class Pushed:
 
 
 def resolve(ref: str | Reference, *, plain_http: bool = False, offline: bool = False,
-            cache_dir: Path | None = None, environ: Mapping[str, str] | None = None) -> Resolved:
+            cache_dir: Path | None = None, environ: Mapping[str, str] | None = None,
+            timeout: float | None = TRANSFER_TIMEOUT_S) -> Resolved:
     """Ask the registry what `ref` (an `oci://` tag or digest) names now, without downloading the
     bundle; with `offline`, the last resolution kept in the cache. Raises RegistryError (exit 2)
     or the bundle error of an artifact that is not a heddle bundle (exit 7)."""
     from heddle.oci.pulling import resolve as resolve_
 
-    return resolve_(ref, plain_http=plain_http, offline=offline, cache_dir=cache_dir, environ=environ)
+    return resolve_(ref, plain_http=plain_http, offline=offline, cache_dir=cache_dir, environ=environ,
+                    timeout=timeout)
 
 
 def pull(ref: str | Reference | UrlReference | Resolved, *, plain_http: bool = False, offline: bool = False,
          cache_dir: Path | None = None, limits: Limits = DEFAULT_LIMITS,
-         environ: Mapping[str, str] | None = None) -> Pulled:
-    """`fetch`, with what was fetched: the file, the reference and its OCI digest."""
+         environ: Mapping[str, str] | None = None, timeout: float | None = TRANSFER_TIMEOUT_S,
+         progress: Progress | None = None) -> Pulled:
+    """`fetch`, with what was fetched: the file, the reference and its OCI digest. `progress` is told
+    the bytes of the download as they arrive (none when the bundle is in the cache already)."""
     from heddle.oci.pulling import pull as pull_
 
-    return pull_(ref, plain_http=plain_http, offline=offline, cache_dir=cache_dir, limits=limits, environ=environ)
+    return pull_(ref, plain_http=plain_http, offline=offline, cache_dir=cache_dir, limits=limits, environ=environ,
+                 timeout=timeout, progress=progress)
 
 
 def fetch(ref: str | Reference | UrlReference | Resolved, *, plain_http: bool = False, offline: bool = False,
           cache_dir: Path | None = None, limits: Limits = DEFAULT_LIMITS,
-          environ: Mapping[str, str] | None = None) -> Path:
+          environ: Mapping[str, str] | None = None, timeout: float | None = TRANSFER_TIMEOUT_S) -> Path:
     """The pulled .heddle file in the cache (keyed by OCI digest, or a URL's file by its sha256).
     A `Resolved` is fetched exactly (no second resolution). The blob is checked against its
     digest while it streams; a layer over the bundle caps is refused from the manifest's size
     before a byte is downloaded. The file is not verified: open it as any bundle."""
     return pull(ref, plain_http=plain_http, offline=offline, cache_dir=cache_dir, limits=limits,
-                environ=environ).path
+                environ=environ, timeout=timeout).path
 
 
 def push(path: str | os.PathLike[str], ref: str | Reference, *, annotations: Mapping[str, str] | None = None,
-         plain_http: bool = False, environ: Mapping[str, str] | None = None) -> Pushed:
+         plain_http: bool = False, environ: Mapping[str, str] | None = None,
+         progress: Progress | None = None) -> Pushed:
     """Push the bundle at `path` unchanged as the one layer of an OCI artifact at `ref`
-    (`oci://REGISTRY/REPO[:TAG]`; without a tag, by digest alone)."""
+    (`oci://REGISTRY/REPO[:TAG]`; without a tag, by digest alone). `progress` is told the bytes of
+    the upload as they are sent (none when the registry has the layer already)."""
     from heddle.oci.pushing import push as push_
 
-    return push_(path, ref, annotations=annotations, plain_http=plain_http, environ=environ)
+    return push_(path, ref, annotations=annotations, plain_http=plain_http, environ=environ, progress=progress)
 
 
 def source(text: str | os.PathLike[str], *, plain_http: bool = False, offline: bool = False,
-           cache_dir: Path | None = None, environ: Mapping[str, str] | None = None) -> Pulled:
+           cache_dir: Path | None = None, environ: Mapping[str, str] | None = None,
+           timeout: float | None = TRANSFER_TIMEOUT_S) -> Pulled:
     """What a command's BUNDLE argument (or heddle-server's --bundle) names: a path, as it is, or
     a reference (`oci://...`, `https://...`) pulled into the cache. `--plain-http` and
     `--offline` given with a path are refused: they would be read and ignored."""
@@ -126,7 +140,7 @@ def source(text: str | os.PathLike[str], *, plain_http: bool = False, offline: b
         from heddle.oci.reference import parse_reference
 
         return pull(parse_reference(text), plain_http=plain_http, offline=offline, cache_dir=cache_dir,
-                    environ=environ)
+                    environ=environ, timeout=timeout)
     given = [flag for flag, on in (("--plain-http", plain_http), ("--offline", offline)) if on]
     if given:
         from heddle.errors import UsageError

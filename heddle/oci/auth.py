@@ -1,12 +1,16 @@
 """Registry credentials, looked up only when a registry asks for them, as docker, oras and cosign
-look them up: `HEDDLE_REGISTRY_USERNAME`/`HEDDLE_REGISTRY_PASSWORD` first, then the docker
-config (`$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`): its `credHelpers` for the
-registry, its `credsStore`, then its `auths` entry (`auth` is base64 `user:password`;
-`username`/`password`; `identitytoken`, a refresh token for the registry's token service;
-`registrytoken`, a bearer token sent as it is).
+look them up: `HEDDLE_REGISTRY_USERNAME`/`HEDDLE_REGISTRY_PASSWORD` first (for the one registry
+`HEDDLE_REGISTRY` names, and no other), then the docker config (`$DOCKER_CONFIG/config.json`,
+else `~/.docker/config.json`): its `credHelpers` for the registry, its `credsStore`, then its
+`auths` entry (`auth` is base64 `user:password`; `username`/`password`; `identitytoken`, a
+refresh token for the registry's token service; `registrytoken`, a bearer token sent as it is).
 
 A credential helper is a program (`docker-credential-NAME get`) given the registry on stdin;
 it is started without heddle's own secrets in its environment.
+
+Where credentials go (heddle.oci.client attaches them): to the registry they are for, and to
+the token service its own challenge names, when that is https or on the registry's own host.
+A challenge that comes from elsewhere (a host a redirect led to) gets none.
 """
 
 from __future__ import annotations
@@ -26,6 +30,11 @@ from heddle.oci.errors import RegistryError
 
 USERNAME_ENV = secret_env.REGISTRY_USERNAME
 PASSWORD_ENV = secret_env.REGISTRY_PASSWORD
+# The registry (host[:port], as a reference writes it) the two variables above are for: without
+# it they are sent nowhere, since a bundle's reference, a tag followed or a redirect may name any.
+REGISTRY_ENV = "HEDDLE_REGISTRY"
+_HOST_PORT = re.compile(r"(?:[a-z0-9]([a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*|\[[0-9a-f:.]+\])"
+                        r"(?::[0-9]{1,5})?")
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 HELPER_TIMEOUT = 60.0
 # What a helper answers as the user name when its secret is an identity token.
@@ -65,14 +74,36 @@ def _keys(registry: str) -> tuple[str, ...]:
     return _HUB_KEYS if lowered in _HUB_KEYS else (lowered,)
 
 
-def _from_env(environ: Mapping[str, str]) -> Credentials | None:
+def same_registry(a: str, b: str) -> bool:
+    """Whether two registries written as host[:port] are one (Docker Hub's names are one)."""
+    return set(_keys(a.strip())) == set(_keys(b.strip()))
+
+
+def _from_env(registry: str, environ: Mapping[str, str]) -> Credentials | None:
     user, password = environ.get(USERNAME_ENV), environ.get(PASSWORD_ENV)
     if not user and not password:
         return None
     if not user or not password:
         missing, given = (USERNAME_ENV, PASSWORD_ENV) if not user else (PASSWORD_ENV, USERNAME_ENV)
         raise RegistryError(f"{given} is set but {missing} is not; set both, or neither to use the docker config")
+    configured = (environ.get(REGISTRY_ENV) or "").strip()
+    if not configured:
+        raise RegistryError(f"{registry} asks for credentials, and {USERNAME_ENV}/{PASSWORD_ENV} are set but "
+                            f"{REGISTRY_ENV} is not; set {REGISTRY_ENV} to the registry they are for "
+                            f"(e.g. {REGISTRY_ENV}={registry}): heddle sends them to that registry alone")
+    if not _HOST_PORT.fullmatch(configured.lower()):
+        raise RegistryError(f"{REGISTRY_ENV}={configured!r} is not a registry's host[:port] (as an oci:// reference "
+                            "writes it, without scheme or path)")
+    if not same_registry(configured, registry):
+        return None  # another registry's: this one gets the docker config's, if any
     return Credentials(f"{USERNAME_ENV}/{PASSWORD_ENV}", username=user, password=password)
+
+
+def may_carry_credentials(registry_host: str, scheme: str, host: str) -> bool:
+    """Whether a token service at scheme://host, named by the challenge of the registry on
+    `registry_host`, may be sent its credentials: over https, or on the registry's own host
+    (where the scheme rule allowed plain HTTP to the registry itself)."""
+    return scheme == "https" or host.lower() == registry_host.lower()
 
 
 def _read_config(path: Path) -> dict[str, object] | None:
@@ -169,7 +200,7 @@ def _from_helper(name: str, registry: str, where: str, environ: Mapping[str, str
 def find_credentials(registry: str, environ: Mapping[str, str] | None = None) -> Credentials | None:
     """The credentials for `registry` (host[:port] as the reference writes it), or None."""
     environ = os.environ if environ is None else environ
-    found = _from_env(environ)
+    found = _from_env(registry, environ)
     if found is not None:
         return found
     path = docker_config_path(environ)

@@ -2,6 +2,9 @@
 blobs (streamed), monolithic blob uploads, manifest pushes, and the registry's challenges
 (Basic, or a Bearer token from the realm it names).
 
+Every body is read within a cap on its decoded bytes (heddle.bounded), and each exchange within
+its deadline (`--transfer-timeout`), headers and body alike.
+
 Every URL heddle requests, the registry's, a redirect's, a token realm's, is `https`, or plain
 `http` to a loopback host or with `--plain-http`: a challenge or a redirect cannot move a pull
 onto plain HTTP elsewhere. Credentials go only to the registry's own origin and to its realm;
@@ -12,24 +15,30 @@ from __future__ import annotations
 
 import base64
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Self
 
 import httpx
 
+from heddle.bounded import ACCEPT_ENCODING, STEP, Body, BodyError, keep_deadline
+from heddle.oci import TRANSFER_TIMEOUT_S
 from heddle.oci.artifact import ACCEPT, MANIFEST_TYPE, MAX_MANIFEST_BYTES
-from heddle.oci.auth import Challenge, Credentials, find_credentials, parse_challenge
+from heddle.oci.auth import Challenge, Credentials, find_credentials, may_carry_credentials, parse_challenge
 from heddle.oci.errors import RegistryError
 from heddle.oci.reference import Reference, is_loopback
 
+# How long a registry may stay silent (connecting, or between two reads); the whole exchange is
+# bounded by its deadline (TRANSFER_TIMEOUT_S).
 TIMEOUT = httpx.Timeout(60.0, connect=15.0)
 MAX_REDIRECTS = 5
 MAX_ERROR_BYTES = 64 * 1024
 MAX_TOKEN_BYTES = 1024 * 1024
 CHUNK = 1024 * 1024
 PLAIN_HINT = "heddle speaks plain HTTP only to a registry on this machine (loopback), or with --plain-http"
-LOGIN_HINT = "run `docker login {registry}`, or set HEDDLE_REGISTRY_USERNAME and HEDDLE_REGISTRY_PASSWORD"
+LOGIN_HINT = ("run `docker login {registry}`, or set HEDDLE_REGISTRY_USERNAME and HEDDLE_REGISTRY_PASSWORD with "
+              "HEDDLE_REGISTRY={registry}")
 
 Chunks = Callable[[], Iterator[bytes]]
 
@@ -56,13 +65,19 @@ def _user_agent() -> str:
     return f"heddle/{__version__}"
 
 
-def read_capped(response: httpx.Response, cap: int) -> bytes | None:
-    """The body of a streamed response, or None once it passes `cap` bytes."""
+def read_capped(response: httpx.Response, cap: int, deadline_at: float | None = None,
+                deadline_text: str = "") -> bytes | None:
+    """The decoded body of a streamed response, or None once it passes `cap` bytes; BodyError
+    past `deadline_at` (time.monotonic()) or for an encoding heddle does not decode."""
     out = bytearray()
-    for chunk in response.iter_bytes():
-        out += chunk
-        if len(out) > cap:
+    body = Body(response, what=str(response.url), cap=cap, cap_text="")
+    try:
+        for chunk in body.iter_chunks(deadline_at, deadline_text):
+            out += chunk
+    except BodyError:
+        if body.over:
             return None
+        raise
     return bytes(out)
 
 
@@ -70,7 +85,7 @@ def _said(response: httpx.Response) -> str:
     """What a registry's error body says ({"errors": [{"code", "message"}]}), briefly."""
     try:
         body = read_capped(response, MAX_ERROR_BYTES) or b""
-    except httpx.HTTPError:
+    except (httpx.HTTPError, BodyError):
         body = b""
     from heddle.safeparse import loads_json
 
@@ -90,11 +105,16 @@ def _said(response: httpx.Response) -> str:
 class Session:
     """An httpx client that follows redirects itself, holding every hop to the scheme rule."""
 
-    def __init__(self, *, plain_http: bool, what: str, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(self, *, plain_http: bool, what: str, transport: httpx.BaseTransport | None = None,
+                 deadline: float | None = TRANSFER_TIMEOUT_S) -> None:
         self.plain_http = plain_http
         self.what = what
+        # The whole exchange ends by then, however slowly the registry answers (headers too).
+        self.deadline = deadline
+        self.deadline_at = None if deadline is None else time.monotonic() + deadline
         self._http = httpx.Client(timeout=TIMEOUT, follow_redirects=False, transport=transport,
-                                  headers={"User-Agent": _user_agent()})
+                                  headers={"User-Agent": _user_agent(), "Accept-Encoding": ACCEPT_ENCODING})
+        keep_deadline(self._http, lambda: self.deadline_at)
         # The origin Authorization is sent to, and what it is.
         self._origin: httpx.URL | None = None
         self._authorization: str | None = None
@@ -112,10 +132,12 @@ class Session:
              content: Chunks | bytes | None = None, stream: bool = False,
              extra_auth: tuple[httpx.URL, str] | None = None) -> httpx.Response:
         """One request, following GET and HEAD redirects (each hop checked); transport failures
-        become one RegistryError naming the host."""
+        become one RegistryError naming the host. The response is always streamed (`stream` is kept
+        for callers): its body is read only within a cap, and the caller closes it."""
         target = httpx.URL(url)
         for _hop in range(MAX_REDIRECTS + 1):
             check_scheme(target, plain_http=self.plain_http, what=self.what)
+            self.check_deadline()
             sent = dict(headers or {})
             for origin, value in ((self._origin, self._authorization), extra_auth or (None, None)):
                 if origin is not None and value is not None and _same_origin(target, origin):
@@ -123,29 +145,49 @@ class Session:
             body = content() if callable(content) else content
             request = self._http.build_request(method, target, headers=sent, content=body)
             try:
-                response = self._http.send(request, stream=stream or method in ("GET", "HEAD"))
+                # Always streamed: a body is read only within a cap (read_capped, stream_to).
+                response = self._http.send(request, stream=True)
+            except httpx.InvalidURL:
+                # httpx reads a redirect's Location as it answers, even one it will not follow.
+                raise RegistryError(f"{self.what}: {target.host} redirected to a Location that is not a URL; heddle "
+                                    "follows redirects to https URLs only") from None
             except httpx.HTTPError as exc:
+                self.check_deadline()
                 raise RegistryError(f"{self.what}: cannot reach {target.host}: {exc or type(exc).__name__}") from None
             if not (response.is_redirect and method in ("GET", "HEAD")):
-                if not stream and method in ("GET", "HEAD"):
-                    try:
-                        response.read()
-                    except httpx.HTTPError as exc:
-                        raise RegistryError(f"{self.what}: reading from {target.host} failed: {exc}") from None
                 return response
             location = response.headers.get("location")
             response.close()
             if not location:
                 raise RegistryError(f"{self.what}: {target.host} answered a redirect without a Location")
-            target = target.join(location)
+            try:
+                target = target.join(location)
+            except httpx.InvalidURL:
+                raise RegistryError(f"{self.what}: {target.host} redirected to {location[:200]!r}, which is not a "
+                                    "URL; heddle follows redirects to https URLs only") from None
         raise RegistryError(f"{self.what}: more than {MAX_REDIRECTS} redirects from {httpx.URL(url).host}")
 
-    def stream_to(self, response: httpx.Response, write: Callable[[bytes], None]) -> None:
-        """Hand the body of a streamed response to `write`, chunk by chunk."""
+    def deadline_text(self) -> str:
+        return f"{self.deadline:g} s (--transfer-timeout)"
+
+    def check_deadline(self) -> None:
+        """RegistryError once the exchange's deadline has passed."""
+        if self.deadline_at is not None and time.monotonic() >= self.deadline_at:
+            raise RegistryError(f"{self.what}: the transfer did not finish within {self.deadline_text()}")
+
+    def stream_to(self, response: httpx.Response, write: Callable[[bytes], None], *, cap: int) -> None:
+        """Hand the decoded body of a streamed response to `write`, chunk by chunk, within the
+        deadline. `write` refuses a byte past `cap` with its own error (a layer longer than its
+        manifest says, a file over the caps); the body is decoded a step at a time and never more
+        than one step past `cap`, so that error is the one raised."""
+        body = Body(response, what=self.what, cap=cap + STEP, cap_text="the size its manifest or the caps allow")
         try:
-            for chunk in response.iter_bytes(CHUNK):
+            for chunk in body.iter_chunks(self.deadline_at, self.deadline_text()):
                 write(chunk)
+        except BodyError as exc:
+            raise RegistryError(exc.message) from None
         except httpx.HTTPError as exc:
+            self.check_deadline()
             raise RegistryError(f"{self.what}: the download from {response.url.host} broke off: {exc}") from None
 
 
@@ -154,8 +196,9 @@ class Registry(Session):
     looked up the first time the registry asks for them."""
 
     def __init__(self, ref: Reference, *, plain_http: bool = False, push: bool = False,
-                 environ: Mapping[str, str] | None = None, transport: httpx.BaseTransport | None = None) -> None:
-        super().__init__(plain_http=plain_http, what=str(ref), transport=transport)
+                 environ: Mapping[str, str] | None = None, transport: httpx.BaseTransport | None = None,
+                 deadline: float | None = TRANSFER_TIMEOUT_S) -> None:
+        super().__init__(plain_http=plain_http, what=str(ref), transport=transport, deadline=deadline)
         self.ref = ref
         scheme = "http" if plain_http or ref.loopback else "https"
         self.origin = httpx.URL(f"{scheme}://{ref.endpoint}/")
@@ -173,8 +216,12 @@ class Registry(Session):
         response = self.send(method, url, headers=headers, content=content, stream=stream)
         if response.status_code != 401:
             return response
-        challenge = parse_challenge(response.headers.get("www-authenticate", ""))
         response.close()
+        if not _same_origin(response.url, self.origin):
+            # A host a redirect led to: whatever it asks, the registry's credentials are not its.
+            raise RegistryError(f"{self.ref}: {response.url.host}, where {self.ref.registry} redirected heddle, asks "
+                                f"for credentials; heddle sends {self.ref.registry}'s to {self.ref.registry} alone")
+        challenge = parse_challenge(response.headers.get("www-authenticate", ""))
         # Asked again (a token that expired, a wider scope): a fresh answer, once.
         self._authorize(challenge)
         response = self.send(method, url, headers=headers, content=content, stream=stream)
@@ -222,11 +269,19 @@ class Registry(Session):
         realm = challenge.params.get("realm")
         if not realm:
             raise RegistryError(f"{self.ref}: {self.ref.registry}'s Bearer challenge names no realm")
-        realm_url = httpx.URL(realm)
+        try:
+            realm_url = httpx.URL(realm)
+        except httpx.InvalidURL:
+            raise RegistryError(f"{self.ref}: {self.ref.registry}'s Bearer challenge names the realm {realm[:200]!r}, "
+                                "which is not a URL") from None
         service = challenge.params.get("service")
         fields = {"scope": self.scope, **({"service": service} if service else {})}
         # Checked before credentials go anywhere: the realm is a URL the registry chose.
         check_scheme(realm_url, plain_http=self.plain_http, what=f"{self.ref} (token realm)")
+        if creds is not None and not may_carry_credentials(self.origin.host, realm_url.scheme, realm_url.host):
+            raise RegistryError(f"{self.ref}: {self.ref.registry}'s token service {realm_url.host} is plain HTTP on "
+                                "another host; heddle sends credentials to a token service over https, or on the "
+                                "registry's own host")
         if creds is not None and creds.identity_token is not None:
             form = {"grant_type": "refresh_token", "refresh_token": creds.identity_token, "client_id": "heddle",
                     **fields}
@@ -242,7 +297,7 @@ class Registry(Session):
                 raise self._refused()
             if response.status_code != 200:
                 raise RegistryError(f"{self.ref}: the token service {realm_url.host} answered {_said(response)}")
-            body = read_capped(response, MAX_TOKEN_BYTES)
+            body = self._read(response, MAX_TOKEN_BYTES, "the token")
         finally:
             response.close()
         from heddle.safeparse import loads_json
@@ -257,6 +312,17 @@ class Registry(Session):
         return token
 
     # -------------------------------------------------------------- the API
+
+    def _read(self, response: httpx.Response, cap: int, what: str) -> bytes | None:
+        """A small body (a manifest, a token) within `cap` decoded bytes and the deadline; None over the cap."""
+        try:
+            return read_capped(response, cap, self.deadline_at, self.deadline_text())
+        except BodyError as exc:
+            self.check_deadline()
+            raise RegistryError(f"{self.ref}: reading {what}: {exc.message}") from None
+        except httpx.HTTPError as exc:
+            self.check_deadline()
+            raise RegistryError(f"{self.ref}: reading {what} broke off: {exc}") from None
 
     def _fail(self, response: httpx.Response, doing: str) -> RegistryError:
         said = _said(response)
@@ -276,9 +342,7 @@ class Registry(Session):
         if response.status_code != 200:
             raise self._fail(response, f"reading the manifest of {what} {target}")
         try:
-            raw = read_capped(response, MAX_MANIFEST_BYTES)
-        except httpx.HTTPError as exc:
-            raise RegistryError(f"{self.ref}: reading the manifest broke off: {exc}") from None
+            raw = self._read(response, MAX_MANIFEST_BYTES, "the manifest")
         finally:
             response.close()
         if raw is None:

@@ -18,7 +18,8 @@ import httpx
 from heddle.errors import UsageError
 from heddle.format.errors import BundleError, BundleLimitError, ContentMismatchError
 from heddle.format.limits import DEFAULT_LIMITS, Limits
-from heddle.oci import Pulled, Resolved
+from heddle.format.progress import Progress
+from heddle.oci import TRANSFER_TIMEOUT_S, Pulled, Resolved
 from heddle.oci.artifact import ArtifactManifest, digest_of, read_manifest
 from heddle.oci.client import Registry, Session
 from heddle.oci.errors import RegistryError
@@ -60,11 +61,12 @@ def _resolve_offline(reference: Reference, store: PulledStore) -> Resolved:
 
 def resolve(ref: str | Reference, *, plain_http: bool = False, offline: bool = False,
             cache_dir: Path | None = None, environ: Mapping[str, str] | None = None,
-            transport: httpx.BaseTransport | None = None) -> Resolved:
+            transport: httpx.BaseTransport | None = None, timeout: float | None = TRANSFER_TIMEOUT_S) -> Resolved:
     reference = _oci(ref)
     if offline:
         return _resolve_offline(reference, PulledStore(cache_dir))
-    with Registry(reference, plain_http=plain_http, environ=environ, transport=transport) as registry:
+    with Registry(reference, plain_http=plain_http, environ=environ, transport=transport,
+                  deadline=timeout) as registry:
         raw, content_type, stated = registry.get_manifest(reference.target)
     digest = digest_of(raw)
     if reference.digest is not None and digest != reference.digest:
@@ -99,22 +101,33 @@ def _check_bundle(path: Path, stated: str | None, what: str, limits: Limits) -> 
 
 
 def _download_layer(store: PulledStore, resolved: Resolved, *, plain_http: bool, limits: Limits,
-                    environ: Mapping[str, str] | None, transport: httpx.BaseTransport | None) -> Path:
+                    environ: Mapping[str, str] | None, transport: httpx.BaseTransport | None,
+                    timeout: float | None, progress: Progress | None) -> Path:
     reference = resolved.reference
     what = f"{reference} (layer {resolved.layer_digest})"
     with store.staging() as staged, Registry(reference, plain_http=plain_http, environ=environ,
-                                             transport=transport) as registry:
+                                             transport=transport, deadline=timeout) as registry:
         writer = staged.writer(what=what, exact=resolved.size)
+
+        def write(chunk: bytes) -> None:
+            writer.write(chunk)
+            if progress is not None:
+                progress.advance(len(chunk))
+
         try:
             with registry.blob(resolved.layer_digest) as response:
                 length = response.headers.get("content-length")
                 if length is not None and length.isdigit() and int(length) != resolved.size:
                     raise ContentMismatchError(f"{what}: the registry sends {length} bytes for a layer its manifest "
                                                f"says is {resolved.size}; it was not used")
-                registry.stream_to(response, writer.write)
+                if progress is not None:
+                    progress.start(resolved.size, f"pulling {reference.repository}")
+                registry.stream_to(response, write, cap=resolved.size)
             got = writer.finish()
         finally:
             writer.close()
+            if progress is not None:
+                progress.finish()
         if got != resolved.layer_digest:
             raise ContentMismatchError(f"{what}: the downloaded bytes hash to {got}, not the layer's digest (changed "
                                        "in the registry or on the way); it was not used")
@@ -124,7 +137,7 @@ def _download_layer(store: PulledStore, resolved: Resolved, *, plain_http: bool,
 
 
 def _pull_url(url: UrlReference, *, plain_http: bool, offline: bool, cache_dir: Path | None, limits: Limits,
-              transport: httpx.BaseTransport | None) -> Pulled:
+              transport: httpx.BaseTransport | None, timeout: float | None, progress: Progress | None) -> Pulled:
     store = PulledStore(cache_dir)
     if offline:
         key = store.last(url.url)
@@ -135,7 +148,8 @@ def _pull_url(url: UrlReference, *, plain_http: bool, offline: bool, cache_dir: 
         store.touch(key)
         return Pulled(path, url.url)
     cap = limits.max_archive_bytes()
-    with store.staging() as staged, Session(plain_http=plain_http, what=url.url, transport=transport) as session:
+    with store.staging() as staged, Session(plain_http=plain_http, what=url.url, transport=transport,
+                                            deadline=timeout) as session:
         response = session.send("GET", url.url, headers=_IDENTITY, stream=True)
         try:
             if response.status_code != 200:
@@ -144,12 +158,24 @@ def _pull_url(url: UrlReference, *, plain_http: bool, offline: bool, cache_dir: 
             length = response.headers.get("content-length")
             if length is not None and length.isdigit():
                 check_size(int(length), limits, url.url)
+            # A bar only for a stated length: the cap alone says nothing of how far along a download is.
+            shown = progress if length is not None and length.isdigit() else None
             writer = staged.writer(what=url.url, cap=cap)
+
+            def write(chunk: bytes) -> None:
+                writer.write(chunk)
+                if shown is not None:
+                    shown.advance(len(chunk))
+
             try:
-                session.stream_to(response, writer.write)
+                if shown is not None:
+                    shown.start(int(length or 0), "downloading")
+                session.stream_to(response, write, cap=cap)
                 got = writer.finish()
             finally:
                 writer.close()
+                if shown is not None:
+                    shown.finish()
         finally:
             response.close()
         _check_bundle(staged.bundle, None, url.url, limits)
@@ -162,15 +188,16 @@ def _pull_url(url: UrlReference, *, plain_http: bool, offline: bool, cache_dir: 
 
 def pull(ref: str | Reference | UrlReference | Resolved, *, plain_http: bool = False, offline: bool = False,
          cache_dir: Path | None = None, limits: Limits = DEFAULT_LIMITS, environ: Mapping[str, str] | None = None,
-         transport: httpx.BaseTransport | None = None) -> Pulled:
+         transport: httpx.BaseTransport | None = None, timeout: float | None = TRANSFER_TIMEOUT_S,
+         progress: Progress | None = None) -> Pulled:
     if isinstance(ref, str):
         ref = parse_url(ref) if not ref.lower().startswith("oci://") else parse_oci(ref)
     if isinstance(ref, UrlReference):
         return _pull_url(ref, plain_http=plain_http, offline=offline, cache_dir=cache_dir, limits=limits,
-                         transport=transport)
+                         transport=transport, timeout=timeout, progress=progress)
     resolved = ref if isinstance(ref, Resolved) else resolve(ref, plain_http=plain_http, offline=offline,
                                                              cache_dir=cache_dir, environ=environ,
-                                                             transport=transport)
+                                                             transport=transport, timeout=timeout)
     store = PulledStore(cache_dir)
     key = oci_key(resolved.oci_digest)
     path = store.find(key, resolved.layer_digest)
@@ -181,7 +208,7 @@ def pull(ref: str | Reference | UrlReference | Resolved, *, plain_http: bool = F
                                 f"{store.root}; pull it without --offline")
         check_size(resolved.size, limits, str(resolved.reference))
         path = _download_layer(store, resolved, plain_http=plain_http, limits=limits, environ=environ,
-                               transport=transport)
+                               transport=transport, timeout=timeout, progress=progress)
     if resolved.reference.tag is not None and not resolved.offline:
         store.record(str(resolved.reference), key)
     store.touch(key)

@@ -21,6 +21,7 @@ import httpx
 
 from heddle.errors import UsageError
 from heddle.format.limits import DEFAULT_LIMITS
+from heddle.format.progress import Progress
 from heddle.oci import Pushed
 from heddle.oci.artifact import (
     BUNDLE_DIGEST,
@@ -88,14 +89,19 @@ def check_annotations(annotations: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def _chunks(path: Path, expected: str) -> Iterator[bytes]:
+def _chunks(path: Path, expected: str, size: int, progress: Progress | None, label: str) -> Iterator[bytes]:
     """The file's bytes, once more; refused if they are no longer the ones hashed."""
     from heddle.format.verify import open_file
 
     digest = hashlib.sha256()
+    if progress is not None:
+        # Started here, so that a body sent again (after an auth challenge) starts the bar again.
+        progress.start(size, label)
     with open_file(path) as fh:
         while chunk := fh.read(CHUNK):
             digest.update(chunk)
+            if progress is not None:
+                progress.advance(len(chunk))
             yield chunk
     if "sha256:" + digest.hexdigest() != expected:
         raise UsageError(f"{path} changed while it was pushed; push it again once nothing writes it")
@@ -103,7 +109,7 @@ def _chunks(path: Path, expected: str) -> Iterator[bytes]:
 
 def push(path: str | os.PathLike[str], ref: str | Reference, *, annotations: Mapping[str, str] | None = None,
          plain_http: bool = False, environ: Mapping[str, str] | None = None,
-         transport: httpx.BaseTransport | None = None) -> Pushed:
+         transport: httpx.BaseTransport | None = None, progress: Progress | None = None) -> Pushed:
     reference = parse_oci(ref, for_push=True) if isinstance(ref, str) else ref
     if reference.digest is not None:
         raise UsageError(f"{reference}: a push names a tag, or no tag, never a digest: the digest is the "
@@ -115,11 +121,20 @@ def push(path: str | os.PathLike[str], ref: str | Reference, *, annotations: Map
     raw = build_manifest(layer_digest=bundle.sha256, layer_size=bundle.size, annotations={**extra, **own},
                          title=title)
     oci_digest = digest_of(raw)
-    with Registry(reference, plain_http=plain_http, push=True, environ=environ, transport=transport) as registry:
+    # No deadline on the whole push: an upload takes as long as the bundle's size needs (the registry's
+    # silence still ends it, and its answers are read within their caps).
+    with Registry(reference, plain_http=plain_http, push=True, environ=environ, transport=transport,
+                  deadline=None) as registry:
         if not registry.has_blob(EMPTY_DIGEST, len(EMPTY_BLOB)):
             registry.upload_blob(EMPTY_DIGEST, len(EMPTY_BLOB), EMPTY_BLOB)
         if not registry.has_blob(bundle.sha256, bundle.size):
-            registry.upload_blob(bundle.sha256, bundle.size, lambda: _chunks(bundle.path, bundle.sha256))
+            try:
+                registry.upload_blob(bundle.sha256, bundle.size,
+                                     lambda: _chunks(bundle.path, bundle.sha256, bundle.size, progress,
+                                                     f"pushing {reference.repository}"))
+            finally:
+                if progress is not None:
+                    progress.finish()
         stored = registry.put_manifest(reference.tag or oci_digest, raw)
     if stored is not None and stored.startswith("sha256:") and stored != oci_digest:
         raise RegistryError(f"{reference}: the registry stored the manifest as {stored}, not {oci_digest}, the "

@@ -8,6 +8,7 @@ pulled/oci-<hex>/   an OCI artifact, by its manifest digest sha256:<hex>:
                       stat           bundle.heddle's stat when it was stored;  used: stamped at each use
 pulled/url-<hex>/   a bundle downloaded from a URL, whose own sha256 is <hex> (the same files but the manifest)
 pulled/refs/<sha256 of the reference>.json   the last resolution of a tag or URL, for --offline
+pulled/seen/<sha256 of the reference>.json   the latest bundle seen under a tag or URL (heddle.oci.seen)
 ```
 
 An entry appears in one rename of a complete staging folder (`.staging-*`, held by an flock as
@@ -31,12 +32,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from heddle.errors import UsageError
 from heddle.format.cache import CACHE_DIR_ENV, Cache, Staging, default_cache_root
 from heddle.format.errors import BundleLimitError, ContentMismatchError, MalformedBundleError
 from heddle.format.replaced import replaced
 from heddle.oci.artifact import MAX_MANIFEST_BYTES, ArtifactManifest, read_manifest
+
+if TYPE_CHECKING:
+    from heddle.format.release import Stamp
 
 PULLED = "pulled"
 BUNDLE = "bundle.heddle"
@@ -45,6 +50,7 @@ ORIGIN = "origin.json"
 STAT = "stat"
 USED = "used"
 REFS = "refs"
+SEEN = "seen"
 ENTRY = re.compile(r"(oci|url)-([0-9a-f]{64})")
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _HASH_CHUNK = 1024 * 1024
@@ -335,6 +341,40 @@ class PulledStore:
             return None
         key = data.get("entry") if isinstance(data, dict) and data.get("reference") == reference else None
         return key if isinstance(key, str) and ENTRY.fullmatch(key) else None
+
+    def seen(self, reference: str) -> Stamp | None:
+        """The latest bundle seen under `reference`, or None (a record that does not read is none)."""
+        from heddle.format.release import Stamp
+
+        if not self.open(create=False):
+            return None
+        try:
+            data = json.loads(_read_small(self._record_path(SEEN, reference), 64 * 1024))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("reference") != reference:
+            return None
+        return Stamp.from_json(data.get("bundle"))
+
+    def see(self, reference: str, stamp: Stamp) -> None:
+        """Remember `stamp` as the latest bundle seen under `reference`."""
+        self.open(create=True)
+        body = {"reference": reference, "bundle": stamp.as_json(),
+                "at": datetime.now(UTC).isoformat(timespec="seconds")}
+        with replaced(self._record_path(SEEN, reference), prefix=".seen-", durable=False) as fh:
+            fh.write(json.dumps(body, ensure_ascii=False).encode())
+
+    def _record_path(self, folder: str, reference: str) -> Path:
+        """Where a record of `reference` lives in `folder` (made, private, when it is not there)."""
+        where = self.root / folder
+        try:
+            os.mkdir(where, 0o700)
+        except FileExistsError:
+            if not stat.S_ISDIR(os.lstat(where).st_mode):
+                raise UsageError(f"{where} is not a folder; remove it") from None
+        except FileNotFoundError:
+            pass  # no cache yet: nothing to read
+        return where / (hashlib.sha256(reference.encode()).hexdigest() + ".json")
 
     # -------------------------------------------------------------- ls and prune
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from heddle.plugin_host.manifest import PluginManifest, load_manifest
+
+if TYPE_CHECKING:
+    from heddle.egress import Rule
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,13 @@ class CarriedPlugins:
     def tool_names(self) -> frozenset[str]:
         """Tools a plugin answers (from its folder or its process), not the tools folder."""
         return frozenset(t.name for m in self.manifests for t in m.tools)
+
+    @property
+    def egress(self) -> dict[str, tuple[Rule, ...]]:
+        """What the plugins' manifests declare their tools may reach (heddle.egress)."""
+        from heddle.egress import merge
+
+        return merge(*(m.egress for m in self.manifests))
 
 def read_carried(paths: Iterable[str | Path]) -> CarriedPlugins:
     """The plugins at `paths` (manifests, or folders holding one), read and checked; no settings

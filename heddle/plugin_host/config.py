@@ -5,7 +5,6 @@ is checked against `{}`, so a required setting that was forgotten is named at st
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,10 +29,12 @@ def parse_config_option(spec: str) -> tuple[str, Any]:
         except OSError as exc:
             raise PluginLoadError(f"{source}=@{path}: cannot read {path}: {exc.strerror}") from None
         source = f"{source}=@{path}"
+    from heddle.safeparse import json_problem, loads_strict_json
+
     try:
-        return ctype, json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PluginLoadError(f"{source}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
+        return ctype, loads_strict_json(text)
+    except ValueError as exc:
+        raise PluginLoadError(f"{source}: not valid JSON ({json_problem(exc)}); "
                               "give a JSON value such as '{\"key\": 1}'") from None
 
 

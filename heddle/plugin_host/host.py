@@ -191,8 +191,10 @@ class PluginHost:
         if plugin not in self._homes:
             keep_root = options.workspace.keep_root
             if keep_root is not None:
-                home = Path(keep_root) / f"plugin-{plugin}"
-                home.mkdir(parents=True, exist_ok=True)
+                from heddle.workspace.workspace import make_keep_root
+
+                home = make_keep_root(Path(keep_root)) / f"plugin-{plugin}"
+                home.mkdir(0o700, exist_ok=True)
                 self._homes[plugin] = (Path(os.path.realpath(home)), True)
             else:
                 made = tempfile.mkdtemp(prefix=f"heddle-plugin-{plugin}-")

@@ -13,9 +13,14 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from heddle.plugin_host.errors import PluginLoadError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from heddle.egress import Rule
 
 MANIFEST_NAME = "plugin.json"
 CAPABILITIES = ("runTool", "callModel", "emitEvent", "log")
@@ -104,6 +109,8 @@ class PluginManifest:
     files: tuple[str, ...] = ()
     data: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     discover_tools: bool = False  # its process lists more tools when asked (--discover-tools)
+    # The hosts each of its tools (or its process, by the plugin's name) may reach (heddle.egress).
+    egress: Mapping[str, tuple[Rule, ...]] = field(default_factory=dict)
 
     @property
     def fingerprint(self) -> str:
@@ -450,7 +457,23 @@ def parse_manifest(data: Any, *, path: Path) -> PluginManifest:
     return PluginManifest(path=path, root=root, name=name, version=data["version"], command=tuple(command),
                           program=program, description=data.get("description", ""),
                           capabilities=frozenset(capabilities), components=components, tools=tools,
-                          files=tuple(files), data=data, discover_tools=bool(data.get("discoverTools", False)))
+                          files=tuple(files), data=data, discover_tools=bool(data.get("discoverTools", False)),
+                          egress=_egress(data.get("egress", {}), name, tools, source))
+
+
+def _egress(value: Any, name: str, tools: tuple[PluginTool, ...], source: str) -> dict[str, tuple[Rule, ...]]:
+    from heddle.egress import EgressError, parse_section
+
+    try:
+        section = parse_section(value, f"{source}: egress")
+    except EgressError as exc:
+        raise PluginLoadError(str(exc)) from None
+    own = {name, *(t.name for t in tools)}
+    unknown = sorted(set(section) - own)
+    if unknown:
+        raise PluginLoadError(f"{source}: egress.{unknown[0]}: is neither one of the plugin's tools nor the plugin "
+                              f"itself ({name!r})")
+    return section
 
 
 def load_manifest(path: str | Path) -> PluginManifest:

@@ -207,8 +207,19 @@ class PluginProcess:
 
     async def _read_stderr(self, running: _Running) -> None:
         assert running.proc.stderr is not None
-        with contextlib.suppress(ValueError, ConnectionError):
-            async for raw in running.proc.stderr:
+        with contextlib.suppress(ConnectionError):
+            while True:
+                try:
+                    raw = await running.proc.stderr.readline()
+                except ValueError:
+                    # A line past the cap is dropped (the reader drops it too) and reading goes on:
+                    # a stderr pipe left unread would block the plugin.
+                    dropped = f"(a line longer than {self.max_line} bytes)"
+                    if not running.stderr or running.stderr[-1] != dropped:
+                        running.stderr.append(dropped)
+                    continue
+                if not raw:
+                    break
                 running.stderr.append(raw.decode("utf-8", "replace").rstrip()[:500])
 
     async def _read_stdout(self, running: _Running, stderr_task: asyncio.Task[None]) -> None:

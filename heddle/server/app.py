@@ -15,6 +15,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from heddle.errors import HeddleError
+from heddle.server.access import RUN_FIELDS, AccessLog, run_fields
 from heddle.server.body import Gone, read_json_object
 from heddle.server.errors import ApiError, as_api_error, bad_request, error_body
 from heddle.server.guard import guard_middleware
@@ -89,6 +90,7 @@ def build_app(service: Service) -> Starlette:
         except BaseException:
             ticket.release()
             raise
+        request.scope.setdefault("state", {})[RUN_FIELDS] = run_fields(service, job)
         return RunResponse(service, job, ticket, stream=stream, encoder=encoder)
 
     async def new_session(request: Request) -> Response:
@@ -157,6 +159,8 @@ def build_app(service: Service) -> Starlette:
     middleware = guard_middleware(host=config.host, allowed_hosts=config.allowed_hosts,
                                   cors_origins=config.cors_origins, auth=auth,
                                   body_paths=[r.path for r in routes if "POST" in (r.methods or ())])
+    middleware.insert(0, Middleware(AccessLog, metrics=service.metrics, routes=routes,
+                                    capture_content=config.settings.otel_capture_content))
     return Starlette(routes=routes, middleware=middleware, exception_handlers={
         ApiError: on_api_error,
         HeddleError: on_heddle_error,

@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from heddle.textsafe import write_line
+
 if TYPE_CHECKING:
     from heddle.format.trust import TrustPolicy
     from heddle.oci import Pulled
@@ -27,6 +29,8 @@ environment:
   HEDDLE_LLM_DEFAULT_KEY  API key sent to the --llm-default-url endpoint (only with that flag)
   HEDDLE_SESSION_STORE    the --session-store, such as a postgres:// URL with its password (the flag
                           wins; this keeps the password out of ps, and no tool is given it)
+  HEDDLE_SESSION_KEY      the key session records are authenticated with (--session-key FILE wins);
+                          a postgres:// or plugin store needs one, the same on every replica
 
 browsers and proxies (every route, /healthz and /readyz too):
   Host     must name this server, at any port: localhost, 127.0.0.1, [::1], the --host address,
@@ -38,7 +42,8 @@ browsers and proxies (every route, /healthz and /readyz too):
 examples:
   heddle-server --bundle app.heddle --trust me.pub --port 4319
   heddle-server --flows-root flows --tools-dir tools --safe --deny-net
-  heddle-server --bundle app.heddle --trust me.pub --session-store postgres://heddle@db/heddle  # shared by replicas
+  heddle-server --bundle app.heddle --trust me.pub --session-store postgres://heddle@db/heddle
+                # shared by replicas, each given the same HEDDLE_SESSION_KEY
   curl -s localhost:4319/v1/runs -H 'Content-Type: application/json' -d '{"inputs": {"query": "hi"}}'
 """
 
@@ -117,13 +122,14 @@ def _value(spec: Setting, raw: Any) -> Any:
         return str(raw)
     value, note = spec.parse(str(raw), plain="ms")
     if note is not None:
-        sys.stderr.write(f"note: {note}\n")
+        write_line(sys.stderr, f"note: {note}")
     return value
 
 
 def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerConfig:
     from heddle.server.config import (
         ENV_LLM_DEFAULT_KEY,
+        ENV_SESSION_KEY,
         ENV_SESSION_STORE,
         ENV_STREAM,
         ServerConfig,
@@ -146,32 +152,30 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerC
     if "session_store" not in run and ENV_SESSION_STORE in environ:
         run["session_store"] = session_store_from_env(environ)
     return ServerConfig(**own, settings=RunSettings(**run), given=frozenset(run),
-                        llm_default_key=environ.get(ENV_LLM_DEFAULT_KEY) or None)
+                        llm_default_key=environ.get(ENV_LLM_DEFAULT_KEY) or None,
+                        session_key_env=environ.get(ENV_SESSION_KEY))
 
 
 def _prepare_work_dir(work_dir: Path | None) -> Path | None:
     import tempfile
 
     from heddle.errors import UsageError
+    from heddle.format.private import make_private_dir
 
     if work_dir is None:
         return None
-    try:
-        work_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"--work-dir {work_dir}: cannot be created ({exc.strerror or exc}); give a writable "
-                         "folder") from None
-    if not os.access(work_dir, os.W_OK | os.X_OK):
+    # Runs make their tools' folders and workspaces here and use them by path: another user able
+    # to rename or write in it could swap what a tool runs in, or what an rw mount gets back.
+    real = make_private_dir(work_dir, what="work folder", setting="--work-dir")
+    if not os.access(real, os.W_OK | os.X_OK):
         raise UsageError(f"--work-dir {work_dir}: not writable; give a writable folder")
-    real = work_dir.resolve()
     # Workspaces are temporary folders too: this puts them under --work-dir with the rest.
     tempfile.tempdir = str(real)
     return real
 
 
 def _announce(url: str) -> None:
-    sys.stdout.write(f"heddle-server listening on {url}\n")
-    sys.stdout.flush()
+    write_line(sys.stdout, f"heddle-server listening on {url}")
 
 
 def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -209,6 +213,12 @@ def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = N
             policy = TrustPolicy.from_names(config.trust, allow_unsigned=config.allow_unsigned)
             pulled = pull_served(config)
             sealed = open_served(config, policy, pulled).runnable
+            if config.expect_name is not None and sealed.flow.name != config.expect_name:
+                close_served(sealed)
+                from heddle.format.release import DowngradeError
+
+                raise DowngradeError(f"--bundle {config.bundle}: its flow is named {sealed.flow.name!r}, not "
+                                     f"{config.expect_name!r} as --expect-name says")
         try:
             service = Service(config, sealed=sealed, oci_digest=pulled.oci_digest if pulled is not None else None)
         except BaseException:
@@ -222,17 +232,18 @@ def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = N
             assert policy is not None
             source = OciSource(config.bundle, config=config, trust=policy, service=service,
                                plain_http=config.plain_http)
-            service.follower = Follower(service, source, interval=config.pull_interval, digest=pulled.oci_digest)
+            service.follower = Follower(service, source, interval=config.pull_interval, digest=pulled.oci_digest,
+                                        expect_name=config.expect_name)
         for warning in warnings:
-            sys.stderr.write(f"warning: {warning}\n")
+            write_line(sys.stderr, f"warning: {warning}")
         if sealed is not None:
-            sys.stderr.write(f"heddle-server: serving bundle {sealed.name!r} {digest_of(sealed)}\n")
+            write_line(sys.stderr, f"heddle-server: serving bundle {sealed.name!r} {digest_of(sealed)}")
         return serve(service, on_ready=_announce)
     except HeddleError as exc:
-        sys.stderr.write(f"error: {exc.message}\n")
+        write_line(sys.stderr, f"error: {exc.message}")
         return exc.exit_code
     except KeyboardInterrupt:
-        sys.stderr.write("error: interrupted\n")
+        write_line(sys.stderr, "error: interrupted")
         return 130
 
 

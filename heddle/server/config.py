@@ -23,15 +23,20 @@ from heddle.settings import (
     COMMANDS,
     DATA_DIR,
     LIMITS,
+    LOG_FORMAT,
+    LOG_LEVEL,
+    OBSERVABILITY,
     OFFLINE,
     PLAIN_HTTP,
     SESSIONS,
     SOURCE,
     TOOLS_DIR,
+    TRANSFER_TIMEOUT,
     TRUST,
     RunSettings,
     Setting,
     about,
+    check_log,
 )
 
 DEFAULT_MAX_CONNECTIONS = 512
@@ -41,6 +46,7 @@ ENV_AUTH_TOKEN = secret_env.AUTH_TOKEN
 ENV_STREAM = "HEDDLE_STREAM"
 ENV_LLM_DEFAULT_KEY = secret_env.LLM_DEFAULT_KEY
 ENV_SESSION_STORE = secret_env.SESSION_STORE
+ENV_SESSION_KEY = secret_env.SESSION_KEY
 
 NETWORK, REQUESTS = "network", "requests"
 
@@ -67,6 +73,7 @@ class ServerConfig:
     data_dir: Path | None = field(default=DATA_DIR.default, metadata=_shared(DATA_DIR))
     plain_http: bool = field(default=PLAIN_HTTP.default, metadata=_shared(PLAIN_HTTP))
     offline: bool = field(default=OFFLINE.default, metadata=_shared(OFFLINE))
+    transfer_timeout: float = field(default=TRANSFER_TIMEOUT.default, metadata=_shared(TRANSFER_TIMEOUT))
     # None: the bundle served at start is served until the server stops.
     pull_interval: float | None = field(default=None, metadata=_own(
         kind="duration", flag="--pull-interval", metavar="DURATION", minimum=0.1, group=BUNDLES,
@@ -74,6 +81,10 @@ class ServerConfig:
         help="With --bundle oci://REGISTRY/REPO:TAG: resolve the tag again this often, and serve a new digest once "
              "it is pulled and verified (runs in flight finish on the one they started with; one that does not "
              "verify is refused and the served one stays)."))
+    expect_name: str | None = field(default=None, metadata=_own(
+        kind="text", flag="--expect-name", metavar="NAME", group=BUNDLES,
+        help="With --pull-interval: serve only a bundle whose flow is named NAME (the one served at start too), "
+             "whatever flow id it has; without it, a new digest must be the flow served (its name and id)."))
     tools_dir: Path | None = field(default=TOOLS_DIR.default, metadata=_shared(TOOLS_DIR))
     commands: Path | None = field(default=COMMANDS.default, metadata=_shared(COMMANDS))
     flows_root: Path | None = field(default=None, metadata=_own(
@@ -126,12 +137,24 @@ class ServerConfig:
     work_dir: Path | None = field(default=None, metadata=_own(
         kind="path", flag="--work-dir", metavar="DIR", group=REQUESTS,
         help="Where per-run folders and workspaces are made."))
+    max_sessions: int = field(default=10_000, metadata=_own(
+        kind="int", flag="--max-sessions", metavar="N", minimum=1, group=SESSIONS,
+        help="Sessions the --session-store may hold (shared by the servers on one store); past them POST "
+             "/v1/sessions answers 507 too_many_sessions until some expire or are removed."))
+    session_idle_timeout: float = field(default=7 * 24 * 3600.0, metadata=_own(
+        kind="duration", flag="--session-idle-timeout", metavar="DURATION", minimum=1, group=SESSIONS,
+        help="A session not written for this long (waiting for an answer, or between turns) expires: it is "
+             "removed, and a request naming it gets 404 as for one that never was."))
+    log_format: str = field(default=LOG_FORMAT.default, metadata=_shared(LOG_FORMAT))
+    log_level: str = field(default=LOG_LEVEL.default, metadata=_shared(LOG_LEVEL))
     # The run settings as the command line gave them (a bundle's proposals are settled later),
     # and the names it gave explicitly.
     settings: RunSettings = field(default_factory=RunSettings)
     given: frozenset[str] = frozenset()
     llm_default_key: str | None = None
     max_body_bytes: int = MAX_BODY_BYTES
+    # $HEDDLE_SESSION_KEY as the server's environment gives it (None: not set): the session store's key.
+    session_key_env: str | None = None
 
     @property
     def plugins(self) -> tuple[Path, ...]:
@@ -147,7 +170,8 @@ class ServerConfig:
 # Where each group of flags is shown in --help, in this order.
 GROUPS: Mapping[str, str] = {SOURCE: "what to serve", BUNDLES: "what to serve", NETWORK: "network",
                              LIMITS: "limits", REQUESTS: "request code and models", SESSIONS: "sessions",
-                             "plugins": "plugins", "workspaces": "workspaces", "sandbox": "sandbox"}
+                             "plugins": "plugins", "workspaces": "workspaces", "sandbox": "sandbox",
+                             OBSERVABILITY: "logs and traces"}
 
 
 def server_settings() -> tuple[Setting, ...]:
@@ -261,6 +285,7 @@ def check_following(bundle: object) -> None:
 def check_config(config: ServerConfig) -> list[str]:
     """Refuse combinations that cannot mean anything; return warnings for risky ones."""
     warnings: list[str] = []
+    check_log(config.log_format, config.log_level)
     if config.bundle is not None:
         ignored = [name for name, given in (
             ("--tools-dir", config.tools_dir is not None),
@@ -278,11 +303,15 @@ def check_config(config: ServerConfig) -> list[str]:
                                             ("--allow-unsigned", config.allow_unsigned),
                                             ("--data-dir", config.data_dir is not None),
                                             ("--plain-http", config.plain_http),
-                                            ("--offline", config.offline)) if given]
+                                            ("--offline", config.offline),
+                                            ("--transfer-timeout",
+                                             config.transfer_timeout != TRANSFER_TIMEOUT.default)) if given]
     if bundle_only and config.bundle is None:
         verb = "applies" if len(bundle_only) == 1 else "apply"
         raise UsageError(f"{', '.join(bundle_only)} {verb} only to --bundle; give --bundle X.heddle or drop "
                          f"{'it' if len(bundle_only) == 1 else 'them'}")
+    if config.expect_name is not None and config.pull_interval is None:
+        raise UsageError("--expect-name fixes the agent a followed tag may name; give it with --pull-interval")
     if config.pull_interval is not None:
         check_following(config.bundle)
         if config.offline:

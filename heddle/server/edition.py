@@ -96,12 +96,12 @@ class Lease:
             self.edition._release()
 
 
-def build_edition(config: ServerConfig, policy: ModelPolicy, sealed: Any = None) -> Edition:
+def build_edition(config: ServerConfig, policy: ModelPolicy, sealed: Any = None, observer: Any = None) -> Edition:
     """Everything a server runs of `sealed` (or of its flags), checked and prepared: every refusal
     that needs no request is made here. Blocking (plugin discovery, the sandbox probe, preparing
     the run): call it before the loop starts or in a worker thread."""
     from heddle.engine.run import prepare_run
-    from heddle.runs import discover_apart
+    from heddle.runs import discover_apart, tracing_for
     from heddle.server.service import load_plugins, run_options, run_settings
     from heddle.tools.catalog import catalog
     from heddle.tools.command_run import with_commands
@@ -130,7 +130,8 @@ def build_edition(config: ServerConfig, policy: ModelPolicy, sealed: Any = None)
     bundle_run = None
     if sealed is not None:
         bundle_run = prepare_run(sealed.flow, tools=tools, tools_dir=tools_dir, options=options,
-                                 sandbox_flags=config.sandbox_flags, plugins=with_commands(host, commands, sealed.flow))
+                                 sandbox_flags=config.sandbox_flags, plugins=with_commands(host, commands, sealed.flow),
+                                 tracing=tracing_for(config.settings, sealed), observer=observer)
         policy.assign_keys(sealed.flow, bundle_run.endpoints, from_request=False)
     # What GET /v1/tools answers, listed once (a plugin tool taking a tools folder's name is refused now):
     # without paths, programs or argv templates.

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from heddle.errors import DocumentError, HeddleError, SessionError, ToolInputError, UsageError
+from heddle.errors import (
+    CallDenied,
+    DocumentError,
+    HeddleError,
+    MissingInputError,
+    Overrun,
+    SessionError,
+    ToolInputError,
+    UsageError,
+)
 
 
 class ServeError(HeddleError):
-    """The server could not start: the port cannot be opened, a folder is unusable."""
+    """The server could not start: the port cannot be opened, a folder is unusable. Nothing ran, and
+    another --port or folder fixes it: a usage error's status, as `heddle model serve` exits."""
 
-    exit_code = 1
+    exit_code = 2
     kind = "serve_failed"
 
 
@@ -35,14 +45,18 @@ def error_body(type_: str, message: str) -> dict[str, Any]:
 
 def status_of(exc: HeddleError) -> int:
     """Errors found before a run starts are the caller's to fix (400); so are values the run was
-    given that a tool's schema refuses before it starts (422); a session error has its own status
-    (404 unknown, 409 a conflict, 413 too large, 400 otherwise); any other failed run is a 500."""
+    given that a tool's schema refuses before it starts (422), and a run a ToolNode ended because the
+    caller denied its call (422: the run ended as answered); a session error has its own status (404
+    unknown, 409 a conflict, 413 too large, 500 a damaged record, 400 otherwise); a run whose model,
+    remote tool or tool answered past a cap or deadline is a 502; any other failed run is a 500."""
     if isinstance(exc, SessionError):
         return exc.http_status
-    if isinstance(exc, (DocumentError, UsageError)):
+    if isinstance(exc, (DocumentError, UsageError, MissingInputError)):
         return 400
-    if isinstance(exc, ToolInputError):
+    if isinstance(exc, (ToolInputError, CallDenied)):
         return 422
+    if isinstance(exc, Overrun):
+        return 502
     return 500
 
 

@@ -7,11 +7,17 @@ start) and prepared as a whole new edition, all in a worker thread, and swapped 
 loop between requests (heddle.server.edition): runs in flight finish on the bundle they started
 with, the next runs get the new one.
 
-A new digest that fails is refused: the served one stays (and /readyz with it), and the refusal
-(when, which digest, why) is kept for /metrics and GET /v1/capabilities. A refused digest is not
-pulled again while the tag stays on it: trust does not change while the server runs. A registry
-that cannot be reached, or answers an error, is tried again on the next interval. The loop stops
-when the server starts draining.
+A new digest is served only when it verifies, is the same agent (the sealed flow's name and id, or
+the name `--expect-name` gives) and is later than the one served: signed after it and, where both
+carry a release number, of a higher release (heddle.format.release). So a tag put back on an older
+bundle the same key once signed (a rollback), or on another agent signed by the same key (a
+substitution), is refused. A digest that fails is refused: the served one stays (and /readyz with
+it), and the refusal (when, which digest, why) is kept for /metrics and GET /v1/capabilities. A
+refused digest is not pulled again while the tag stays on it: trust does not change while the server
+runs, and what is served only moves forward. A registry that cannot be reached, answers an error, or
+sends a download that is not the digest it stated (corrupted, cut short, over a cap) is tried again
+on the next interval: what a digest names never changes, but one bad transfer says nothing of the
+next. The loop stops when the server starts draining.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from heddle.errors import HeddleError
+from heddle.format.release import DowngradeError, Stamp, refusal
 
 if TYPE_CHECKING:
     from heddle.format.trust import TrustPolicy
@@ -85,7 +92,7 @@ def open_edition(config: ServerConfig, trust: TrustPolicy, service: Service, pat
     except HeddleError as exc:
         raise refused(exc) from exc
     try:
-        edition = build_edition(config, service.policy, sealed)
+        edition = build_edition(config, service.policy, sealed, service.metrics.observer(from_request=False))
     except BaseException as exc:
         close_served(sealed)
         if isinstance(exc, HeddleError):
@@ -114,21 +121,20 @@ class OciSource:
         from heddle.format.errors import BundleError
 
         try:
-            self._resolved = oci.resolve(self.reference, plain_http=self._plain_http)
+            self._resolved = oci.resolve(self.reference, plain_http=self._plain_http,
+                                         timeout=self._config.transfer_timeout)
         except BundleError as exc:  # the tag names an artifact that is not a heddle bundle
             raise Refused(exc) from exc
         return self._resolved.oci_digest
 
     def pull(self, digest: str) -> Edition:
         from heddle import oci
-        from heddle.format.errors import BundleError
 
         resolved = self._resolved
         assert resolved is not None and resolved.oci_digest == digest, "pull follows the check that found it"
-        try:
-            path = oci.fetch(resolved, plain_http=self._plain_http)
-        except BundleError as exc:  # the blob is not what the registry's digest says, or over a cap
-            raise Refused(exc) from exc
+        # A download that fails, or is not the blob the digest names, is an error of this transfer: it
+        # raises as it is, and the digest is tried again on the next interval.
+        path = oci.fetch(resolved, plain_http=self._plain_http, timeout=self._config.transfer_timeout)
         return open_edition(self._config, self._trust, self._service, path, digest, name=str(resolved.pinned))
 
 
@@ -167,18 +173,22 @@ class _Outcome:
 
 
 def _say(message: str) -> None:
-    sys.stderr.write(f"heddle-server: {message}\n")
-    sys.stderr.flush()
+    from heddle.textsafe import write_line
+
+    write_line(sys.stderr, f"heddle-server: {message}")
 
 
 class Follower:
     """The loop that re-resolves the tag every `interval` seconds and swaps in what verifies."""
 
-    def __init__(self, service: Service, source: Source, *, interval: float, digest: str) -> None:
+    def __init__(self, service: Service, source: Source, *, interval: float, digest: str,
+                 expect_name: str | None = None) -> None:
         self.service = service
         self.source = source
         self.interval = interval
         self.digest = digest  # the OCI digest served
+        self.expect_name = expect_name
+        self.stamp = stamp_of(service.edition.sealed)  # what orders the bundle served
         self.refused: dict[str, Event] = {}
         self.last_refusal: Event | None = None
         self.last_error: Event | None = None
@@ -250,7 +260,13 @@ class Follower:
         if digest == self.digest or digest in self.refused:
             return _Outcome(digest=digest)
         try:
-            return _Outcome(digest=digest, edition=self.source.pull(digest))
+            edition = self.source.pull(digest)
+            why = refusal(stamp_of(edition.sealed), self.stamp, expect_name=self.expect_name)
+            if why is not None:
+                edition.close_unused()
+                raise Refused(DowngradeError(f"{why} (the bundle served is {self.stamp.digest}, "
+                                             f"{self.stamp.when()})"))
+            return _Outcome(digest=digest, edition=edition)
         except Refused as exc:
             return _Outcome(digest=digest, refused=exc.cause)
         except Exception as exc:  # noqa: BLE001
@@ -282,6 +298,7 @@ class Follower:
         self.service.swap(outcome.edition)
         self.digest = outcome.digest
         sealed = outcome.edition.sealed
+        self.stamp = stamp_of(sealed)
         from heddle.server.served_bundle import digest_of
 
         _say(f"serving bundle {sealed.name!r} {digest_of(sealed)} ({self.source.reference} at {self.digest})")
@@ -307,6 +324,14 @@ class Follower:
         if self.last_check is not None:
             out["lastCheck"] = _stamp(self.last_check)
         return out
+
+
+def stamp_of(sealed: Any) -> Stamp:
+    """What orders a served bundle: its digest, signing time and release, and its flow's name and id."""
+    from heddle.server.served_bundle import digest_of
+
+    return Stamp(digest_of(sealed), sealed.signed_at, sealed.manifest.release, sealed.flow.name,
+                 sealed.flow.id or None)
 
 
 def _duration(seconds: float) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
@@ -10,8 +11,25 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 # Runs take from milliseconds (a tool chain) to minutes (an agent with a slow model).
 RUN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
-# Tools sent with a request have caller-chosen names; one label value keeps the series bounded.
+# Model calls take from a few milliseconds (a local model) to minutes (a long answer); tool calls too.
+CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# Tokens of one model call, in powers of four (as the GenAI conventions' token histogram).
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
+
+# Tools sent with a request have caller-chosen names; one label value keeps the series bounded. So
+# do the models a request's flow names.
 REQUEST_TOOL = "(request)"
+REQUEST_MODEL = "(request)"
+
+# Why the server refused something, each a label value of heddle_refusals_total: a bundle that did not
+# verify (a followed tag's new digest), a request flow reaching where it may not (its model or tool URLs,
+# this server's environment), a run refused a slot (busy, draining, the session cap), a tool call whose
+# approval was denied.
+REFUSAL_REASONS = ("verification", "egress", "admission", "approval")
+# The error types (heddle.server.errors) that are refusals, by reason.
+REFUSED_TYPES = {"forbidden_url": "egress", "forbidden_key": "egress", "forbidden_field": "egress",
+                 "busy": "admission", "draining": "admission", "too_many_sessions": "admission",
+                 "call_denied": "approval"}
 
 
 class Metrics:
@@ -53,6 +71,19 @@ class Metrics:
                              registry=self.registry)
         self.pull_errors = Counter("heddle_bundle_pull_errors", "Checks of the followed tag that could not reach or "
                                    "read the registry (retried on the next interval).", registry=self.registry)
+        self.tool_duration = Histogram("heddle_tool_call_duration_seconds", "Tool calls' wall time, by tool and "
+                                       "outcome (ok, error).", ["tool", "outcome"], buckets=CALL_BUCKETS,
+                                       registry=self.registry)
+        self.model_duration = Histogram("heddle_model_call_duration_seconds", "Model calls' wall time (retries "
+                                        "included), by model and outcome (ok, error).", ["model", "outcome"],
+                                        buckets=CALL_BUCKETS, registry=self.registry)
+        self.tokens = Histogram("heddle_model_tokens", "Tokens of one model call as its answer reports them, by "
+                                "model and type (input, output).", ["model", "type"], buckets=TOKEN_BUCKETS,
+                                registry=self.registry)
+        self.refusals_by_reason = Counter("heddle_refusals", "Things refused, by reason: verification, egress, "
+                                          "admission, approval.", ["reason"], registry=self.registry)
+        for reason in REFUSAL_REASONS:
+            self.refusals_by_reason.labels(reason=reason)  # every reason shown from the start, at 0
         self._serving = False
         self._by_outcome: dict[str, Any] = {}
 
@@ -70,6 +101,7 @@ class Metrics:
 
     def bundle_refused(self, oci_digest: str, reason: str, when: float) -> None:
         self.refusals.inc()
+        self.refused_for("verification")
         self.last_refusal.set(when)
         self.refused.clear()
         self.refused.labels(oci_digest=oci_digest, reason=reason).set(1)
@@ -94,8 +126,32 @@ class Metrics:
             series = self._by_outcome[outcome] = self.duration.labels(outcome=outcome)
         series.observe(seconds)
 
-    def tool_called(self, tool: str, ok: bool) -> None:
-        self.tool_calls.labels(tool=tool, outcome="ok" if ok else "error").inc()
+    def tool_called(self, tool: str, ok: bool, duration_ms: float | None = None) -> None:
+        outcome = "ok" if ok else "error"
+        self.tool_calls.labels(tool=tool, outcome=outcome).inc()
+        if duration_ms is not None:
+            self.tool_duration.labels(tool=tool, outcome=outcome).observe(duration_ms / 1000)
+
+    def refused_for(self, reason: str) -> None:
+        self.refusals_by_reason.labels(reason=reason).inc()
+
+    def answered(self, error_type: str | None) -> None:
+        """A request answered with an error of `error_type` (None: no error): counted when it is a refusal."""
+        reason = REFUSED_TYPES.get(error_type or "")
+        if reason is not None and reason != "approval":  # a denied call is counted when its run ends
+            self.refused_for(reason)
+
+    def run_ended(self, run: Any) -> None:
+        """A run's task is done: a run ended by a denied approval is a refusal."""
+        if run.cancelled():
+            return
+        failure = run.exception()
+        if failure is not None and getattr(failure, "kind", None) == "call_denied":
+            self.refused_for("approval")
+
+    def observer(self, *, from_request: bool) -> ModelCalls:
+        """What the runs of one prepared flow tell of their model calls (a request flow's models as one)."""
+        return ModelCalls(self, REQUEST_MODEL if from_request else None)
 
     def command_called(self, tool: str, output: Any, duration_ms: float) -> None:
         """One call of a command: its tool_result shows its revision and exit code, never its arguments
@@ -110,3 +166,17 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ModelCalls:
+    """The model calls of one prepared flow's runs, into the server's metrics (heddle.engine.tracing.ModelObserver)."""
+
+    def __init__(self, metrics: Metrics, label: str | None) -> None:
+        self.metrics = metrics
+        self.label = label  # the one model label of a request flow; None: the model's own id
+
+    def model_called(self, model: str, seconds: float, tokens: Mapping[str, int], ok: bool) -> None:
+        name = self.label or model
+        self.metrics.model_duration.labels(model=name, outcome="ok" if ok else "error").observe(seconds)
+        for kind, count in tokens.items():
+            self.metrics.tokens.labels(model=name, type=kind).observe(count)

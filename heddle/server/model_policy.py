@@ -3,8 +3,8 @@
 A flow sent in a request is written by the caller, so it may not aim the server at its own
 network (loopback, private and link-local addresses; the operator names exceptions with
 `--allow-net`), nor read the server's environment (`api_key: $VAR`, or the OpenAI default of
-`OPENAI_API_KEY`). The one key the server lends is `HEDDLE_LLM_DEFAULT_KEY`, and only to
-the endpoint named by `--llm-default-url`.
+`OPENAI_API_KEY` and Gemini's of `GEMINI_API_KEY`). The one key the server lends is
+`HEDDLE_LLM_DEFAULT_KEY`, and only to the endpoint named by `--llm-default-url`.
 
 Names are resolved when the request is checked; a name that resolves differently a moment
 later (DNS rebinding) is not caught here. Run request code under `--safe --deny-net` and put
@@ -117,9 +117,11 @@ class ModelPolicy:
         network), in its order: the refusals the document alone
         decides, and the addresses to resolve. A function of the flow, so it can be kept with it; the
         addresses are resolved anew each time the plan is checked."""
+        from heddle.spec.components import written_api_key
+
         steps: list[Refusal | Address] = []
         for where, config in llm_configs(flow):
-            key = config.api_key
+            key = written_api_key(config)
             if isinstance(key, str) and key.startswith("$"):
                 return (*steps, Refusal(f"{where}: api_key {key!r} would read this server's environment, which a "
                                         "request may not do; send the key itself, or use the server's default "
@@ -128,8 +130,8 @@ class ModelPolicy:
                 return (*steps, Refusal(f"{where}: url {config.url!r} would read this server's environment, which "
                                         "a request may not do; send the URL itself", "forbidden_url"))
             steps.append(Address(where, config.url))
-        if self._plan_mcp(flow, steps):
-            self._plan_remote_tools(flow, steps)
+        if self._plan_mcp(flow, steps) and self._plan_remote_tools(flow, steps):
+            self._plan_a2a(flow, steps)
         return tuple(steps)
 
     async def check(self, plan: PolicyPlan) -> None:
@@ -139,14 +141,14 @@ class ModelPolicy:
             await self._check_url(step.where, step.url, step.what, exempt_default=step.exempt_default)
 
     def _plan_remote_tools(self, flow: Flow, steps: list[Refusal | Address]) -> bool:
-        """A request's RemoteTools: the model URLs' rules for the host each names (its placeholders
-        fill only path and query, and its redirects stay on that host), and no header read from
-        this server's environment. False once a refusal ends the plan."""
+        """A request's RemoteTools and ApiNodes: the model URLs' rules for the host each names (its
+        placeholders fill only path and query, and its redirects stay on that host), and no header
+        read from this server's environment. False once a refusal ends the plan."""
         from heddle.spec.components import env_reference
-        from heddle.tools.remote import remote_tools
+        from heddle.tools.remote import http_requests
 
-        for path, tool in remote_tools(flow):
-            where = f"RemoteTool {tool.name!r} at {path}"
+        for path, tool in http_requests(flow):
+            where = f"{tool.component_type} {tool.name!r} at {path}"
             for name, value in {**tool.headers, **tool.sensitive_headers}.items():
                 if isinstance(value, str) and env_reference(value) is not None:
                     steps.append(Refusal(f"{where}: header {name!r} {value!r} would read this server's environment, "
@@ -154,6 +156,27 @@ class ModelPolicy:
                     return False
             steps.append(Address(where, tool.url, "url", exempt_default=False))
         return True
+
+    def _plan_a2a(self, flow: Flow, steps: list[Refusal | Address]) -> None:
+        """A request's A2AAgent: the model URLs' rules for its agent_url, no header read from this
+        server's environment and no file of this server's read for its TLS."""
+        from heddle.spec.components import A2AAgent, env_reference
+        from heddle.spec.walk import of_type
+
+        for path, agent in of_type(flow, A2AAgent):
+            where, config = f"A2AAgent {agent.name!r} at {path}", agent.connection_config
+            for name, value in (config.headers or {}).items():
+                if env_reference(value) is not None:
+                    steps.append(Refusal(f"{where}: header {name!r} {value!r} would read this server's environment, "
+                                         "which a request may not do; send the value itself", "forbidden_key"))
+                    return
+            files = [field for field in ("key_file", "cert_file", "ssl_ca_cert") if getattr(config, field)]
+            if files:
+                steps.append(Refusal(f"{where}: connection_config {files[0]} names a file of this server, which a "
+                                     "flow sent in a request may not read; seal the flow in a bundle the server "
+                                     "runs", "forbidden_field"))
+                return
+            steps.append(Address(where, agent.agent_url, "agent_url", exempt_default=False))
 
     def _plan_mcp(self, flow: Flow, steps: list[Refusal | Address]) -> bool:
         """MCP servers of a request's flow: never a program started here, and the model URLs' rules.
@@ -202,9 +225,11 @@ class ModelPolicy:
 
     def assign_keys(self, flow: Flow, endpoints: dict[int, ModelEndpoint], *, from_request: bool) -> None:
         """Give the default endpoint its key; strip keys a request flow took from the environment."""
+        from heddle.spec.components import written_api_key
+
         for _, config in llm_configs(flow):
             endpoint = endpoints.get(id(config))
-            if endpoint is None or config.api_key is not None:
+            if endpoint is None or written_api_key(config) is not None:
                 continue
             if self._is_default(endpoint.base_url):  # the URL the run uses: a `$VAR` one is read by now
                 endpoints[id(config)] = dataclasses.replace(endpoint, api_key=self.default_key)

@@ -52,6 +52,9 @@ def _schemas() -> dict[str, Any]:
     }
     session_id = {"type": "string", "pattern": SESSION_ID_PATTERN, "description": "A session id POST /v1/sessions "
                   "issued (the server chooses ids: at least 128 random bits)."}
+    fingerprint = {"fingerprint": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$",
+                                   "description": "The fingerprint of the call answered, as its wait shows it: "
+                                   "when given, it must be the one the session waits on (else 409)."}}
     answer = {
         "description": "The person's answer to what the session's run waits for: exactly one of these.",
         "oneOf": [
@@ -59,13 +62,13 @@ def _schemas() -> dict[str, Any]:
              "properties": {"message": {"type": "string", "description": "A reply (kind message)."}}},
             {"type": "object", "required": ["approve"], "additionalProperties": False,
              "properties": {"approve": {"type": "boolean", "enum": [True],
-                                        "description": "Let the tool run (kind approval)."}}},
+                                        "description": "Let the tool run (kind approval)."}, **fingerprint}},
             {"type": "object", "required": ["deny"], "additionalProperties": False,
              "properties": {"deny": {"type": "string", "description": "Refuse it, with the reason the model is "
-                                     "told (kind approval)."}}},
+                                     "told (kind approval)."}, **fingerprint}},
             {"type": "object", "required": ["tool_result"], "additionalProperties": False,
              "properties": {"tool_result": {"description": "A ClientTool's result, any JSON value (kind "
-                                            "client_tool)."}}},
+                                            "client_tool)."}, **fingerprint}},
         ],
     }
     waiting_for = {
@@ -74,7 +77,10 @@ def _schemas() -> dict[str, Any]:
                        "node": {"type": "string", "description": "The node that waits."},
                        "prompt": {"type": "string", "description": "The question shown with it."},
                        "tool": {"type": "string", "description": "The tool to approve or to run."},
-                       "arguments": {"type": "object", "description": "The arguments it was called with."}},
+                       "arguments": {"type": "object", "description": "The arguments it was called with."},
+                       "fingerprint": {"type": "string", "description": "sha256 of the canonical JSON of the "
+                                       "arguments: the answer is bound to it, and a call with other arguments "
+                                       "never runs on it."}},
     }
     return {
         "Error": {
@@ -232,13 +238,20 @@ def _schemas() -> dict[str, Any]:
                                                         "description": "The registry's digest of the artifact "
                                                                        "it was pulled as."},
                                           "signers": {"type": "array", "items": {"type": "string"}},
+                                          "signedAt": {"oneOf": [{"type": "null"},
+                                                                 {"type": "string", "format": "date-time"}],
+                                                       "description": "When its latest trusted signature was made; "
+                                                                      "null when no signature says."},
+                                          "release": {"type": "integer", "minimum": 0,
+                                                      "description": "The release number it was sealed with."},
                                           "tools": {"type": "object",
                                                     "additionalProperties": {"type": "string"}}}},
                 "follow": {"type": "object", "required": ["reference", "pullIntervalMs", "ociDigest", "lastRefusal",
                                                           "lastError"],
                            "description": "With --pull-interval: the tag followed, the digest served, and the last "
-                                          "new digest refused (it did not verify or could not be served) and the "
-                                          "last registry error, or null.",
+                                          "new digest refused (it did not verify, could not be served, or was "
+                                          "older than or another agent than the one served) and the last registry "
+                                          "or download error, or null.",
                            "properties": {"reference": {"type": "string"},
                                           "pullIntervalMs": {"type": "integer", "minimum": 0},
                                           "ociDigest": {"type": "string"},
@@ -289,14 +302,20 @@ def openapi_document(version: str, *, auth: bool = False) -> dict[str, Any]:
                       f"may wait for a person without a session; {sessions_off}; an answer the session's run does "
                       "not wait for, or a session bound to another document."),
         "404": _error("flowPath names no flow under the flows root, or there is no such session."),
-        "409": _error("Another run changed the session first: this turn was not recorded; run it again."),
+        "409": _error("Another run changed the session first: this turn was not recorded; run it again. Or "
+                      "(already_answered) another answer to the same wait was taken first, and this one ran nothing; "
+                      "or the answer carries the fingerprint of another call than the one the session waits on."),
         "413": _error("The body is over 1 MiB, or the session would be over its cap (16 MiB); nothing was "
                       "written."),
         **denied,
         "422": _error("A ToolNode's tool refused the values the run was given (its input schema); "
-                      "the tool did not start."),
+                      "the tool did not start. Or (call_denied) the answer denied a ToolNode's call, which failed."),
         "429": _error("Every run slot is in use (--max-concurrent); retry later. Runs are never queued."),
-        "500": _error("The run failed."),
+        "500": _error("The run failed; or (session_unreadable) the session's stored record is damaged or fails "
+                      "its authentication, and nothing ran."),
+        "502": _error("The run failed because what it read from outside went past a cap or a deadline: a model's "
+                      "answer or a RemoteTool's response over --max-response-bytes once decoded, a tool's stdout "
+                      "over --max-tool-stdout-bytes, an answer that did not finish in time."),
         "503": _error("The server is draining and takes no new runs, or the session store cannot be reached."),
     }
     session_param = [{"name": "session_id", "in": "path", "required": True,
@@ -365,6 +384,8 @@ def openapi_document(version: str, *, auth: bool = False) -> dict[str, Any]:
                               **{code: body_errors[code] for code in ("408", "413", "415")},
                               "400": _error(f"The body is not an empty JSON object (the server chooses ids), or "
                                             f"{sessions_off}."),
+                              "507": _error("The store holds --max-sessions sessions (too_many_sessions); one can "
+                                            "be started once sessions expire or are removed."),
                               **store_down, **denied},
             }},
             "/v1/sessions/{session_id}": {

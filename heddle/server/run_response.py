@@ -105,7 +105,7 @@ class RunResponse:
         def deliver(event: Event) -> None:
             self.started.set()
             if isinstance(event, ev.ToolResult):
-                metrics.tool_called(job.tool_label(event.tool), event.ok)
+                metrics.tool_called(job.tool_label(event.tool), event.ok, event.duration_ms)
                 metrics.command_called(job.tool_label(event.tool), event.output, event.duration_ms)
             if job.session is not None and isinstance(event, (ev.FlowComplete, ev.Waiting)):
                 self.last = event
@@ -139,6 +139,7 @@ class RunResponse:
             run = self._turn(sink, rendering)
         task = asyncio.create_task(run)
         self.ticket.attach(task)
+        task.add_done_callback(self.service.metrics.run_ended)
         return task
 
     async def _turn(self, sink: EventSink, rendering: Any) -> RunOutcome:

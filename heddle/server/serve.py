@@ -20,6 +20,7 @@ import uvicorn
 from heddle.server.errors import ServeError
 from heddle.server.service import Service
 from heddle.surface import SERVER
+from heddle.textsafe import write_line
 
 log = logging.getLogger("heddle.server")
 
@@ -45,8 +46,33 @@ def url_of(sock: socket.socket) -> str:
 
 
 def _say(message: str) -> None:
-    sys.stderr.write(f"heddle-server: {message}\n")
-    sys.stderr.flush()
+    write_line(sys.stderr, f"heddle-server: {message}")
+
+
+class _LogLines(logging.Handler):
+    """The server's log (its own records and uvicorn's): each record printable lines on stderr.
+    A write that fails (the reader of stderr gone) is dropped: a log line never stops a drain."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+        except Exception:  # noqa: BLE001 (a record that cannot be formatted is logging's to report)
+            self.handleError(record)
+            return
+        write_line(sys.stderr, text)
+
+
+def configure_log(log_format: str, log_level: str) -> None:
+    """The process's log on stderr, as `--log-format` and `--log-level` say (once: a process that has
+    handlers already, a test's, keeps them)."""
+    from heddle.server.access import LogLines
+
+    handler = _LogLines()
+    handler.setFormatter(LogLines("heddle-server: ", json_lines=log_format == "json"))
+    # The libraries' own records (httpx logs every request's full URL, query and all) stay at warnings:
+    # a URL a tool was called with may carry its arguments.
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    logging.getLogger("heddle").setLevel(log_level.upper())
 
 
 class DrainingServer(uvicorn.Server):
@@ -91,9 +117,9 @@ class DrainingServer(uvicorn.Server):
     def _signalled(self, sig: int) -> None:
         admission = self.service.admission
         if self._drain is None:
+            self._drain = asyncio.get_running_loop().create_task(self._drain_then_exit())
             _say(f"{signal.Signals(sig).name}: draining ({admission.active} run(s) in flight, up to "
                  f"{SERVER.duration(self.service.config.drain_timeout)}); a second signal stops at once")
-            self._drain = asyncio.get_running_loop().create_task(self._drain_then_exit())
             return
         cancelled = admission.cancel_all()
         _say(f"{signal.Signals(sig).name} again: stopping now, {cancelled} run(s) cancelled")
@@ -125,7 +151,7 @@ def serve(service: Service, *, on_ready: Callable[[str], None]) -> int:
                     max_connections=config.max_connections or DEFAULT_MAX_CONNECTIONS)
     sock = bind(config.host, config.port)
     url = url_of(sock)
-    logging.basicConfig(level=logging.WARNING, format="heddle-server: %(message)s", stream=sys.stderr)
+    configure_log(config.log_format, config.log_level)
     uv_config = uvicorn.Config(build_app(service), lifespan="off", log_config=None, log_level="warning",
                                access_log=False, timeout_graceful_shutdown=5, server_header=False,
                                http=protocol_class(limits))

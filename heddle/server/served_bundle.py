@@ -20,7 +20,8 @@ def pull_served(config: ServerConfig) -> Pulled:
     from heddle.oci import source
 
     assert config.bundle is not None
-    return source(config.bundle, plain_http=config.plain_http, offline=config.offline)
+    return source(config.bundle, plain_http=config.plain_http, offline=config.offline,
+                  timeout=config.transfer_timeout)
 
 
 def open_served(config: ServerConfig, trust: TrustPolicy, pulled: Pulled | None = None) -> Bundle:

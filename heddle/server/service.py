@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from heddle.errors import HeddleError, SessionError, SessionNotFound
 from heddle.server.admission import Admission
-from heddle.server.config import ServerConfig
+from heddle.server.config import ENV_SESSION_KEY, ServerConfig
 from heddle.server.edition import Edition, Lease, build_edition
 from heddle.server.errors import ApiError, bad_request
 from heddle.server.flow_cache import FlowCache, Ready
@@ -103,7 +103,10 @@ def run_settings(config: ServerConfig, sealed: Any = None) -> RunSettings:
 
     if sealed is None:
         return config.settings
-    return settle(config.settings, {"max_tool_rounds": sealed.max_tool_rounds}, given=config.given,
+    # Every proposal the manifest makes (a bundle of the old format has only its tool-round limit).
+    manifest = getattr(sealed, "manifest", None)
+    proposals = manifest.proposals if manifest is not None else {"max_tool_rounds": sealed.max_tool_rounds}
+    return settle(config.settings, proposals, given=config.given,
                   mounts=sealed.mounts, plugins=getattr(sealed, "plugins", ()))
 
 
@@ -123,9 +126,12 @@ def load_plugins(config: ServerConfig, sealed: Any = None) -> Any:
 
 def run_options(config: ServerConfig, sealed: Any = None) -> Any:
     """The engine's RunOptions for every run of this server, its messages in the server's units."""
+    from heddle.engine.options import with_egress
     from heddle.surface import SERVER
 
-    return run_settings(config, sealed).run_options(surface=SERVER)
+    manifest = getattr(sealed, "manifest", None)
+    return with_egress(run_settings(config, sealed).run_options(surface=SERVER), getattr(manifest, "egress", None),
+                       getattr(manifest, "secrets", None))
 
 
 def _ms(seconds: float | None) -> int | None:
@@ -142,7 +148,8 @@ def open_sessions(config: ServerConfig, host: Any = None) -> SessionStore | None
 
     manifests = tuple(host.manifests.values()) if host is not None else ()
     return open_store(settings.session_store, db=settings.session_db, directory=settings.session_dir,
-                      plugins=manifests)
+                      plugins=manifests, key_file=settings.session_key,
+                      environ={} if config.session_key_env is None else {ENV_SESSION_KEY: config.session_key_env})
 
 
 def check_run(flow: Flow, inputs: dict[str, Any], message: str | None, *, source: str) -> None:
@@ -174,7 +181,7 @@ class Service:
                                   default_key=config.llm_default_key if config.llm_default_url else None)
         # Everything that can be refused without a request is refused now, before the port opens.
         # The one reference to what is served: a following server swaps it whole (swap).
-        self.edition: Edition = build_edition(config, self.policy, sealed)
+        self.edition: Edition = build_edition(config, self.policy, sealed, self.metrics.observer(from_request=False))
         self.edition.oci_digest = oci_digest  # the registry's digest of a bundle pulled by reference
         self._closing: set[asyncio.Task[None]] = set()
         self._retired: set[Edition] = set()  # swapped out, closed once their last run ends (or at aclose)
@@ -184,6 +191,10 @@ class Service:
         self.metrics.bundle_served(sealed, oci_digest)
         # Last, so that nothing else can fail once it is open: the caller closes it (aclose).
         self.sessions = open_sessions(config, self.host)
+        if self.sessions is not None:
+            from heddle.server.sessions import Expiring
+
+            self.sessions = Expiring(self.sessions, config.session_idle_timeout)
 
     # What the served edition holds, read through the one reference a swap changes.
     @property
@@ -259,6 +270,7 @@ class Service:
         edition = self.edition
         if self.sealed is not None:
             self._refuse_for_bundle(request)
+            self._strict(self.sealed.flow)
             return _Resolved(self.sealed.flow, self.tools, self.tools_dir, f"bundle {self.sealed.name}",
                              False, inputs={**self.sealed.input, **request.inputs}, message=request.message,
                              request=request)
@@ -276,6 +288,7 @@ class Service:
             source, from_request = f"flowPath {request.flow_path}", False
         else:
             raise bad_request("the request names no flow; give 'flow' (the document) or 'flowPath'")
+        self._strict(ready.flow)
         tools, tools_dir, folder = dict(self.tools), self.tools_dir, None
         if request.tools:
             clash = sorted(t.name for t in request.tools if t.name in tools or t.name in self._command_names())
@@ -287,14 +300,24 @@ class Service:
         return _Resolved(ready.flow, tools, tools_dir, source, from_request, folder, dict(request.inputs),
                          request.message, request, ready)
 
+    def _strict(self, flow: Flow) -> None:
+        """Under --strict, a document with a field the specification does not define is refused."""
+        if self.config.settings.strict:
+            from heddle.spec.document import check_strict
+
+            check_strict(flow)
+
     def _preparer(self, edition: Edition, *, from_request: bool) -> Callable[[Flow], PreparedRun]:
         """How a request flow without tools of its own is prepared on `edition` (in a worker thread)."""
         from heddle.engine.run import prepare_run
+        from heddle.runs import tracing_for
 
         def prepare(flow: Flow) -> PreparedRun:
             prepared = prepare_run(flow, tools=dict(edition.tools), tools_dir=edition.tools_dir,
                                    options=edition.options, sandbox_flags=self.config.sandbox_flags,
-                                   plugins=with_commands(edition.host, edition.commands, flow))
+                                   plugins=with_commands(edition.host, edition.commands, flow),
+                                   tracing=tracing_for(self.config.settings),
+                                   observer=self.metrics.observer(from_request=from_request))
             self.policy.assign_keys(flow, prepared.endpoints, from_request=from_request)
             return prepared
 
@@ -424,6 +447,7 @@ class Service:
         from heddle.sessions.record import Record
 
         store = self._store()
+        await self._call(store, lambda: self._room(store))
         sid = new_session_id()
         digest, document = "", ""
         if self.sealed is not None:
@@ -433,6 +457,18 @@ class Service:
         data = Record(id=sid, digest=digest, document=document).encode()
         await self._call(store, lambda: store.create(sid, data))
         return sid
+
+    def _room(self, store: SessionStore) -> None:
+        """Room for one more session under --max-sessions (expired ones are removed first); 507 when
+        there is none. Servers sharing a store count it together, so at most a creation racing this
+        one may pass the cap."""
+        from heddle.server.sessions import Expiring
+
+        live = store.sweep() if isinstance(store, Expiring) else len(store.index())
+        if live >= self.config.max_sessions:
+            raise ApiError(507, "too_many_sessions",
+                           f"this server holds {live} sessions, its cap (--max-sessions {self.config.max_sessions}); "
+                           "a new one can be started once sessions expire or are removed (DELETE /v1/sessions/ID)")
 
     def _unknown(self, session_id: str) -> SessionNotFound:
         return SessionNotFound(f"there is no session {session_id!r} (it was never issued, or it was removed); "
@@ -460,6 +496,7 @@ class Service:
 
     async def _prepare(self, resolved: _Resolved) -> Any:
         from heddle.engine.run import prepare_run
+        from heddle.runs import tracing_for
 
         ready = resolved.ready
         if resolved.from_request:
@@ -474,7 +511,9 @@ class Service:
         prepared = await asyncio.to_thread(
             prepare_run, resolved.flow, tools=resolved.tools, tools_dir=resolved.tools_dir,
             options=self.options, sandbox_flags=self.config.sandbox_flags,
-            plugins=with_commands(self.host, self.commands, resolved.flow))
+            plugins=with_commands(self.host, self.commands, resolved.flow),
+            tracing=tracing_for(self.config.settings),
+            observer=self.metrics.observer(from_request=resolved.from_request))
         self.policy.assign_keys(resolved.flow, prepared.endpoints, from_request=resolved.from_request)
         return prepared
 
@@ -595,6 +634,10 @@ class Service:
                               "signers": list(self.sealed.signers), "tools": dict(self.sealed.tool_fingerprints)}
             if self.edition.oci_digest is not None:
                 caps["bundle"]["ociDigest"] = self.edition.oci_digest
+            # What orders it against the next digest of a followed tag (bundle-format/SPEC.md, section 6.1).
+            caps["bundle"]["signedAt"] = self.sealed.signed_at
+            if self.sealed.manifest.release is not None:
+                caps["bundle"]["release"] = self.sealed.manifest.release
         if self.follower is not None:
             caps["follow"] = self.follower.describe()
         return caps

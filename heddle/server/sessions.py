@@ -9,12 +9,14 @@ request's terms already: heddle.surface.SERVER.)
 from __future__ import annotations
 
 import re
+import time
 from typing import TYPE_CHECKING, Any
 
-from heddle.errors import SessionError
+from heddle.errors import SessionError, SessionUnreadable
 
 if TYPE_CHECKING:
     from heddle.engine.run import RunOutcome
+    from heddle.sessions.store import Index, SessionStore, Stored
 
 STORE = "this server's session store"
 
@@ -35,6 +37,58 @@ def for_http(exc: SessionError, store: str) -> SessionError:
     if message == exc.message:
         return exc
     return type(exc)(message)
+
+
+class Expiring:
+    """The server's store, whose sessions expire: one not written for `idle` seconds is removed when it
+    is next named (and is then unknown, as one that never was) or when a new session is counted."""
+
+    def __init__(self, store: SessionStore, idle: float) -> None:
+        self.store = store
+        self.name = store.name
+        self.idle = idle
+
+    def _expired(self, updated: float) -> bool:
+        return updated < time.time() - self.idle
+
+    def get(self, session_id: str) -> Stored | None:
+        stored = self.store.get(session_id)
+        if stored is not None and self._expired(stored.updated):
+            self.store.delete(session_id)
+            return None
+        return stored
+
+    def create(self, session_id: str, data: bytes) -> Stored:
+        return self.store.create(session_id, data)
+
+    def replace(self, session_id: str, data: bytes, *, version: int) -> Stored:
+        return self.store.replace(session_id, data, version=version)
+
+    def delete(self, session_id: str) -> bool:
+        try:
+            found = self.get(session_id) is not None  # an expired session is gone already
+        except SessionUnreadable:
+            found = True  # removing it is how its caller gets rid of it
+        return found and self.store.delete(session_id)
+
+    def list(self) -> list[Stored]:
+        return [s for s in self.store.list() if not self._expired(s.updated)]
+
+    def index(self) -> Index:
+        return [(sid, updated) for sid, updated in self.store.index() if not self._expired(updated)]
+
+    def sweep(self) -> int:
+        """Remove the expired sessions; the number of the others."""
+        live = 0
+        for sid, updated in self.store.index():
+            if self._expired(updated):
+                self.store.delete(sid)
+            else:
+                live += 1
+        return live
+
+    def close(self) -> None:
+        self.store.close()
 
 
 def waiting_body(flow: str, session: str, outcome: RunOutcome) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from heddle.safeparse import file_kind
 from heddle.sessions.private import FILE_MODE, data_home, make_private_dirs
 from heddle.sessions.store import (
     MAX_SESSION_BYTES,
+    Index,
     Stored,
     check_session_id,
     check_size,
@@ -65,7 +66,7 @@ class FileStore:
         self.name = f"file {self.directory}"
         self._closed = threading.Event()
         try:
-            make_private_dirs(self.directory)
+            make_private_dirs(self.directory, what="session folder", setting="--session-dir")
             self._dir = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except NotADirectoryError:
             raise StoreUnavailable(f"{self.name}: is not a folder; give --session-dir a folder (it is created when "
@@ -268,24 +269,48 @@ class FileStore:
                 self._sync_dir()
             return found
 
-    def list(self) -> list[Stored]:
+    def _names(self) -> list[str]:
+        """The ids of the sessions whose files are in the folder."""
         try:
             names = os.listdir(self._dir_fd())
         except OSError as exc:
             raise self._unavailable("cannot list the folder", exc) from None
-        found: list[Stored] = []
+        found: list[str] = []
         for filename in names:
             if not filename.endswith(SUFFIX) or filename.startswith("."):
                 continue
             session_id = filename[: -len(SUFFIX)]
             try:
-                check_session_id(session_id)
+                found.append(check_session_id(session_id))
             except SessionError:  # a file that is no session's is not listed
                 continue
+        return found
+
+    def list(self) -> list[Stored]:
+        found: list[Stored] = []
+        for session_id in self._names():
             stored = self._read(session_id)
             if stored is not None:  # None: removed since the listing
                 found.append(stored)
         found.sort(key=lambda s: (-s.updated, s.id))
+        return found
+
+    def index(self) -> Index:
+        found: Index = []
+        for session_id in self._names():
+            fd = self._open_regular(session_id + SUFFIX, os.O_RDONLY)
+            if fd is None:  # removed since the listing
+                continue
+            try:
+                head = _HEADER.match(os.read(fd, _HEADER_ROOM))
+            except OSError as exc:
+                raise self._unavailable(f"cannot read {session_id + SUFFIX}", exc) from None
+            finally:
+                os.close(fd)
+            if head is None:
+                raise StoreUnavailable(f"{self.name}: {session_id + SUFFIX} is not a session file heddle wrote "
+                                       "(damaged, or written by something else); move it away or remove the session")
+            found.append((session_id, float(head.group(3))))
         return found
 
     def close(self) -> None:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from heddle.errors import UsageError
 from heddle.sessions.store import SessionStore, check_session_id
@@ -13,6 +13,7 @@ from heddle.sessions.store import SessionStore, check_session_id
 if TYPE_CHECKING:
     from heddle.plugin_host.host import PluginHost
     from heddle.plugin_host.manifest import PluginManifest
+    from heddle.sessions.seal import SealedStore
 
 __all__ = ["STORE_SPECS", "check_session_id", "new_session_id", "open_store"]
 
@@ -33,14 +34,30 @@ def new_session_id() -> str:
 
 
 def open_store(spec: str, *, db: Path | None = None, directory: Path | None = None,
-               plugins: PluginHost | Sequence[PluginManifest] | None = None) -> SessionStore:
-    """The store `spec` names, opened and reachable (StoreUnavailable, one line, otherwise).
+               plugins: PluginHost | Sequence[PluginManifest] | None = None, key_file: Path | None = None,
+               environ: Mapping[str, str] | None = None) -> SealedStore:
+    """The store `spec` names, opened and reachable (StoreUnavailable, one line, otherwise), its records
+    sealed under the session key (heddle.sessions.seal: `key_file`, else $HEDDLE_SESSION_KEY in
+    `environ`, by default the process's, else for sqlite and file heddle's own key file; a store
+    without a key is refused before it is opened).
 
     `db` is the sqlite file (default: heddle.sessions.sqlite.default_session_db()), `directory`
     the file store's folder (default: heddle.sessions.files.default_session_dir()), `plugins`
     the loaded plugins (a PluginHost, whose --plugin-config settings the store gets, or manifests)
     a `plugin:NAME` store may come from: NAME is a store component's componentType, or the name
     of a plugin with one store component."""
+    import os
+
+    from heddle.sessions.seal import SealedStore, session_key
+
+    if not spec.startswith(("postgres://", "postgresql://", "plugin:")) and spec not in ("sqlite", "file"):
+        _unknown(spec)
+    key = session_key(spec, key_file, os.environ if environ is None else environ)
+    return SealedStore(_raw_store(spec, db=db, directory=directory, plugins=plugins), key)
+
+
+def _raw_store(spec: str, *, db: Path | None, directory: Path | None,
+               plugins: PluginHost | Sequence[PluginManifest] | None) -> SessionStore:
     if spec == "sqlite":
         from heddle.sessions.sqlite import SqliteStore, default_session_db
 
@@ -57,5 +74,9 @@ def open_store(spec: str, *, db: Path | None = None, directory: Path | None = No
         from heddle.sessions.plugin_store import open_plugin_store
 
         return open_plugin_store(spec.removeprefix("plugin:"), plugins)
+    _unknown(spec)
+
+
+def _unknown(spec: str) -> NoReturn:
     shown = spec.split("://", 1)[0] + "://..." if "://" in spec else spec  # never echo a password
     raise UsageError(f"--session-store {shown!r} is not a session store; give {STORE_SPECS}")

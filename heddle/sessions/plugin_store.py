@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 from heddle.errors import SessionError, StoreUnavailable, UsageError
 from heddle.sessions.store import (
     MAX_SESSION_BYTES,
+    Index,
     Stored,
     check_session_id,
     check_size,
@@ -242,6 +243,10 @@ class PluginStore:
             self._bad("store.list", result)
         found.sort(key=lambda s: (-s.updated, s.id))
         return found
+
+    def index(self) -> Index:
+        # The protocol has no lighter listing: a plugin's store answers with the records too.
+        return [(s.id, s.updated) for s in self.list()]
 
     def close(self) -> None:
         if self._closed:

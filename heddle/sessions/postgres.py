@@ -19,7 +19,7 @@ import psycopg
 from psycopg import conninfo
 
 from heddle.errors import StoreUnavailable
-from heddle.sessions.store import Stored, check_session_id, check_size, conflict, exists, not_found
+from heddle.sessions.store import Index, Stored, check_session_id, check_size, conflict, exists, not_found
 
 T = TypeVar("T")
 
@@ -192,6 +192,12 @@ class PostgresStore:
         def work(conn: psycopg.Connection[Any]) -> list[Stored]:
             rows = conn.execute(f"SELECT id, version, data, updated FROM {TABLE} ORDER BY updated DESC, id").fetchall()
             return [Stored(str(r[0]), int(r[1]), bytes(r[2]), float(r[3])) for r in rows]
+
+        return self._run("cannot list the sessions", work, retry=True)
+
+    def index(self) -> Index:
+        def work(conn: psycopg.Connection[Any]) -> Index:
+            return [(str(r[0]), float(r[1])) for r in conn.execute(f"SELECT id, updated FROM {TABLE}").fetchall()]
 
         return self._run("cannot list the sessions", work, retry=True)
 

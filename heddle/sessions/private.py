@@ -6,26 +6,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-DIR_MODE = 0o700
+from heddle.format.private import make_private_dir
+
 FILE_MODE = 0o600
 
 
-def make_private_dirs(directory: Path) -> None:
-    """Create `directory` and any missing parents, each 0700 whatever the umask; folders that exist
-    are left as they are (the user may have chosen a shared one on purpose)."""
-    missing: list[Path] = []
-    at = directory
-    while not at.exists() and not at.is_symlink():
-        missing.append(at)
-        if at.parent == at:
-            break
-        at = at.parent
-    for folder in reversed(missing):
-        try:
-            os.mkdir(folder, DIR_MODE)
-        except FileExistsError:
-            continue  # another process made it first
-        os.chmod(folder, DIR_MODE)
+def make_private_dirs(directory: Path, *, what: str, setting: str) -> None:
+    """Create `directory` and any missing parents, each 0700 whatever the umask, and refuse (exit 2,
+    naming the `chmod`/`chown` that fixes it) a folder another user could change: whoever can write
+    to it can forge a session. The rule of the cache and the trust store (format/private.py)."""
+    make_private_dir(directory, what=what, setting=setting)
 
 
 def data_home() -> Path:

@@ -1,14 +1,19 @@
 """One session's record, as a store keeps it (canonical JSON bytes).
 
-    {"format": 1, "id": ..., "digest": "sha256:...", "document": NAME, "created": T, "updated": T,
-     "turns": N, "conversation": {...},
+    {"format": 2, "id": ..., "digest": "sha256:...", "document": NAME, "created": T, "updated": T,
+     "turns": N, "conversation": {...}, "inputs": {...},
      "pending": null | {"status": "waiting" | "running", "inputs": {...}, "message": TEXT | null,
-                        "journal": {...}, "waiting_for": {...} | null}}
+                        "journal": {...}, "waiting_for": {...} | null, "answered": {...} | null}}
 
 `digest` binds the session to the document (or bundle) that opened it. `conversation` is what the
-turns so far said (heddle.engine.conversation). `pending` is an unfinished run: one that stopped to
-wait for a person (`waiting`, with what it waits for), or a `--durable` run's checkpoint that never
-finished (`running`: killed, or still going elsewhere).
+turns so far said (heddle.engine.conversation). `inputs` are those the last finished turn ran with:
+the next turn's, but for what it names itself. `pending` is an unfinished run: one that stopped to
+wait for a person (`waiting`, with what it waits for), or one that runs or ran and never finished
+(`running`: a `--durable` run's checkpoint, or a run resumed with an answer, which claims the wait
+before anything runs: `answered` is the wait it answered, and its journal holds the answer).
+
+A store keeps the record sealed (heddle.sessions.seal). `format` names this layout: 2 since waits
+carry the fingerprint of their call and answers are claimed; a record of another format is refused.
 """
 
 from __future__ import annotations
@@ -18,9 +23,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from heddle.engine.journal import WaitingFor
-from heddle.errors import SessionError
+from heddle.errors import SessionError, SessionUnreadable
 
-FORMAT = 1
+FORMAT = 2
 
 Status = Literal["idle", "waiting", "interrupted"]
 
@@ -32,10 +37,12 @@ class Pending:
     message: str | None
     journal: dict[str, Any]
     waiting_for: WaitingFor | None = None
+    answered: WaitingFor | None = None  # status running: the wait this run was resumed to answer
 
     def as_json(self) -> dict[str, Any]:
         return {"status": self.status, "inputs": self.inputs, "message": self.message, "journal": self.journal,
-                "waiting_for": self.waiting_for.as_json() if self.waiting_for is not None else None}
+                "waiting_for": self.waiting_for.as_json() if self.waiting_for is not None else None,
+                "answered": self.answered.as_json() if self.answered is not None else None}
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,7 @@ class Record:
     turns: int = 0
     conversation: dict[str, Any] = field(default_factory=dict)
     pending: Pending | None = None
+    inputs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def status(self) -> Status:
@@ -61,7 +69,7 @@ class Record:
     def as_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "id": self.id, "digest": self.digest, "document": self.document,
                 "created": self.created, "updated": self.updated, "turns": self.turns,
-                "conversation": self.conversation,
+                "conversation": self.conversation, "inputs": self.inputs,
                 "pending": self.pending.as_json() if self.pending is not None else None}
 
     def encode(self) -> bytes:
@@ -80,22 +88,55 @@ class Record:
 
 
 def decode(session_id: str, data: bytes, *, store: str) -> Record:
-    """A stored record; SessionError naming the session and the store when it is not one heddle wrote."""
+    """A stored record, its every part of the shape heddle writes; SessionUnreadable (one line) naming the
+    session and the store when it is not one heddle wrote."""
+    from heddle.engine.conversation import Conversation
+    from heddle.engine.journal import Journal
     from heddle.safeparse import loads_json
 
     try:
         raw = loads_json(data.decode("utf-8"), max_depth=512)
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
             raise ValueError(f"format {raw.get('format') if isinstance(raw, dict) else None!r}, not {FORMAT}")
+        if raw["id"] != session_id:
+            raise ValueError(f"it is the record of session {raw['id']!r}")
         pending = raw.get("pending")
-        return Record(
-            id=str(raw["id"]), digest=str(raw["digest"]), document=str(raw.get("document") or ""),
+        record = Record(
+            id=session_id, digest=_text(raw["digest"]), document=_text(raw.get("document") or ""),
             created=float(raw["created"]), updated=float(raw["updated"]), turns=int(raw["turns"]),
-            conversation=dict(raw.get("conversation") or {}),
-            pending=None if pending is None else Pending(
-                status=pending["status"], inputs=dict(pending["inputs"]), message=pending.get("message"),
-                journal=dict(pending["journal"]),
-                waiting_for=WaitingFor.from_json(pending["waiting_for"]) if pending.get("waiting_for") else None))
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        raise SessionError(f"session {session_id!r} in {store}: its record is not one this heddle reads ({exc}); "
-                           f"remove it with `heddle sessions rm {session_id}`") from None
+            conversation=_object(raw.get("conversation") or {}), inputs=_object(raw.get("inputs") or {}),
+            pending=None if pending is None else _pending(_object(pending)))
+        # What a turn makes of its parts, made here, so that a record of the wrong shape is refused now.
+        Conversation.from_json(record.conversation)
+        if record.pending is not None:
+            Journal.from_json(record.pending.journal)
+        return record
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError, SessionError) as exc:
+        raise SessionUnreadable(f"session {session_id!r} in {store}: its record is not one this heddle reads "
+                                f"({' '.join(str(exc).split())[:200]}); remove it with "
+                                f"`heddle sessions rm {session_id}`") from None
+
+
+def _pending(raw: dict[str, Any]) -> Pending:
+    status = raw["status"]
+    if status not in ("waiting", "running"):
+        raise ValueError(f"an unfinished run of status {status!r}")
+    message = raw.get("message")
+    waiting = WaitingFor.from_json(_object(raw["waiting_for"])) if raw.get("waiting_for") else None
+    if (status == "waiting") != (waiting is not None):
+        raise ValueError(f"an unfinished run of status {status!r} {'without' if waiting is None else 'with'} a wait")
+    return Pending(status=status, inputs=_object(raw["inputs"]), message=None if message is None else _text(message),
+                   journal=_object(raw["journal"]), waiting_for=waiting,
+                   answered=WaitingFor.from_json(_object(raw["answered"])) if raw.get("answered") else None)
+
+
+def _object(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"{type(value).__name__} where an object belongs")
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{type(value).__name__} where text belongs")
+    return value

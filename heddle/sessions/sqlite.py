@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from heddle.errors import StoreUnavailable
+from heddle.format.private import check_private_file
 from heddle.sessions.private import FILE_MODE, data_home, make_private_dirs
-from heddle.sessions.store import Stored, check_session_id, check_size, conflict, exists, not_found
+from heddle.sessions.store import Index, Stored, check_session_id, check_size, conflict, exists, not_found
 
 T = TypeVar("T")
 
@@ -65,7 +66,7 @@ class SqliteStore:
 
     def _prepare_file(self) -> None:
         try:
-            make_private_dirs(self.path.parent)
+            make_private_dirs(self.path.parent, what="folder of the sessions file", setting="--session-db")
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
             except FileExistsError:
@@ -73,6 +74,7 @@ class SqliteStore:
                 if not stat.S_ISREG(mode):
                     raise StoreUnavailable(f"{self.name}: is not a regular file; give --session-db the path of "
                                            "a sessions file (it is created when missing)") from None
+                check_private_file(self.path, what="sessions file", setting="--session-db")
                 return
             try:
                 os.fchmod(fd, FILE_MODE)  # whatever the umask
@@ -174,6 +176,12 @@ class SqliteStore:
             rows = conn.execute("SELECT id, version, data, updated FROM heddle_sessions "
                                 "ORDER BY updated DESC, id").fetchall()
             return [Stored(str(r[0]), int(r[1]), bytes(r[2]), float(r[3])) for r in rows]
+
+        return self._run("cannot list the sessions", work)
+
+    def index(self) -> Index:
+        def work(conn: sqlite3.Connection) -> Index:
+            return [(str(r[0]), float(r[1])) for r in conn.execute("SELECT id, updated FROM heddle_sessions")]
 
         return self._run("cannot list the sessions", work)
 

@@ -16,6 +16,12 @@ from heddle.errors import SessionConflict, SessionError, SessionNotFound, Sessio
 
 # The cap on one session's record: a conversation and a checkpoint, not a data store.
 MAX_SESSION_BYTES = 16 * 1024 * 1024
+# What a store holds of a record is sealed (heddle.sessions.seal): the record and its MAC. The record
+# is held to the cap above before it is sealed; a store holds it to the cap and this room.
+SEAL_ROOM = 128
+
+# Each session's id and the time of its last write (Unix seconds): what `index` lists.
+Index = list[tuple[str, float]]
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,9 @@ class SessionStore(Protocol):
     def list(self) -> list[Stored]:
         """Every session, most recently written first."""
 
+    def index(self) -> Index:
+        """Every session's id and the time of its last write (Unix seconds), without its record."""
+
     def close(self) -> None:
         """Release connections and files."""
 
@@ -57,7 +66,7 @@ def _at(store: str) -> str:
     return f"{store}: " if store else ""
 
 
-def check_size(session_id: str, data: bytes, limit: int = MAX_SESSION_BYTES, *, store: str = "") -> None:
+def check_size(session_id: str, data: bytes, limit: int = MAX_SESSION_BYTES + SEAL_ROOM, *, store: str = "") -> None:
     """SessionTooLarge before anything is written: every backend calls this first. `store` is the
     store's name, put in front of the message."""
     if len(data) > limit:

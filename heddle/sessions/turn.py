@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from heddle.engine.conversation import Conversation
-from heddle.engine.journal import Answer, Journal, describe
-from heddle.errors import SessionError, SessionNotFound
+from heddle.engine.journal import Answer, Journal, WaitingFor, describe
+from heddle.errors import CallDenied, SessionAlreadyAnswered, SessionConflict, SessionError, SessionNotFound
 from heddle.sessions.record import Pending, Record, decode
 from heddle.surface import CLI, Surface
 
@@ -54,6 +54,10 @@ class Turn:
     message: str | None
     journal: Journal
     conversation: Conversation
+    # A run resumed with an answer (or with --resume after one): the wait it answers. Claimed before
+    # anything runs, so that of answers racing to one wait exactly one runs.
+    answered: WaitingFor | None = None
+    claim: bool = False
 
 
 # The run itself, given the turn: heddle.runs.execute with the turn's journal and conversation.
@@ -106,17 +110,39 @@ async def run_turn(use: SessionUse, *, digest: str, document: str, inputs: dict[
 
         async def checkpoint(journal: Journal) -> None:
             async with one_at_a_time:
-                await write(record.with_(pending=Pending("running", turn.inputs, turn.message, journal.as_json())))
+                await write(record.with_(pending=Pending("running", turn.inputs, turn.message, journal.as_json(),
+                                                         answered=turn.answered)))
 
         # The first checkpoint is the StartNode's: a run killed after it resumes from its start, while
         # one refused before it (no message, a missing input) leaves the session as it was.
         turn.journal.checkpoint = checkpoint
-    outcome = await run(turn)
+    if turn.claim:
+        # Before anything runs: the wait is answered (or the stopped run resumed) once. The record says
+        # so, its journal holds the answer, and every other answer to it is refused from now on.
+        try:
+            await write(record.with_(pending=Pending("running", turn.inputs, turn.message, turn.journal.as_json(),
+                                                     answered=turn.answered)))
+        except SessionConflict:
+            if turn.answered is not None:
+                raise _already_answered(use, turn.answered) from None
+            raise
+    try:
+        outcome = await run(turn)
+    except Exception as exc:
+        if turn.answered is not None and (not use.durable or isinstance(exc, CallDenied)):
+            # The run the answer resumed ended: the session waits no more, and what the answer let run is
+            # not run again unasked (a --durable run keeps its checkpoints for --resume, but past a denial).
+            try:
+                await write(record.with_(pending=None))
+            except SessionError:
+                pass  # another run wrote first, or the store is gone: the run's own failure is the news
+        raise
     if outcome.waiting is not None:
         await write(record.with_(pending=Pending("waiting", turn.inputs, turn.message, turn.journal.as_json(),
                                                  outcome.waiting)))
     else:
-        await write(record.with_(pending=None, turns=record.turns + 1, conversation=turn.conversation.as_json()))
+        await write(record.with_(pending=None, turns=record.turns + 1, conversation=turn.conversation.as_json(),
+                                 inputs=turn.inputs))
     return TurnResult(outcome, sid, written)
 
 
@@ -154,19 +180,29 @@ def _turn(use: SessionUse, record: Record, *, inputs: dict[str, Any], inputs_giv
         if use.resume:
             raise SessionError(f"session {sid!r} has no unfinished run to resume: its last run finished; drop "
                                f"{say('resume')}")
-        return Turn(dict(inputs), message, Journal(), conversation)
-    if inputs_given and inputs != pending.inputs:
+        # A later turn runs with the inputs the session has, but for those it names itself.
+        return Turn({**record.inputs, **inputs}, message, Journal(), conversation)
+    if inputs_given and {**pending.inputs, **inputs} != pending.inputs:
         raise SessionError(f"session {sid!r}: its unfinished run resumes with the input it started with; drop "
                            f"{say('input')} (or use {say('new_session')} for other input)")
     if pending.status == "running":
+        if answer is not None and pending.answered is not None:
+            raise _already_answered(use, pending.answered)
         if not use.resume:
-            raise SessionError(f"session {sid!r}: its last run ({say('durable')}) did not finish (it was stopped, or "
-                               f"it is still running elsewhere); continue it from its last checkpoint with "
+            what = (f"resumed with the answer to {describe(pending.answered.kind)} at node "
+                    f"{pending.answered.node!r}" if pending.answered is not None else f"({say('durable')})")
+            raise SessionError(f"session {sid!r}: its last run {what} did not finish (it was stopped, or it is "
+                               f"still running elsewhere); continue it from its last checkpoint with "
                                f"{say('resume')}")
         if answer is not None:
             raise SessionError(f"session {sid!r}: its unfinished run waits for no answer; drop "
                                f"{say(answer.kind)} and resume it with {say('resume')}")
-        return Turn(pending.inputs, pending.message, Journal.from_json(pending.journal), conversation)
+        journal = Journal.from_json(pending.journal)
+        if pending.answered is not None and journal.waited is not None:
+            # A run that took an answer did not finish: it may still be going on elsewhere, so the answer is
+            # not taken a second time. Unless the node that waited finished, the run waits for it again.
+            journal.entries.pop(journal.waited, None)
+        return Turn(pending.inputs, pending.message, journal, conversation, claim=True)
     waiting = pending.waiting_for
     assert waiting is not None, "a waiting run records what it waits for"
     if use.resume:
@@ -184,4 +220,19 @@ def _turn(use: SessionUse, record: Record, *, inputs: dict[str, Any], inputs_giv
     if message is not None:
         raise SessionError(f"session {sid!r} waits for {describe(waiting.kind)} at node {waiting.node!r}; "
                            f"{say('reply')} is not its answer: answer with {say(waiting.kind)}")
-    return Turn(pending.inputs, pending.message, Journal.from_json(pending.journal, answer=answer), conversation)
+    if waiting.kind != "message":
+        # Bound to the call shown: its fingerprint, checked again when the call is reached.
+        if answer.fingerprint is not None and answer.fingerprint != waiting.fingerprint:
+            raise SessionConflict(
+                f"session {sid!r} waits for {describe(waiting.kind)} of the call to tool {waiting.tool!r} at node "
+                f"{waiting.node!r} with arguments of fingerprint {waiting.fingerprint}, not {answer.fingerprint}: "
+                "the answer was given for another call, and nothing ran; answer the call the session shows")
+        answer = replace(answer, fingerprint=waiting.fingerprint)
+    return Turn(pending.inputs, pending.message, Journal.from_json(pending.journal, answer=answer), conversation,
+                answered=waiting, claim=True)
+
+
+def _already_answered(use: SessionUse, waiting: WaitingFor) -> SessionAlreadyAnswered:
+    return SessionAlreadyAnswered(
+        f"session {use.session_id!r}: its wait for {describe(waiting.kind)} at node {waiting.node!r} was already "
+        "answered (another answer was taken first); this one ran nothing")

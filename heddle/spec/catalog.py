@@ -19,7 +19,6 @@ Status = Literal["runs", "refused"]
 
 SESSIONS = "sessions, which a later heddle adds (a run that waits for a person and resumes)"
 LATER = "a later heddle"
-NODE_PLUGIN = "a plugin that declares this node type (--plugin MANIFEST)"
 OPENAI_COMPATIBLE = "an OpenAI-compatible endpoint in front of the model, named by an OpenAiCompatibleConfig"
 
 
@@ -71,8 +70,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("ParallelMapNode", _NODES),
     Entry("ParallelFlowNode", _NODES),
     Entry("CatchExceptionNode", _NODES),
-    Entry("ApiNode", _NODES, _r("heddle does not make HTTP calls from a node",
-                                f"a ToolNode whose tool is a RemoteTool makes the same request; or {NODE_PLUGIN}")),
+    Entry("ApiNode", _NODES),
     Entry("InputMessageNode", _NODES),
     Entry("OutputMessageNode", _NODES),
     Entry("Agent", _AGENTS),
@@ -80,9 +78,8 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("AgentSpecializationParameters", _AGENTS),
     Entry("Swarm", _AGENTS),
     Entry("ManagerWorkers", _AGENTS),
-    Entry("A2AAgent", _AGENTS, _r("it is an agent served elsewhere over the A2A protocol, which heddle does "
-                                  "not speak", LATER)),
-    Entry("A2AConnectionConfig", _AGENTS, _r("it belongs to an A2AAgent", LATER)),
+    Entry("A2AAgent", _AGENTS),
+    Entry("A2AConnectionConfig", _AGENTS),
     Entry("OciAgent", _AGENTS, _r("it is an agent hosted by OCI Generative AI Agents, which heddle does not call",
                                   LATER)),
     Entry("ServerTool", _TOOLS),
@@ -111,26 +108,32 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("OciClientConfigWithSecurityToken", _LLMS, _r("it belongs to an OciGenAiConfig", OPENAI_COMPATIBLE)),
     Entry("OciClientConfigWithInstancePrincipal", _LLMS, _r("it belongs to an OciGenAiConfig", OPENAI_COMPATIBLE)),
     Entry("OciClientConfigWithResourcePrincipal", _LLMS, _r("it belongs to an OciGenAiConfig", OPENAI_COMPATIBLE)),
-    Entry("GeminiConfig", _LLMS, _r("heddle calls only OpenAI-compatible chat completions, not Gemini's own API",
-                                    OPENAI_COMPATIBLE + " (Gemini offers one)")),
-    Entry("GeminiAIStudioAuthConfig", _LLMS, _r("it belongs to a GeminiConfig", OPENAI_COMPATIBLE)),
-    Entry("GeminiVertexAIAuthConfig", _LLMS, _r("it belongs to a GeminiConfig", OPENAI_COMPATIBLE)),
+    Entry("GeminiConfig", _LLMS),
+    Entry("GeminiAIStudioAuthConfig", _LLMS),
+    Entry("GeminiVertexAIAuthConfig", _LLMS, _r(
+        "heddle calls Gemini through its OpenAI-compatible endpoint with an AI Studio API key, and Vertex AI "
+        "needs Google Cloud credentials (a service account or Application Default Credentials traded for an "
+        "access token), which heddle does not obtain",
+        f"a GeminiAIStudioAuthConfig with an AI Studio key; or {OPENAI_COMPATIBLE}")),
     Entry("DbmsVectorChainLlmConfig", _LLMS, _r("it calls a model from inside Oracle Database, which heddle does "
                                                 "not reach", OPENAI_COMPATIBLE)),
-    Entry("OAuthConfig", _AUTH, _r("heddle does not run OAuth flows; it sends the headers a document gives, "
-                                   "with secrets from $VAR", LATER)),
-    Entry("OAuthClientConfig", _AUTH, _r("it belongs to an OAuthConfig", LATER)),
-    Entry("InMemoryCollectionDatastore", _DATA, _r("heddle has no datastores", LATER)),
-    Entry("OracleDatabaseDatastore", _DATA, _r("heddle has no datastores",
-                                               f"{LATER}; or a ServerTool that queries the database")),
+    Entry("OAuthConfig", _AUTH, _r("it asks for an OAuth authorization-code grant, a person signing in at its "
+                                   "redirect_uri (as the reference runtime runs it on an MCP transport), which "
+                                   "heddle does not run",
+                                   "a token in sensitive_headers as a $VAR reference; or a later heddle")),
+    Entry("OAuthClientConfig", _AUTH, _r("it belongs to an OAuthConfig",
+                                         "a token in sensitive_headers as a $VAR reference; or a later heddle")),
+    Entry("InMemoryCollectionDatastore", _DATA),  # a message transform's cache
+    Entry("OracleDatabaseDatastore", _DATA, _r("heddle keeps no data in an Oracle database",
+                                               "an InMemoryCollectionDatastore, a PostgresDatabaseDatastore (or "
+                                               "null) as a message transform's "
+                                               "datastore; or a ServerTool that queries the database")),
     Entry("TlsOracleDatabaseConnectionConfig", _DATA, _r("it belongs to an OracleDatabaseDatastore", LATER)),
     Entry("MTlsOracleDatabaseConnectionConfig", _DATA, _r("it belongs to an OracleDatabaseDatastore", LATER)),
-    Entry("PostgresDatabaseDatastore", _DATA, _r("heddle has no datastores",
-                                                 f"{LATER}; or a ServerTool that queries the database")),
-    Entry("TlsPostgresDatabaseConnectionConfig", _DATA, _r("it belongs to a PostgresDatabaseDatastore", LATER)),
-    Entry("MessageSummarizationTransform", _DATA, _r("heddle does not rewrite an agent's messages", LATER)),
-    Entry("ConversationSummarizationTransform", _DATA, _r("heddle does not rewrite an agent's conversation",
-                                                          LATER)),
+    Entry("PostgresDatabaseDatastore", _DATA),  # a message transform's cache, in an existing table
+    Entry("TlsPostgresDatabaseConnectionConfig", _DATA),
+    Entry("MessageSummarizationTransform", _DATA),
+    Entry("ConversationSummarizationTransform", _DATA),
 )
 
 BY_TYPE: dict[str, Entry] = {e.component_type: e for e in ENTRIES}

@@ -149,6 +149,9 @@ class LlmConfigBase(Component):
     model_id: str
     default_generation_parameters: dict[str, Any] | None = None
     api_key: str | None = None
+    # Replaces heddle's own retries and, with its request_timeout, --model-timeout for this model's
+    # requests (heddle.model.client).
+    retry_policy: RetryPolicy | None = None
 
 
 class OpenAiCompatibleConfig(LlmConfigBase):
@@ -171,10 +174,68 @@ class OpenAiConfig(LlmConfigBase):
     url: str = "https://api.openai.com/v1"
 
 
+# Gemini is called through its OpenAI-compatible endpoint, which carries everything a GeminiConfig
+# with an AI Studio key asks (heddle.model.endpoints); Vertex AI's Google Cloud credentials are
+# refused by name (heddle.spec.catalog).
+GEMINI_OPENAI_URL = "https://generativelanguage.googleapis.com/v1beta/openai"
+GEMINI_API_KEY_VARIABLE = "GEMINI_API_KEY"  # the reference runtime's key when auth gives none
+
+
+class GeminiAIStudioAuthConfig(Component):
+    component_type: Literal["GeminiAIStudioAuthConfig"] = "GeminiAIStudioAuthConfig"
+    api_key: str | None = None
+
+
+class GeminiConfig(LlmConfigBase):
+    """A Gemini model with a Google AI Studio key. The reference runtime reads its model_id, auth and
+    generation parameters, and calls Gemini's own service whatever `url`, `api_key`, `api_provider`
+    or `api_type` say, so a document that sets one is refused rather than read otherwise."""
+
+    component_type: Literal["GeminiConfig"] = "GeminiConfig"
+    auth: GeminiAIStudioAuthConfig
+    provider: Literal["google"] = "google"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unread(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            label = f"GeminiConfig {data.get('name')!r}"
+            # What the reference runtime does anyway may be said: Google's chat completions.
+            said = {"api_provider": "google", "api_type": "chat_completions"}
+            for field in ("url", "api_key", "api_provider", "api_type"):
+                if data.get(field) is not None and data.get(field) != said.get(field):
+                    fix = ("give the key as its auth's api_key" if field == "api_key" else
+                           "remove it, or name another endpoint with an OpenAiCompatibleConfig")
+                    raise ValueError(f"{label}: {field} is not read for a GeminiConfig, which calls Gemini's own "
+                                     f"service; {fix}")
+            model_id = data.get("model_id")
+            if isinstance(model_id, str) and model_id.startswith("vertex_ai/"):
+                raise ValueError(f"{label}: model_id {model_id!r} names a Vertex AI model, which needs Google Cloud "
+                                 "credentials heddle does not obtain; name the AI Studio model (without vertex_ai/)")
+        return data
+
+    @property
+    def url(self) -> str:
+        return GEMINI_OPENAI_URL
+
+    def wire_model_id(self) -> str:
+        """The model as Gemini's OpenAI-compatible endpoint names it: without the `gemini/` prefix the
+        reference runtime's client strips."""
+        return self.model_id.removeprefix("gemini/")
+
+
 LlmConfig = Annotated[
-    OpenAiCompatibleConfig | VllmConfig | OllamaConfig | OpenAiConfig,
+    OpenAiCompatibleConfig | VllmConfig | OllamaConfig | OpenAiConfig | GeminiConfig,
     Tagged("component_type"),
 ]
+
+
+def written_api_key(config: LlmConfigBase) -> str | None:
+    """The key a config's requests carry, as the document writes it (`$VAR` is read at run start): a
+    GeminiConfig's is its auth's (without one, $GEMINI_API_KEY's, as the reference runtime reads it)."""
+    if isinstance(config, GeminiConfig):
+        return config.auth.api_key or None
+    return config.api_key
 
 # --------------------------------------------------------------------------- tools
 
@@ -348,11 +409,39 @@ ClientTransport = Annotated[
 ]
 
 
+def _recoverable() -> dict[str, list[str]]:
+    return {"409": [], "429": []}
+
+
+class RetryPolicy(BaseModel):
+    """How often, and after how long, a failed request is made again (the specification's RetryPolicy,
+    with its defaults; heddle.tools.retry applies it where heddle honours it)."""
+
+    model_config = ConfigDict(extra="forbid", defer_build=True)
+
+    max_attempts: int = Field(default=2, ge=0)  # retries, beside the first attempt
+    request_timeout: float | None = Field(default=None, gt=0)
+    initial_retry_delay: float = Field(default=1.0, ge=0)
+    max_retry_delay: float = Field(default=8.0, ge=0)
+    backoff_factor: float = Field(default=2.0, gt=0)
+    jitter: Literal["equal", "full", "full_and_equal_for_throttle", "decorrelated"] | None = \
+        "full_and_equal_for_throttle"
+    service_error_retry_on_any_5xx: bool = True
+    recoverable_statuses: dict[str, list[str]] = Field(default_factory=_recoverable)
+
+    @model_validator(mode="after")
+    def _check_delays(self) -> RetryPolicy:
+        if self.max_retry_delay < self.initial_retry_delay:
+            raise ValueError("retry_policy: max_retry_delay must be greater than or equal to initial_retry_delay")
+        return self
+
+
 class MCPTool(WithIO):
     """One tool of an MCP server, by its name there."""
 
     component_type: Literal["MCPTool"] = "MCPTool"
     client_transport: ClientTransport
+    retry_policy: RetryPolicy | None = None  # finding it in the listing, and each call (heddle.tools.retry)
     requires_confirmation: bool = False  # each call waits for a person's approval (heddle.spec.waits)
 
     def declares_inputs(self) -> bool:
@@ -364,6 +453,7 @@ class MCPToolSpec(WithIO):
     """A tool a toolbox expects its server to list, with the signature it expects."""
 
     component_type: Literal["MCPToolSpec"] = "MCPToolSpec"
+    requires_confirmation: bool = False  # each call of it waits for a person's approval, as its toolbox's may
 
     @model_validator(mode="after")
     def _check_spec(self) -> MCPToolSpec:
@@ -380,8 +470,9 @@ class MCPToolBox(Component):
 
     component_type: Literal["MCPToolBox"] = "MCPToolBox"
     client_transport: ClientTransport
+    retry_policy: RetryPolicy | None = None  # finding tool_filter's tools, and each call (heddle.tools.retry)
     tool_filter: list[MCPToolSpec | str] | None = None
-    requires_confirmation: bool = False  # true is refused on a toolbox: heddle.spec.waits
+    requires_confirmation: bool = False  # each call of each of its tools waits for a person's approval
 
     @model_validator(mode="after")
     def _check_toolbox(self) -> MCPToolBox:
@@ -395,6 +486,151 @@ class MCPToolBox(Component):
 Tool = Annotated[ServerTool | MCPTool | RemoteTool | ClientTool | BuiltinTool, Tagged("component_type")]
 
 
+# --------------------------------------------------------------------------- message transforms
+# An agent's transforms rewrite the conversation its model is sent, each turn, as the reference
+# runtime's do (heddle.engine.transforms): oversized messages, or the older part of a long
+# conversation, summarised by a model. Their summaries are cached in an in-memory datastore (the
+# default), in a Postgres table, or not at all (`datastore: null`); an Oracle datastore is refused.
+
+# The entities a transform's cache collection holds: property -> its JSON type.
+MESSAGE_CACHE_ENTITY = {"cache_key": "string", "cache_content": "string", "created_at": "number",
+                        "last_used_at": "number"}
+CONVERSATION_CACHE_ENTITY = {**MESSAGE_CACHE_ENTITY, "prefix_size": "integer"}
+_SUMMARY_PLACEHOLDER = re.compile(r"\{\{\s*summary\s*\}\}")
+
+
+class InMemoryCollectionDatastore(Component):
+    component_type: Literal["InMemoryCollectionDatastore"] = "InMemoryCollectionDatastore"
+    datastore_schema: dict[str, dict[str, Any]]
+
+
+class TlsPostgresDatabaseConnectionConfig(Component):
+    """How the reference runtime reaches a Postgres database: `user:password@URL/postgres` (URL is
+    `host[:port]`; heddle also takes a unix socket directory as the host), with libpq's TLS settings.
+    `user`, `password` and `sslkey` are sensitive: `$VAR` references, read where the run happens."""
+
+    component_type: Literal["TlsPostgresDatabaseConnectionConfig"] = "TlsPostgresDatabaseConnectionConfig"
+    user: str
+    password: str
+    url: str
+    sslmode: Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"] = "require"
+    sslcert: str | None = None
+    sslkey: str | None = None
+    sslrootcert: str | None = None
+    sslcrl: str | None = None
+
+    @model_validator(mode="after")
+    def _check_postgres(self) -> TlsPostgresDatabaseConnectionConfig:
+        label = f"TlsPostgresDatabaseConnectionConfig {self.name!r}"
+        for field in ("user", "password", "sslkey"):
+            value = getattr(self, field)
+            if value is not None and env_reference(value) is None:
+                raise ValueError(f"{label}: {field} is a secret written into the document; write it as a $VAR "
+                                 f"reference (e.g. \"$PG_{field.upper()}\") and set VAR where the flow runs")
+        if "://" in self.url:
+            raise ValueError(f"{label}: url {self.url!r} is host[:port] (the reference puts it after user:password@)")
+        return self
+
+
+class PostgresDatabaseDatastore(Component):
+    """A transform's cache in an existing Postgres table named by its collection (heddle.engine.pgcache)."""
+
+    component_type: Literal["PostgresDatabaseDatastore"] = "PostgresDatabaseDatastore"
+    datastore_schema: dict[str, dict[str, Any]]
+    connection_config: TlsPostgresDatabaseConnectionConfig
+
+
+class _SummarizationTransform(Component):
+    llm: LlmConfig
+    summarization_instructions: str
+    max_cache_size: int | None = Field(default=10_000, gt=0)
+    max_cache_lifetime: int | None = Field(default=4 * 3600, gt=0)  # seconds
+    cache_collection_name: str
+    datastore: InMemoryCollectionDatastore | PostgresDatabaseDatastore | None = None
+
+    def caches(self) -> bool:
+        """Whether summaries are cached: in the default in-memory datastore when none is written, not
+        at all when it is null."""
+        return self.datastore is not None or "datastore" not in self.model_fields_set
+
+    def template(self) -> str:
+        raise NotImplementedError
+
+    def _check_transform(self, entity: dict[str, str]) -> None:
+        label = f"{self.component_type} {self.name!r}"  # type: ignore[attr-defined]
+        # The reference renders the template with Jinja: only `{{summary}}` reads the same in heddle.
+        rest = _SUMMARY_PLACEHOLDER.sub("", self.template())
+        if any(mark in rest for mark in ("{{", "{%", "{#")):
+            raise ValueError(f"{label}: its template may use only the {{{{summary}}}} placeholder; heddle does not "
+                             "render other Jinja syntax, so the summary would read otherwise")
+        if self.datastore is None:
+            return
+        collection = self.datastore.datastore_schema.get(self.cache_collection_name)
+        if collection is None:
+            raise ValueError(f"{label}: its datastore has no collection {self.cache_collection_name!r} (its "
+                             f"cache_collection_name); it has {sorted(self.datastore.datastore_schema)}")
+        properties = collection.get("properties") or {}
+        for name, kind in entity.items():
+            found = properties.get(name)
+            # The reference runtime wants each column of the very type it writes.
+            if not isinstance(found, dict) or found.get("type") != kind:
+                raise ValueError(f"{label}: collection {self.cache_collection_name!r} of its datastore needs "
+                                 f"property {name!r} of type {kind}")
+
+
+class MessageSummarizationTransform(_SummarizationTransform):
+    """Each message (or tool result) longer than `max_message_size` characters, sent as its summary."""
+
+    component_type: Literal["MessageSummarizationTransform"] = "MessageSummarizationTransform"
+    max_message_size: int = Field(default=20_000, gt=0)
+    summarization_instructions: str = (
+        "Please make a summary of this message. Include relevant information and keep it short. "
+        "Your response will replace the message, so just output the summary directly, no introduction needed.")
+    summarized_message_template: str = "Summarized message: {{summary}}"
+    cache_collection_name: str = "summarized_messages_cache"
+
+    def template(self) -> str:
+        return self.summarized_message_template
+
+    @model_validator(mode="after")
+    def _check_message_transform(self) -> MessageSummarizationTransform:
+        self._check_transform(MESSAGE_CACHE_ENTITY)
+        return self
+
+
+class ConversationSummarizationTransform(_SummarizationTransform):
+    """A conversation longer than `max_num_messages` messages (or `max_num_characters`), sent as a
+    summary of its older part and its `min_num_messages` latest messages."""
+
+    component_type: Literal["ConversationSummarizationTransform"] = "ConversationSummarizationTransform"
+    max_num_messages: int | None = Field(default=50, gt=0)
+    max_num_characters: int | None = Field(default=None, gt=0)
+    min_num_messages: int = Field(default=10, gt=0)
+    summarization_instructions: str = (
+        "Please make a summary of this conversation. Include relevant information and keep it short. "
+        "Your response will replace the messages, so just output the summary directly, no introduction needed.")
+    summarized_conversation_template: str = "Summarized conversation: {{summary}}"
+    cache_collection_name: str = "summarized_conversations_cache"
+
+    def template(self) -> str:
+        return self.summarized_conversation_template
+
+    @model_validator(mode="after")
+    def _check_conversation_transform(self) -> ConversationSummarizationTransform:
+        label = f"ConversationSummarizationTransform {self.name!r}"
+        if (self.max_num_messages is None) == (self.max_num_characters is None):
+            raise ValueError(f"{label}: give one of max_num_messages and max_num_characters (set max_num_messages "
+                             "to null to count characters)")
+        if self.max_num_messages is not None and self.max_num_messages <= self.min_num_messages:
+            raise ValueError(f"{label}: max_num_messages ({self.max_num_messages}) must be greater than "
+                             f"min_num_messages ({self.min_num_messages})")
+        self._check_transform(CONVERSATION_CACHE_ENTITY)
+        return self
+
+
+Transform = Annotated[MessageSummarizationTransform | ConversationSummarizationTransform, Tagged("component_type")]
+
+
 class Agent(WithIO):
     component_type: Literal["Agent"] = "Agent"
     llm_config: LlmConfig
@@ -403,6 +639,7 @@ class Agent(WithIO):
     toolboxes: list[MCPToolBox] = Field(default_factory=_list)
     # The specification's default: the agent may answer the user instead of giving its outputs.
     human_in_the_loop: bool = True
+    transforms: list[Transform] = Field(default_factory=_list)
 
 
 # --------------------------------------------------------------------------- SpecializedAgent
@@ -416,7 +653,7 @@ class AgentSpecializationParameters(WithIO):
 
 
 # What a SpecializedAgent takes from its base agent (the rest of an Agent's fields are its own).
-SPECIALISED_FIELDS = ("llm_config", "system_prompt", "tools", "toolboxes", "human_in_the_loop")
+SPECIALISED_FIELDS = ("llm_config", "system_prompt", "tools", "toolboxes", "human_in_the_loop", "transforms")
 
 
 class SpecializedAgent(Agent):
@@ -470,6 +707,9 @@ def _members_only(value: Any, where: str) -> Any:
     if ctype in ("Swarm", "ManagerWorkers"):
         raise ValueError(f"{where} is a {ctype}: heddle runs a Swarm's or a ManagerWorkers' agents when they are "
                          "Agents or SpecializedAgents, not a multi-agent component inside another; give an Agent")
+    if ctype == "A2AAgent":
+        raise ValueError(f"{where} is an A2AAgent: the reference runtime takes only Agents as a Swarm's or a "
+                         "ManagerWorkers' agents, and so does heddle; run the A2AAgent as the document's top level")
     return value
 
 
@@ -505,6 +745,9 @@ class _AgentGroup(WithIO):
 
         label, types = self._label(), dict[str, tuple[str, set[str]]]()
         for where, agent in self.members():
+            if agent.transforms:
+                raise ValueError(f"{label}: the agent at {where} has transforms, which heddle applies to an Agent "
+                                 "on its own, not yet to one of a group; remove them or run the agent alone")
             for prop in io.agent_inputs(agent):
                 first = types.setdefault(prop["title"], (where, schema_types(prop)))
                 if first[1] != schema_types(prop):
@@ -642,8 +885,79 @@ Agentic = Agent | SpecializedAgent | Swarm | ManagerWorkers
 MULTI_AGENT = (Swarm, ManagerWorkers)
 
 
-def agents_of(agentic: Agentic) -> list[Agent]:
-    """The agents an agentic component runs: itself, or a group's agents (each once)."""
+# --------------------------------------------------------------------------- A2AAgent
+# An agent served elsewhere over the A2A protocol (heddle.engine.a2a talks to it). The reference
+# runtime runs one as a conversation of its own, at a document's top level; an AgentNode refuses it
+# there, and so does heddle (AgentNode below). Every field is honoured or refused by name.
+
+
+class A2ASessionParameters(BaseModel):
+    """How long heddle polls the remote task, how often, and how many failed polls in a row it takes."""
+
+    model_config = ConfigDict(extra="forbid", defer_build=True)
+
+    timeout: float = Field(default=60.0, gt=0)
+    poll_interval: float = Field(default=2.0, gt=0)
+    max_retries: int = Field(default=5, ge=0)
+
+
+class A2AConnectionConfig(Component):
+    component_type: Literal["A2AConnectionConfig"] = "A2AConnectionConfig"
+    timeout: float = Field(default=600.0, gt=0)  # each HTTP request's
+    headers: dict[str, str] | None = None  # a value `$NAME` is read from the environment where the run starts
+    verify: bool = True
+    key_file: str | None = None
+    cert_file: str | None = None
+    ssl_ca_cert: str | None = None
+    retry_policy: Any = None
+
+    @model_validator(mode="after")
+    def _check_connection(self) -> A2AConnectionConfig:
+        label = f"A2AConnectionConfig {self.name!r}"
+        if self.retry_policy is not None:
+            raise ValueError(f"{label}: retry_policy is not supported by heddle yet; drop it (session_parameters' "
+                             "max_retries still retries a failed poll)")
+        files = [f for f in ("key_file", "cert_file", "ssl_ca_cert") if getattr(self, f)]
+        if not self.verify and files:
+            raise ValueError(f"{label}: verify is false and {files[0]} is given; give the certificate files or "
+                             "verify: false, not both")
+        if bool(self.key_file) != bool(self.cert_file):
+            raise ValueError(f"{label}: key_file and cert_file go together (mutual TLS); give both or neither")
+        for header, value in (self.headers or {}).items():
+            if value.startswith("$") and env_reference(value) is None:
+                raise ValueError(f"{label}: headers {header!r} value {value!r} is not a valid environment variable "
+                                 "reference; write it as $NAME")
+        return self
+
+
+class A2AAgent(WithIO):
+    """An agent served at `agent_url` over A2A: each user message goes to it, its answer is the turn's."""
+
+    component_type: Literal["A2AAgent"] = "A2AAgent"
+    agent_url: str
+    connection_config: A2AConnectionConfig
+    session_parameters: A2ASessionParameters = Field(default_factory=A2ASessionParameters)
+
+    @model_validator(mode="after")
+    def _check_a2a(self) -> A2AAgent:
+        from heddle.tools.remote import url_origin
+
+        label = f"A2AAgent {self.name!r}"
+        if url_origin(self.agent_url) is None:
+            raise ValueError(f"{label}: agent_url {self.agent_url!r} must be an http:// or https:// URL whose host "
+                             "the document writes out (credentials go in connection_config.headers as $VAR)")
+        for field in ("inputs", "outputs"):
+            if getattr(self, field):
+                raise ValueError(f"{label}: it declares {field}, which the reference runtime does not pass to or take "
+                                 f"from the remote agent (its answer is the turn's message); remove {field}")
+        return self
+
+
+def agents_of(agentic: Agentic | A2AAgent) -> list[Agent]:
+    """The agents an agentic component runs here: itself, or a group's agents (each once); none for an
+    A2AAgent, which runs elsewhere."""
+    if isinstance(agentic, A2AAgent):
+        return []
     if isinstance(agentic, MULTI_AGENT):
         return [agent for _, agent in agentic.members()]
     return [agentic]
@@ -653,11 +967,29 @@ def agents_of(agentic: Agentic) -> list[Agent]:
 
 
 class NodeBase(WithIO):
-    branches: list[str] | None = None
+    branches: list[str] | None = None  # as written; checked against next_branches() as pyagentspec checks it
 
     def next_branches(self) -> list[str]:
         """The branches this node can leave by. Most nodes have one: `next`."""
         return ["next"]
+
+    @model_validator(mode="after")
+    def _check_branches(self) -> NodeBase:
+        # pyagentspec's rule: written branches are the node's own (an AgentNode's may be any; a
+        # plugin's node has its manifest's), without repeats.
+        written = self.branches or []
+        label = f"{self.component_type} {self.name!r}"  # type: ignore[attr-defined]
+        if len(written) != len(set(written)):
+            raise ValueError(f"{label}: branches {written} name a branch twice; name each once")
+        if not written or isinstance(self, (AgentNode, PluginNode)):
+            return self
+        inferred = set(self.next_branches())
+        if isinstance(self, BranchingNode):  # the specification's: `default` always, beside the mapping's
+            inferred = {"default", *self.mapping.values()}
+        if set(written) != inferred:
+            raise ValueError(f"{label}: branches {written} are not the branches it has ({sorted(inferred)}); "
+                             "write those, or leave branches out")
+        return self
 
 
 class StartNode(NodeBase):
@@ -685,7 +1017,18 @@ class LlmNode(NodeBase):
 
 class AgentNode(NodeBase):
     component_type: Literal["AgentNode"] = "AgentNode"
-    agent: Annotated[Agentic, Tagged("component_type")]
+    # An A2AAgent only as the document's top level (heddle.spec.roots builds its node from the model).
+    agent: Annotated[Agentic | A2AAgent, Tagged("component_type")]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_a2a(cls, data: Any) -> Any:
+        agent = data.get("agent") if isinstance(data, dict) else None
+        if isinstance(agent, dict) and agent.get("component_type") == "A2AAgent":
+            raise ValueError(f"AgentNode {data.get('name')!r}: its agent is an A2AAgent, which the reference runtime "
+                             "refuses in an AgentNode (it runs one only as a conversation of its own); run the "
+                             "A2AAgent as the document's top level")
+        return data
 
 
 class BranchingNode(NodeBase):
@@ -708,6 +1051,41 @@ class FlowNode(NodeBase):
         # One per branch_name of the subflow's EndNodes (`next` when they name none).
         ends = [n.branch_name or "next" for n in self.subflow.nodes if isinstance(n, EndNode)]
         return sorted(set(ends)) or ["next"]
+
+
+class ApiNode(NodeBase):
+    """The HTTP request of a node, its url, method, query, headers and body templated from the node's
+    inputs (heddle.engine.api sends it, with a RemoteTool's rules). Inputs it does not declare are
+    inferred from its `{{placeholders}}`; outputs it does not declare are one, `response`, as the
+    specification says."""
+
+    component_type: Literal["ApiNode"] = "ApiNode"
+    url: str
+    http_method: str
+    api_spec_uri: str | None = None  # describes the API; heddle never fetches it
+    data: Any = Field(default_factory=_dict)
+    query_params: dict[str, Any] = Field(default_factory=_dict)
+    headers: dict[str, Any] = Field(default_factory=_dict)
+    sensitive_headers: dict[str, Any] = Field(default_factory=_dict)
+    url_allow_list: list[str] | None = None
+    retry_policy: Any = None
+
+    _empty = field_validator("query_params", "headers", "sensitive_headers", mode="before")(
+        classmethod(lambda cls, v: _none_is_empty_dict(v))
+    )
+
+    @model_validator(mode="after")
+    def _check_api_node(self) -> ApiNode:
+        from heddle.engine.api import DEFAULT_OUTPUT, check_outputs
+        from heddle.tools.remote import check_definition, inferred_inputs
+
+        if "inputs" not in self.model_fields_set:
+            self.inputs = inferred_inputs(self)
+        if "outputs" not in self.model_fields_set:
+            self.outputs = [{"title": DEFAULT_OUTPUT}]
+        check_definition(self)
+        check_outputs(self)
+        return self
 
 
 class PluginNode(NodeBase):
@@ -959,11 +1337,6 @@ class InputMessageNode(NodeBase):
 # the flow (heddle.engine.nodes runs it; heddle.spec.messages says how a run without a chat window
 # shows it).
 
-# Fields a runtime's own message node adds (a role, an LLM rephrasing, the message as an output):
-# written on an OutputMessageNode they would change what is shown, and heddle honours none of them.
-_MESSAGE_EXTENSIONS = ("message_type", "rephrase", "llm_config", "expose_message_as_output", "message_template")
-
-
 class OutputMessageNode(NodeBase):
     """Appends `message` to the conversation as the agent's: one input per placeholder, no outputs."""
 
@@ -976,16 +1349,11 @@ class OutputMessageNode(NodeBase):
         if self.outputs:
             raise ValueError(f"{label}: it declares outputs {self.output_titles()}, but an OutputMessageNode gives "
                              "none (it shows its message); remove them")
-        extension = [field for field in _MESSAGE_EXTENSIONS if field in (self.model_extra or {})]
-        if extension:
-            raise ValueError(f"{label}: {extension[0]!r} is not a field of an OutputMessageNode (the specification "
-                             "gives it only `message`, shown as the agent's message as written), and heddle does "
-                             "not honour it; remove it")
         return self
 
 
 _BUILTIN_NODES = ("StartNode", "EndNode", "ToolNode", "LlmNode", "AgentNode", "BranchingNode", "FlowNode",
-                  "MapNode", "ParallelMapNode", "ParallelFlowNode", "CatchExceptionNode",
+                  "ApiNode", "MapNode", "ParallelMapNode", "ParallelFlowNode", "CatchExceptionNode",
                   "InputMessageNode", "OutputMessageNode")
 
 
@@ -1004,6 +1372,7 @@ Node = Annotated[
     | Annotated[AgentNode, Tag("AgentNode")]
     | Annotated[BranchingNode, Tag("BranchingNode")]
     | Annotated[FlowNode, Tag("FlowNode")]
+    | Annotated[ApiNode, Tag("ApiNode")]
     | Annotated[MapNode, Tag("MapNode")]
     | Annotated[ParallelMapNode, Tag("ParallelMapNode")]
     | Annotated[ParallelFlowNode, Tag("ParallelFlowNode")]
@@ -1061,6 +1430,7 @@ KNOWN_COMPONENT_TYPES: tuple[str, ...] = (
     "LlmNode",
     "BranchingNode",
     "FlowNode",
+    "ApiNode",
     "MapNode",
     "ParallelMapNode",
     "ParallelFlowNode",
@@ -1086,8 +1456,17 @@ KNOWN_COMPONENT_TYPES: tuple[str, ...] = (
     "StreamableHTTPmTLSTransport",
     "ControlFlowEdge",
     "DataFlowEdge",
+    "A2AAgent",
+    "A2AConnectionConfig",
     "OpenAiConfig",
     "OpenAiCompatibleConfig",
     "VllmConfig",
     "OllamaConfig",
+    "GeminiConfig",
+    "GeminiAIStudioAuthConfig",
+    "MessageSummarizationTransform",
+    "ConversationSummarizationTransform",
+    "InMemoryCollectionDatastore",
+    "PostgresDatabaseDatastore",
+    "TlsPostgresDatabaseConnectionConfig",
 )

@@ -115,7 +115,7 @@ def _describe_validation_error(exc: ValidationError, source: str) -> str:
                      r"StreamableHTTPmTLSTransport|str|"
                      r"RemoteTool|ClientTool|BuiltinTool|SpecializedAgent|AgentSpecializationParameters|Swarm|"
                      r"ManagerWorkers|"
-                     r"PluginNode|Agent|ServerTool|OpenAiConfig|OpenAiCompatibleConfig|VllmConfig|OllamaConfig)"
+                     r"PluginNode|Agent|ServerTool|OpenAiConfig|OpenAiCompatibleConfig|VllmConfig|OllamaConfig|GeminiConfig)"
                      r"(?=\.|\[|$)", "", loc)
         parts.append(f"${loc}: {err['msg']}")
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
@@ -151,15 +151,18 @@ def parse_components(data: Any, *, source: str) -> Components:
 
 
 def parse_flow(data: Any, *, source: str = "<flow>", node_types: Iterable[str] = (),
-               components: Components | None = None) -> Flow:
+               components: Components | None = None, strict: bool = False) -> Flow:
     """Turn a parsed document (dict) into the typed, reference-resolved `Flow` heddle runs.
 
     The top level may be a Flow, an Agent or a node (heddle.spec.roots), or a `$component_ref` to
     one. `node_types` are the node component types loaded plugins declare; any other unknown
-    type is refused. `components` are shared components from a second file.
+    type is refused. `components` are shared components from a second file. A field the
+    specification does not define for its component is dropped with a warning (heddle.spec.fields),
+    or refused when `strict`.
     """
     from pydantic import ValidationError
 
+    from heddle.spec.fields import describe, unread_fields
     from heddle.spec.roots import build_root, document_root, remember
     from heddle.spec.versions import newer_features
     from heddle.spec.waits import wait_points
@@ -175,6 +178,12 @@ def parse_flow(data: Any, *, source: str = "<flow>", node_types: Iterable[str] =
                             "or a node")
     if version is not None and "agentspec_version" in resolved:
         resolved["agentspec_version"] = version  # its text, though YAML read `26.1` as a number
+    undefined = [f"{source}: {describe(*found)}" for found in _drop_undefined(resolved)]
+    if undefined and strict:
+        raise _strict_refusal(undefined)
+    unread = unread_fields(resolved)
+    if unread:
+        raise DocumentError(f"{source}: " + "; ".join(unread))
     types = frozenset(node_types)
     _check_component_types(resolved, source, node_types=types)
     waits, refused = wait_points(resolved)
@@ -190,20 +199,50 @@ def parse_flow(data: Any, *, source: str = "<flow>", node_types: Iterable[str] =
             raise DocumentError(_describe_validation_error(exc, source)) from None
 
     flow = build_root(resolved, source=source, node_types=types, validate=validate)
+    warnings = list(undefined)
     if version is not None:
         # The Flow made for another top level (or reached by a root reference) is in the document's version.
         flow.agentspec_version = flow.agentspec_version or version
-        warnings = newer_features(resolved, version, source=source)
-        if warnings:
-            remember(flow, dataclasses.replace(document_root(flow), warnings=tuple(warnings)))
-    if waits:
-        remember(flow, dataclasses.replace(document_root(flow), waits=tuple(waits)))
+        too_new = newer_features(resolved, version, source=source)
+        if too_new:
+            raise DocumentError("; ".join(too_new))
+    if warnings:
+        remember(flow, dataclasses.replace(document_root(flow), warnings=tuple(warnings)))
+    if waits or undefined:
+        remember(flow, dataclasses.replace(document_root(flow), waits=tuple(waits), undefined=tuple(undefined)))
     return flow
 
 
+def _strict_refusal(undefined: list[str] | tuple[str, ...]) -> DocumentError:
+    return DocumentError("; ".join(undefined) + " (--strict refuses a field the specification does not define; "
+                         "remove it, or run without --strict)")
+
+
+def check_strict(flow: Flow) -> None:
+    """Under --strict, refuse a document read before (a bundle's) that writes fields the specification
+    does not define."""
+    from heddle.spec.roots import document_root
+
+    undefined = document_root(flow).undefined
+    if undefined:
+        raise _strict_refusal(undefined)
+
+
+def _drop_undefined(resolved: Any) -> list[tuple[str, dict[str, Any], str]]:
+    """Remove from `resolved`, as the specification's reader does, the fields no component's type
+    defines; return where each was."""
+    from heddle.spec.fields import undefined_fields
+
+    found = undefined_fields(resolved)
+    for _, component, field in found:
+        component.pop(field, None)
+    return found
+
+
 def load_flow_text(text: str, *, fmt: Format = "json", source: str = "<flow>", node_types: Iterable[str] = (),
-                   components: Components | None = None) -> Flow:
-    return parse_flow(_parse_text(text, fmt, source), source=source, node_types=node_types, components=components)
+                   components: Components | None = None, strict: bool = False) -> Flow:
+    return parse_flow(_parse_text(text, fmt, source), source=source, node_types=node_types, components=components,
+                      strict=strict)
 
 
 def _read_text(p: Path, what: str) -> str:
@@ -235,9 +274,10 @@ def load_components(path: str | Path, *, source: str | None = None) -> Component
 
 
 def load_flow(path: str | Path, *, fmt: str | None = None, node_types: Iterable[str] = (),
-              components: str | Path | Components | None = None) -> Flow:
+              components: str | Path | Components | None = None, strict: bool = False) -> Flow:
     """Read, resolve and type the document at `path`; `components` is a components file (or one read)."""
     p = Path(path)
     text = _read_text(p, "flow document")
     shared = components if isinstance(components, Components) or components is None else load_components(components)
-    return load_flow_text(text, fmt=detect_format(p, fmt), source=str(p), node_types=node_types, components=shared)
+    return load_flow_text(text, fmt=detect_format(p, fmt), source=str(p), node_types=node_types, components=shared,
+                          strict=strict)

@@ -57,9 +57,11 @@ def _declared_or(declared: list[Property], inferred: list[Property]) -> list[Pro
 # --------------------------------------------------------------------------- agents and flows
 
 
-def agent_inputs(agent: c.Agentic) -> list[Property]:
+def agent_inputs(agent: c.Agentic | c.A2AAgent) -> list[Property]:
     """The Agent's inputs: declared, else one string per placeholder of its system prompt. A Swarm's
     or a ManagerWorkers': declared, else those of its agents (each title once), whose prompts they fill."""
+    if isinstance(agent, c.A2AAgent):
+        return []  # it takes the user's message only
     if isinstance(agent, c.MULTI_AGENT):
         merged: dict[str, Property] = {}
         for member in c.agents_of(agent):
@@ -69,7 +71,7 @@ def agent_inputs(agent: c.Agentic) -> list[Property]:
     return _declared_or(agent.inputs, _strings(placeholders(agent.system_prompt)))
 
 
-def agent_outputs(agent: c.Agentic) -> list[Property]:
+def agent_outputs(agent: c.Agentic | c.A2AAgent) -> list[Property]:
     return list(agent.outputs)
 
 
@@ -195,6 +197,14 @@ def _composite_outputs(node: c.MapNode | c.ParallelMapNode | c.ParallelFlowNode 
         _declared_or(node.outputs, node.inferred_outputs())
 
 
+def _api_inputs(node: c.ApiNode) -> list[Property]:
+    return list(node.inputs)  # declared, else inferred from its placeholders when it was read
+
+
+def _api_outputs(node: c.ApiNode) -> list[Property]:
+    return list(node.outputs)  # declared (`[]` reads nothing), else `response` when it was read
+
+
 def _plugin_inputs(node: c.PluginNode) -> list[Property] | None:
     return list(node.inputs) or None
 
@@ -213,6 +223,7 @@ _INPUTS: dict[type, Infer] = {
     c.FlowNode: _flow_node_inputs,
     c.OutputMessageNode: _message_inputs,
     c.InputMessageNode: _input_message_inputs,
+    c.ApiNode: _api_inputs,
     **dict.fromkeys(c.COMPOSITE_NODES, _composite_inputs),
     c.PluginNode: _plugin_inputs,
 }
@@ -227,6 +238,7 @@ _OUTPUTS: dict[type, Infer] = {
     c.FlowNode: _flow_node_outputs,
     c.OutputMessageNode: _no_outputs,
     c.InputMessageNode: _input_message_outputs,
+    c.ApiNode: _api_outputs,
     **dict.fromkeys(c.COMPOSITE_NODES, _composite_outputs),
     c.PluginNode: _plugin_outputs,
 }
@@ -269,7 +281,7 @@ def templates_of(node: Any) -> list[tuple[str, str]]:
         agent = node.agent
         if isinstance(agent, c.MULTI_AGENT):
             return [(f"agent.{where}.system_prompt", member.system_prompt) for where, member in agent.members()]
-        return [("agent.system_prompt", agent.system_prompt)]
+        return [] if isinstance(agent, c.A2AAgent) else [("agent.system_prompt", agent.system_prompt)]
     if isinstance(node, c.OutputMessageNode):
         return [("message", node.message)]
     if isinstance(node, c.InputMessageNode) and node.message:

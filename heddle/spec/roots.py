@@ -40,8 +40,10 @@ class DocumentRoot:
     message_node: str | None = None
     # Things the document does that it should not (a feature newer than its agentspec_version).
     warnings: tuple[str, ...] = ()
-    # Where a run of it may stop to wait for a person (heddle.spec.waits): it then needs a session.
+    # Where a run of it surely stops to wait for a person (heddle.spec.waits): it then needs a session.
     waits: tuple[str, ...] = ()
+    # The fields it writes that the specification does not define, not read (heddle.spec.fields).
+    undefined: tuple[str, ...] = ()
 
     @property
     def conversational(self) -> bool:
@@ -168,7 +170,7 @@ def agentic_root(model: Any) -> Builder:
     return build
 
 
-def agent_flow(agent: c.Agentic) -> Built:
+def agent_flow(agent: c.Agentic | c.A2AAgent) -> Built:
     """StartNode -> AgentNode(agent) -> EndNode, the message addressed to that AgentNode."""
     from heddle.spec import components as c
     from heddle.spec.io import agent_inputs, agent_outputs
@@ -213,6 +215,13 @@ def multi_agent_root(data: dict[str, Any], validate: Validate) -> Built:
     return agent_flow(validate(model, data))
 
 
+def a2a_root(data: dict[str, Any], validate: Validate) -> Built:
+    """An A2AAgent at the top: one turn of the conversation with the agent it reaches (heddle.engine.a2a)."""
+    from heddle.spec import components as c
+
+    return agent_flow(validate(c.A2AAgent, data))
+
+
 # Agentic components at the top level, by component type: each takes a user message. Another
 # such component adds its builder here (`agentic_root(Model)` for one whose typed model is an Agent).
 BUILDERS: dict[str, Builder] = {
@@ -220,6 +229,7 @@ BUILDERS: dict[str, Builder] = {
     "SpecializedAgent": specialized_root,
     "Swarm": multi_agent_root,
     "ManagerWorkers": multi_agent_root,
+    "A2AAgent": a2a_root,
 }
 
 # What the refusal of a top-level component that has nothing to run says it could be put in.

@@ -46,6 +46,7 @@ def specialised_fields(base: dict[str, Any], params: dict[str, Any], *, name: st
         "system_prompt": "\n\n".join(parts),
         "tools": [*_listed(base.get("tools")), *_listed(params.get("additional_tools"))],
         "toolboxes": _listed(base.get("toolboxes")),
+        "transforms": _listed(base.get("transforms")),
     }
     if "llm_config" in base:
         fields["llm_config"] = base["llm_config"]

@@ -1,18 +1,22 @@
 """`agentspec_version`: which versions heddle reads, and features newer than a document declares.
 
-heddle reads Agent Spec 25.4.x through 26.x. A document names the version it is written in; one
-that uses a component type a later version introduced still runs (its meaning is not in doubt),
-with a warning naming both versions, so the author can correct the declaration before another
-runtime refuses the document.
+heddle reads Agent Spec 25.4.x through 26.x. A document names the version it is written in, and, as
+the specification's reader (pyagentspec) does, heddle refuses one that uses a component type, or
+gives a field a value other than its default, that a later version introduced, naming the
+component's place, the field, the version that introduced it and the declared one.
 
-`INTRODUCED` lists the component types the Agent Spec changelog and language reference give a
-first version after 25.4.1, the initial release; a type it does not date is never warned about.
+Which types and fields are newer than 25.4.1, the initial release, and each field's default, are
+pyagentspec's (agentspec_versions.json, printed by scripts/agentspec_versions.py from the release
+it names; a test holds the file to the installed release).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -24,19 +28,32 @@ READS = "25.4.x through 26.x"
 
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?(?:[.-][0-9A-Za-z.+-]*)?")
 
-# Agent Spec 25.4.2's changelog: ParallelFlowNode and ParallelMapNode, toolboxes, BuiltinTool,
-# Swarm, agent specialization and ManagerWorkers. CatchExceptionNode: the 26.1.2 language reference.
+
+@functools.cache
+def _table() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(Path(__file__).with_name("agentspec_versions.json").read_text("utf-8"))
+    return data
+
+
+def _version(text: str) -> Version:
+    major, minor, patch = (int(part) for part in text.split("."))
+    return major, minor, patch
+
+
 INTRODUCED: Mapping[str, Version] = MappingProxyType({
-    "ParallelFlowNode": (25, 4, 2),
-    "ParallelMapNode": (25, 4, 2),
-    "MCPToolBox": (25, 4, 2),
-    "BuiltinTool": (25, 4, 2),
-    "Swarm": (25, 4, 2),
-    "SpecializedAgent": (25, 4, 2),
-    "AgentSpecializationParameters": (25, 4, 2),
-    "ManagerWorkers": (25, 4, 2),
-    "CatchExceptionNode": (26, 1, 2),
-})
+    name: _version(text) for name, text in _table()["types"].items()})
+"""The first version of each component type newer than 25.4.1."""
+
+FIELDS: Mapping[str, Mapping[str, tuple[Version, Any]]] = MappingProxyType({
+    name: MappingProxyType({field: (_version(entry["since"]), entry["default"]) for field, entry in fields.items()})
+    for name, fields in _table()["fields"].items()})
+"""For each component type, its fields newer than 25.4.1: the first version and the field's default."""
+
+
+# A RemoteTool's or ApiNode's `data` other than an object: 25.4.2 (pyagentspec's
+# _infer_min_agentspec_version_from_configuration, a rule on the value that no field table holds).
+_DATA: Mapping[str, tuple[Version, Any]] = MappingProxyType({
+    "RemoteTool": ((25, 4, 2), {}), "ApiNode": ((25, 4, 2), {})})
 
 
 def parse_version(text: str) -> Version | None:
@@ -55,8 +72,8 @@ def spelled(version: Version) -> str:
     return ".".join(str(part) for part in version)
 
 
-def _component_types(document: Any) -> Iterator[tuple[str, str]]:
-    """(JSON path, component_type) of every component, in document order; each container once."""
+def _components(document: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(JSON path, component) of every component, in document order; each container once."""
     stack: list[tuple[str, Any]] = [("$", document)]
     seen: set[int] = set()
     while stack:
@@ -65,27 +82,38 @@ def _component_types(document: Any) -> Iterator[tuple[str, str]]:
             continue
         seen.add(id(node))
         if isinstance(node, dict):
-            ctype = node.get("component_type")
-            if isinstance(ctype, str):
-                yield path, ctype
+            if isinstance(node.get("component_type"), str):
+                yield path, node
             stack.extend((f"{path}.{key}", value) for key, value in reversed(node.items()) if key != "metadata")
         else:
             stack.extend((f"{path}[{i}]", item) for i, item in reversed(list(enumerate(node))))
 
 
 def newer_features(document: Any, declared_text: str, *, source: str) -> list[str]:
-    """A warning for each component type of the (resolved) document that its declared version predates."""
+    """A problem for each component type of the (resolved) document, and each field it gives a value
+    other than its default, that its declared version predates: pyagentspec refuses the document."""
     declared = parse_version(declared_text)
     if declared is None:
         return []
-    warnings: list[str] = []
-    warned: set[str] = set()
-    for path, ctype in _component_types(document):
+    problems: list[str] = []
+    named: set[str] = set()
+    for path, component in _components(document):
+        ctype = component["component_type"]
         introduced = INTRODUCED.get(ctype)
-        if introduced is None or introduced <= declared or ctype in warned:
+        if introduced is not None and introduced > declared:
+            # The type names the version its fields need: one problem for it, once.
+            if ctype not in named:
+                named.add(ctype)
+                problems.append(f"{source}: {path} is a {ctype}, which Agent Spec {spelled(introduced)} introduced, "
+                                f"but the document declares agentspec_version {declared_text}; declare "
+                                f"{spelled(introduced)} or later")
             continue
-        warned.add(ctype)
-        warnings.append(f"{source}: {path} is a {ctype}, which Agent Spec {spelled(introduced)} introduced, but "
-                        f"the document declares agentspec_version {declared_text}; declare "
-                        f"{spelled(introduced)} or later")
-    return warnings
+        fields = dict(FIELDS.get(ctype, {}))
+        if ctype in _DATA and not isinstance(component.get("data", {}), dict):
+            fields["data"] = _DATA[ctype]  # pyagentspec dates a data that is not an object, not the field
+        for field, (since, default) in fields.items():
+            if since > declared and field in component and component[field] != default:
+                problems.append(f"{source}: {path}: {ctype} {component.get('name')!r} sets {field}, which Agent Spec "
+                                f"{spelled(since)} introduced, but the document declares agentspec_version "
+                                f"{declared_text}; declare {spelled(since)} or later, or drop {field}")
+    return problems

@@ -1,7 +1,8 @@
 """ClientTool: a tool the client runs, not heddle. A call to one stops the run to wait for the
 client's result (heddle.engine.journal): the run resumes with it (`--tool-result JSON`, or
-`{"tool_result": ...}` over HTTP) as the tool's output. Runs in a session only; a document with a
-ClientTool is refused without one before it starts (heddle.spec.waits).
+`{"tool_result": ...}` over HTTP) as the tool's output. Runs in a session only: a ClientTool in a
+ToolNode is refused without one before the run starts, and an agent's call to one ends a run without
+one there (heddle.spec.waits).
 """
 
 from __future__ import annotations

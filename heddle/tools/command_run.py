@@ -7,7 +7,10 @@ a tool, after the plugins' own. Everything else (the toolCall seam, the tool eve
 agents) is what every tool goes through.
 
 Each call, in order: the arguments checked against the command's input schema (and every number
-finite, no undeclared argument); then the version probe, `[executable, *version_probe]` with an
+finite, no undeclared argument, no value that would start an argument with a "-" its schema does
+not admit); then the program pinned when the file was read (or sealed) proved to be the same
+bytes by its sha256 (a stat per call, hashing again only when the file changed), or the call
+fails closed naming both digests; then the version probe, `[program, *version_probe]` with an
 empty environment, whose trimmed stdout must equal `expected_version` with exit status 0, or the
 call fails closed naming both versions; then the program itself, with the argv rendered (one
 argument per entry, no shell), an environment of `HEDDLE_WORKSPACE` alone, in the workspace or the
@@ -25,12 +28,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
+from heddle.engine.seams import SeamsLayer
 from heddle.errors import ToolError, ToolInputError
 from heddle.tools.commands import MULTI_CALL, Command, CommandSet, program_kind
 
@@ -39,21 +41,12 @@ if TYPE_CHECKING:
     from heddle.engine.context import RunContext
     from heddle.engine.options import RunOptions
     from heddle.engine.seams import (
-        AgentRound,
-        ModelRequest,
-        ModelStep,
-        NodeStep,
-        Outcome,
         Plugins,
         ProvidedTool,
         Rendering,
-        RoundResult,
-        RoundStep,
         RunSeams,
         ToolRequest,
-        ToolStep,
     )
-    from heddle.model.turn import AssistantTurn
     from heddle.spec import components as c
     from heddle.tools.process import Exited
     from heddle.workspace.workspace import Workspace
@@ -82,6 +75,19 @@ def with_commands(plugins: Plugins | None, commands: CommandSet | None, flow: c.
     return CommandPlugins(plugins or NO_PLUGINS, commands, flow)
 
 
+def warm(commands: CommandSet) -> None:
+    """Hash each pinned program now, at the start of a run, so that a call only stats it; what
+    cannot be read is left for the call to report."""
+    from heddle.tools.commands import program_digest
+
+    for command in commands:
+        if command.program is not None:
+            try:
+                program_digest(command.program.path)
+            except OSError:
+                pass
+
+
 class CommandPlugins:
     """A run's Plugins with commands beside them (heddle.engine.seams.Plugins)."""
 
@@ -94,6 +100,7 @@ class CommandPlugins:
         # A ToolNode's inputs and outputs are its tool's arguments and output.
         self.tool_nodes = frozenset(node.name for _, node in of_type(flow, c.ToolNode)
                                     if node.tool.name in commands.commands)
+        warm(commands)
 
     def known_tools(self, tools: Mapping[str, Path]) -> dict[str, Path]:
         return self.inner.known_tools(self.commands.known(tools))
@@ -108,17 +115,14 @@ class CommandPlugins:
         return CommandSeams(self.inner.start_run(ctx, rendering), self, ctx)
 
 
-class CommandSeams:
+class CommandSeams(SeamsLayer):
     """The seams of one run with commands: the inner seams', with each command offered as a tool
     after theirs, and the events of command calls redacted before anything sees them."""
 
     def __init__(self, inner: RunSeams, plugins: CommandPlugins, ctx: RunContext) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.plugins = plugins
         self.ctx = ctx
-
-    def node_type(self, component_type: str) -> NodeStep | None:
-        return self.inner.node_type(component_type)
 
     def tool(self, name: str) -> ProvidedTool | None:
         found = self.inner.tool(name)
@@ -126,18 +130,6 @@ class CommandSeams:
             return found
         command = self.plugins.commands.commands.get(name)
         return CommandTool(command, self.plugins.commands, self.ctx) if command is not None else None
-
-    async def node(self, node: c.Node, inputs: dict[str, Any], next: NodeStep) -> Outcome:
-        return await self.inner.node(node, inputs, next)
-
-    async def call_tool(self, request: ToolRequest, next: ToolStep) -> dict[str, Any]:
-        return await self.inner.call_tool(request, next)
-
-    async def call_model(self, request: ModelRequest, next: ModelStep) -> AssistantTurn:
-        return await self.inner.call_model(request, next)
-
-    async def agent_round(self, agent_round: AgentRound, next: RoundStep) -> RoundResult:
-        return await self.inner.agent_round(agent_round, next)
 
     def event(self, event: ev.Event, next: ev.EventSink) -> None:
         from heddle.engine import events as ev
@@ -149,17 +141,6 @@ class CommandSeams:
             else:
                 event = dataclasses.replace(event, outputs=dict(REDACTED))
         self.inner.event(event, next)
-
-    async def __aenter__(self) -> Self:
-        await self.inner.__aenter__()
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.inner.__aexit__(exc_type, exc, tb)
-
-    async def finish(self, state: dict[str, Any]) -> None:
-        await self.inner.finish(state)
 
 
 class CommandTool:
@@ -222,11 +203,20 @@ class CommandTool:
             if isinstance(value, str) and "\x00" in value:
                 raise ToolInputError(command.name, f"argument {name!r} holds a NUL character, which no program "
                                      "argument can")
+        option = command.option_field(filled)
+        if option is not None:
+            raise ToolInputError(command.name, f"argument {option!r} starts with '-', so {command.executable} would "
+                                 "read it as an option; give a value that does not (its input_schema admits a "
+                                 "leading '-' only by a pattern starting ^-, a const or an enum)")
         return filled
 
     async def run(self, request: ToolRequest) -> dict[str, Any]:
+        import asyncio
+
         command = self.command
-        program = self._program()
+        if command.option_field(request.arguments) is not None:  # a seam that changed them after check
+            self.check(request.arguments)
+        program = await asyncio.to_thread(self._program)
         workspace = request.workspace
         in_bundle = command.working_directory == "bundle"
         cwd = self.commands.folder if in_bundle else workspace.root
@@ -236,22 +226,31 @@ class CommandTool:
         return self._result(done)
 
     def _program(self) -> str:
-        """The program's absolute path: as written, or found on heddle's PATH now (the probe and the
-        call then run the same file)."""
+        """The pinned program's path, once its bytes are proved to be those pinned (sealed in the
+        bundle, or hashed when the commands file was read): stat, and sha256 again only when the
+        file is not the one last hashed (heddle.tools.commands.program_digest)."""
+        from heddle.tools.commands import SYSTEM_PATH, program_digest
+
         command = self.command
-        program = command.executable
-        if not os.path.isabs(program):
-            found = shutil.which(program)
-            if found is None:
-                raise CommandError(command.name, f"its executable {program!r} is not on PATH; install it, or give "
-                                   f"its absolute path in {command.source}")
-            program = os.path.abspath(found)
-        target = os.path.basename(os.path.realpath(program))
+        pin = command.program
+        if pin is None:
+            raise CommandError(command.name, f"its executable {command.executable!r} is in none of "
+                               f"{':'.join(SYSTEM_PATH)}; the call was not made (install it there)")
+        when = "sealed" if pin.sealed else "pinned when its commands file was read"
+        try:
+            found = program_digest(pin.path)
+        except OSError as exc:
+            raise CommandError(command.name, f"its program {pin.path} (sha256 {pin.sha256}, {when}) cannot be read: "
+                               f"{exc.strerror}; the call was not made") from None
+        if found != pin.sha256:
+            raise CommandError(command.name, f"{pin.path} is not the program {when}: sha256 {pin.sha256} expected, "
+                               f"{found} found; the call was not made (a program that changed never runs)")
+        target = os.path.basename(os.path.realpath(pin.path))
         kind = program_kind(target)
         if kind is not None and target not in MULTI_CALL:
-            raise CommandError(command.name, f"its executable {program} is {target}, {kind}; the call was not made "
+            raise CommandError(command.name, f"its executable {pin.path} is {target}, {kind}; the call was not made "
                                f"(name the program itself in {command.source})")
-        return program
+        return pin.path
 
     def _limit(self) -> tuple[float, str, str]:
         """The call's time limit, as the shell shows it, and how to raise it."""
@@ -265,15 +264,17 @@ class CommandTool:
     async def _start(self, argv: list[str], env: dict[str, str], workspace: Workspace, cwd: Path,
                      in_bundle: bool) -> Exited:
         from heddle.tools.process import run_process
+        from heddle.workspace.egress_proxy import call_guard
         from heddle.workspace.sandbox import confine
 
         policy = self.ctx.options.sandbox
-        # The bundle's folder is bound read-only in the sandbox, where the call then starts.
-        argv, env = confine(policy, argv, workspace=workspace, tools_dir=cwd if in_bundle else None, env=env,
-                            chdir=cwd if in_bundle else None)
-        limit, shown, hint = self._limit()
-        return await run_process(self.command.name, argv, b"", cwd=cwd, env=env, timeout=limit,
-                                 sandboxed=policy.safe, timeout_hint=hint, timeout_text=shown)
+        async with call_guard(self.ctx.options, self.command.name, self.ctx.emit) as egress:
+            # The bundle's folder is bound read-only in the sandbox, where the call then starts.
+            argv, env = confine(policy, argv, workspace=workspace, tools_dir=cwd if in_bundle else None, env=env,
+                                chdir=cwd if in_bundle else None, egress=egress)
+            limit, shown, hint = self._limit()
+            return await run_process(self.command.name, argv, b"", cwd=cwd, env=env, timeout=limit,
+                                     sandboxed=policy.safe, timeout_hint=hint, timeout_text=shown)
 
     async def _probe(self, program: str, workspace: Workspace, cwd: Path, in_bundle: bool) -> None:
         """Fail closed unless the program reports the expected version."""

@@ -3,7 +3,8 @@
 A command is one fixed operation of a program already on the machine: the program, the argv
 template its arguments fill, the version it must report, and the JSON Schema of its arguments.
 A flow names it as it names any tool (a ServerTool of its name), and nothing downstream can tell
-the difference. The file is YAML or JSON with one key, `commands`, a list of entries, each with
+the difference. The file is YAML or JSON with the key `commands`, a list of entries, and optionally `egress`, the hosts
+each command may reach (heddle.egress: a mapping of command name to a list of HOST[:PORT]). Each entry has
 exactly these fields:
 
     name, description, input_schema, executable, version_probe, expected_version, argv,
@@ -16,12 +17,20 @@ that is not Draft 2020-12 or has a property that is not a string, number, intege
 argv placeholder that names no property, or one that could be absent (each argv entry renders to
 exactly one argument, never zero and never split).
 
+The executable is never looked up on the caller's PATH: it is an absolute path or a name found in
+SYSTEM_PATH, resolved when the file is read (at validation, sealing and the start of a run), and the
+program is pinned by the sha256 of its bytes (Program); a bundle seals the pins in its manifest. A
+call runs only that file with that digest. A value that would start an argument with "-" the
+program could read as an option is refused unless its schema admits it (admits_dash); templates
+where that can happen are warned about (CommandSet.warnings).
+
 A command's revision is the sha256 of the canonical JSON of its entry: any change to what it runs
 changes it. Running a command is heddle.tools.command_run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import posixpath
@@ -35,6 +44,7 @@ from heddle.canonical import fingerprint
 from heddle.errors import UsageError
 
 if TYPE_CHECKING:
+    from heddle.egress import Rule
     from heddle.spec import components as c
 
 FIELDS = ("name", "description", "input_schema", "executable", "version_probe", "expected_version", "argv",
@@ -66,6 +76,15 @@ _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 _VERSION_SUFFIX = re.compile(r"[-.\d]+$")
 MAX_TEXT = 4096
 MAX_TIMEOUT = 24 * 3600.0
+# Where a command's executable named without a path is looked for: never the caller's PATH, which
+# whoever starts heddle chooses, so a look-alike placed earlier on it cannot stand in for the program.
+SYSTEM_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
+# A string property whose `pattern` starts with one of these says its value is meant to start with
+# "-" (an option the author lets the model choose).
+_DASH_PATTERNS = ("^-", "^\\-")
+# Escapes in a character class that never stand for "-".
+_CLASS_ESCAPES = frozenset("dws./_+@:")
+_HASH_CHUNK = 1 << 20
 
 
 def program_kind(name: str) -> str | None:
@@ -78,6 +97,115 @@ def program_kind(name: str) -> str | None:
         if candidate in LAUNCHERS:
             return "a launcher (it starts another program)"
     return None
+
+
+@dataclass(frozen=True)
+class Program:
+    """The file a command runs and the sha256 (lowercase hex) of its bytes, taken when the bundle
+    was sealed (`sealed`) or when the commands file was read at the start of a run."""
+
+    path: str
+    sha256: str
+    sealed: bool = False
+
+
+def resolve_program(executable: str) -> str | None:
+    """The file `executable` names: itself when it is an absolute path, else the first executable
+    file of that name in SYSTEM_PATH; None when there is none."""
+    candidates = [executable] if executable.startswith("/") else [posixpath.join(d, executable) for d in SYSTEM_PATH]
+    for candidate in candidates:
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+# path -> (its stat when hashed, the sha256): hashing a program each call would cost as much as
+# running it, so a call stats it and hashes again only when the file is not the one hashed.
+_DIGESTS: dict[str, tuple[tuple[int, ...], str]] = {}
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    # Any write to the file, or a file put in its place, changes one of these (ctime cannot be set
+    # back by its owner).
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def program_digest(path: str) -> str:
+    """The sha256 (lowercase hex) of the file at `path` (links followed, as running it does);
+    OSError when it cannot be read."""
+    known = _DIGESTS.get(path)
+    if known is not None and known[0] == _identity(os.stat(path)):
+        return known[1]
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        before = _identity(os.fstat(fh.fileno()))
+        while chunk := fh.read(_HASH_CHUNK):
+            digest.update(chunk)
+        after = _identity(os.fstat(fh.fileno()))
+    found = digest.hexdigest()
+    if before == after:  # written to while read: hash it again next time
+        _DIGESTS[path] = (after, found)
+    else:
+        _DIGESTS.pop(path, None)
+    return found
+
+
+def admits_dash(prop: Mapping[str, Any], value: Any) -> bool:
+    """Whether a property's schema lets its value start an argument with "-": a number is a number
+    (`-5` is its value, never a named option), a value its `const` or `enum` lists is one the author
+    wrote, and a `pattern` starting `^-` (with no `|`) says every value is meant to be an option."""
+    if prop.get("type") in ("number", "integer"):
+        return True
+    if ("const" in prop and prop["const"] == value) or value in prop.get("enum", ()):
+        return True
+    return _dash_pattern(prop.get("pattern"))
+
+
+def _dash_pattern(pattern: Any) -> bool:
+    """A pattern every match of which starts with "-": `^-` (or `^\\-`) and no alternative."""
+    return isinstance(pattern, str) and pattern.startswith(_DASH_PATTERNS) and "|" not in pattern
+
+
+def may_become_option(prop: Mapping[str, Any]) -> bool:
+    """Whether some value the property's schema takes would start an argument with a "-" it does
+    not admit (a string neither listed nor held by a `pattern` whose first character cannot be one)."""
+    if prop.get("type") != "string" or "const" in prop or "enum" in prop:
+        return False
+    pattern = prop.get("pattern")
+    return not isinstance(pattern, str) or not (_dash_pattern(pattern) or _first_not_dash(pattern))
+
+
+def _first_not_dash(pattern: str) -> bool:
+    """Whether `pattern` plainly starts every match with a character other than "-": `^` then one
+    literal character or a class without "-", not optional. False when unsure."""
+    if not pattern.startswith("^") or "|" in pattern:
+        return False
+    rest = pattern[1:]
+    if rest[:1] == "[" and rest[1:2] != "^":
+        i, previous = 1, ""
+        while True:
+            if i >= len(rest):
+                return False
+            ch = rest[i]
+            if ch == "]" and i > 1:
+                break
+            if ch == "\\":
+                if rest[i + 1:i + 2] not in _CLASS_ESCAPES or i + 1 >= len(rest):
+                    return False
+                i, previous = i + 2, ""
+            elif ch == "-":
+                following = rest[i + 1:i + 2]
+                if not previous or following in ("", "]", "\\") or ord(previous) <= ord("-") <= ord(following):
+                    return False
+                i, previous = i + 2, ""
+            else:
+                i, previous = i + 1, ch
+        after = rest[i + 1:i + 2]
+    elif rest[:1].isalnum() or rest[:1] in tuple("_/@=:,%~"):
+        after = rest[1:2]
+    else:
+        return False
+    return after not in ("?", "*", "{")
 
 
 @dataclass(frozen=True)
@@ -107,6 +235,9 @@ class Command:
     source: str  # the file it was read from, as messages name it
     config: Mapping[str, Any] = field(repr=False)
     templates: tuple[tuple[Piece, ...], ...] = field(repr=False, default=())
+    # The program it runs, pinned; None only for a sealed command whose bundle pinned none and whose
+    # executable is not on this machine.
+    program: Program | None = None
 
     @property
     def input_schema_fingerprint(self) -> str:
@@ -124,6 +255,25 @@ class Command:
                 "input_schema_fingerprint": self.input_schema_fingerprint, "revision": self.revision,
                 "expected_version": self.expected_version, "adapter_version": self.adapter_version,
                 "output": self.output}
+
+    def option_field(self, arguments: Mapping[str, Any]) -> str | None:
+        """The property whose value would start an argument with a "-" its schema does not admit
+        (admits_dash), where the program would read it as an option: an argument before a literal
+        `--` entry whose text begins with that value (`--flag={x}` begins with the template's own
+        text); None when there is none."""
+        end = self.argv.index("--") if "--" in self.argv else len(self.argv)
+        for pieces in self.templates[:end]:
+            for piece in pieces:
+                if not piece.placeholder:
+                    break
+                prop = self.properties[piece.text]
+                text = _as_argument(arguments[piece.text], prop)
+                if not text:
+                    continue  # an empty value: the next piece starts the argument
+                if text.startswith("-") and not admits_dash(prop, arguments[piece.text]):
+                    return piece.text
+                break
+        return None
 
     def render(self, arguments: Mapping[str, Any]) -> list[str]:
         """The program's arguments for `arguments` (checked against the schema, defaults filled in):
@@ -158,6 +308,9 @@ class CommandSet:
     commands: Mapping[str, Command]
     folder: Path
     what: str  # how messages name the file: "--commands FILE", "the sealed commands file NAME"
+    warnings: tuple[str, ...] = ()  # argv entries a value could turn into an option (such calls are refused)
+    # Its `egress:` section: the hosts each command may reach (heddle.egress), sealed with the bundle.
+    egress: Mapping[str, tuple[Rule, ...]] = field(default_factory=dict)
 
     def __iter__(self) -> Iterator[Command]:
         return iter(self.commands.values())
@@ -216,10 +369,11 @@ def load_commands(path: str | os.PathLike[str]) -> list[Command]:
 
 
 def read_commands(path: Path, *, what: str | None = None, folder: Path | None = None,
-                  error: type[Exception] = UsageError) -> CommandSet:
+                  error: type[Exception] = UsageError, programs: Mapping[str, Program] | None = None) -> CommandSet:
     """The commands file at `path`, read within the parse caps and checked. `what` names it in
     messages (default `--commands PATH`); `folder` is where `working_directory: bundle` runs (default:
-    the file's own folder); `error` is raised for anything wrong, with a one-line message."""
+    the file's own folder); `error` is raised for anything wrong, with a one-line message; `programs`
+    pins a sealed file's programs (parse_commands)."""
     from heddle.safeparse import NotRegularFileError, ParseLimitError, read_regular
 
     what = what or f"--commands {path}"
@@ -233,15 +387,23 @@ def read_commands(path: Path, *, what: str | None = None, folder: Path | None = 
         raise error(f"{what}: {exc}") from None
     except OSError as exc:
         raise error(f"{what}: cannot be read: {exc.strerror}") from None
-    return parse_commands(data, path=path, what=what, folder=folder, error=error)
+    return parse_commands(data, path=path, what=what, folder=folder, error=error, programs=programs)
 
 
 def parse_commands(data: bytes, *, path: Path, what: str, folder: Path | None = None,
-                   error: type[Exception] = UsageError) -> CommandSet:
-    """The commands of a file's bytes (JSON when its name ends in .json, else YAML)."""
+                   error: type[Exception] = UsageError, programs: Mapping[str, Program] | None = None) -> CommandSet:
+    """The commands of a file's bytes (JSON when its name ends in .json, else YAML).
+
+    Each command's program is pinned: with `programs` (a sealed file's, from its manifest) to those;
+    else resolved (SYSTEM_PATH, never PATH) and hashed now, and a program not there is refused. A
+    sealed command its manifest pins nothing for (a bundle sealed before pins were) is resolved and
+    hashed now when its program is there."""
+    import dataclasses
+
     reader = _Reader(what, error)
     value = reader.document(data, json_text=path.suffix.lower() == ".json")
-    top = reader.keys(value, "the file", ("commands",))
+    top = reader.keys(value, "the file", ("commands", *(("egress",) if isinstance(value, dict) and "egress" in value
+                                                         else ())))
     entries = top["commands"]
     if not isinstance(entries, list):
         reader.fail("commands: must be a list of command entries")
@@ -251,8 +413,10 @@ def parse_commands(data: bytes, *, path: Path, what: str, folder: Path | None = 
         if command.name in commands:
             reader.fail(f"commands[{i}]: name {command.name!r} is also the name of an earlier command; each needs "
                         "its own")
-        commands[command.name] = command
-    return CommandSet(path=path, commands=commands, folder=(folder or path.parent).absolute(), what=what)
+        commands[command.name] = dataclasses.replace(command, program=reader.pin(command, programs))
+    return CommandSet(path=path, commands=commands, folder=(folder or path.parent).absolute(), what=what,
+                      egress=reader.egress(top.get("egress", {}), commands),
+                      warnings=tuple(w for command in commands.values() for w in reader.option_warnings(command)))
 
 
 class _Reader:
@@ -351,6 +515,49 @@ class _Reader:
             self.fail(f"{where}: missing field {missing[0]!r}")
         return value
 
+    def egress(self, value: Any, commands: Mapping[str, Command]) -> dict[str, tuple[Rule, ...]]:
+        from heddle.egress import EgressError, parse_section
+
+        try:
+            section = parse_section(value, "egress")
+        except EgressError as exc:
+            self.fail(str(exc))
+        unknown = sorted(set(section) - set(commands))
+        if unknown:
+            self.fail(f"egress.{unknown[0]}: is not one of the file's commands; name a command")
+        return section
+
+    # ------------------------------------------------------------ the program and its argv
+
+    def pin(self, command: Command, programs: Mapping[str, Program] | None) -> Program | None:
+        if programs is not None and command.name in programs:
+            return programs[command.name]
+        where = f"command {command.name!r}: executable {command.executable!r}"
+        path = resolve_program(command.executable)
+        if path is None:
+            if programs is not None:
+                return None  # the call names what is missing; opening the bundle needs no program
+            if command.executable.startswith("/"):
+                self.fail(f"{where} is not an executable file on this machine; install it, or give the path of one")
+            self.fail(f"{where} is in none of {':'.join(SYSTEM_PATH)} (a command's program is never looked up on "
+                      "PATH); install it there, or give its absolute path")
+        try:
+            return Program(path, program_digest(path))
+        except OSError as exc:
+            if programs is not None:
+                return None
+            self.fail(f"{where}: {path} cannot be read to take its sha256: {exc.strerror}")
+
+    def option_warnings(self, command: Command) -> Iterator[str]:
+        """A line for each argv entry that a value of its first placeholder could make an option."""
+        end = command.argv.index("--") if "--" in command.argv else len(command.argv)
+        for i, pieces in enumerate(command.templates[:end]):
+            if pieces and pieces[0].placeholder and may_become_option(command.properties[pieces[0].text]):
+                yield (f"{self.what}: command {command.name!r}: argv[{i}] {command.argv[i]!r} starts with "
+                       f"{{{pieces[0].text}}}, so a value starting with '-' would be read as an option, and a call "
+                       f"given one is refused; put \"--\" in argv before it (if {command.executable} takes it), "
+                       f"write it as --flag={{{pieces[0].text}}}, or give the property a pattern or an enum")
+
     # ------------------------------------------------------------ one entry
 
     def command(self, entry: Any, index: int) -> Command:
@@ -426,8 +633,8 @@ class _Reader:
             self.fail(f"{where} {value!r} holds white space or a control character; name the program alone (its "
                       "arguments go in argv, one per entry)")
         if "/" in value and (not value.startswith("/") or posixpath.normpath(value) != value):
-            self.fail(f"{where} {value!r} is a relative or unnormalised path; give a program name (looked up on "
-                      "PATH) or a plain absolute path")
+            self.fail(f"{where} {value!r} is a relative or unnormalised path; give a program name (looked up in "
+                      f"{':'.join(SYSTEM_PATH)}) or a plain absolute path")
         kind = program_kind(posixpath.basename(value))
         if kind is not None:
             self.fail(f"{where} {value!r} is {kind}; name the program it would run instead (argv are that "

@@ -10,7 +10,9 @@ server process, however the run ended.
 
 A stdio server runs like a tool: in a workspace of its own (built as a node's, kept for the
 run), with the tool environment (never heddle's own secrets), and under `--safe` inside the
-sandbox. A call's error (`isError`) goes back to the model from an agent and fails a ToolNode.
+sandbox; each message it prints is read within `--max-response-bytes` (heddle.tools.mcp_stdio), as
+each answer and event of a server over HTTP is (`_capped_transport`). A call's error (`isError`)
+goes back to the model from an agent and fails a ToolNode.
 
 Sealing starts no server: a bundle seals the document, so the MCPTools' declared inputs are
 sealed with it, and the run refuses a server whose listing no longer fits them.
@@ -22,15 +24,17 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from pydantic import BaseModel
 
-from heddle.errors import RunError, ToolError, ToolInputError, UsageError
+from heddle.errors import Overrun, RunError, ToolError, ToolInputError, ToolOverrun, UsageError
+from heddle.safeparse import check_finite, loads_json
 from heddle.secret_env import header_from_env
 from heddle.spec import components as c
 from heddle.tools.provided import DocumentTools
@@ -40,6 +44,7 @@ if TYPE_CHECKING:
     import mcp_types
     from mcp import ClientSession
 
+    from heddle.egress import EgressPolicy
     from heddle.engine.context import RunContext
     from heddle.engine.seams import ToolRequest
     from heddle.workspace.workspace import Workspace
@@ -122,10 +127,10 @@ def _servers(flow: c.Flow) -> dict[str, _Server]:
             # One tool of one server is called one way in a run: the same declared inputs (where
             # they are declared) and outputs; ids and descriptions may differ.
             if other is not component:
-                if other.outputs != component.outputs or (
+                if other.outputs != component.outputs or other.retry_policy != component.retry_policy or (
                         other.declares_inputs() and component.declares_inputs() and other.inputs != component.inputs):
                     raise UsageError(f"MCPTool {component.name!r} of {server.label} is declared twice with different "
-                                     "inputs or outputs; declare it the same way everywhere")
+                                     "inputs, outputs or retry_policy; declare it the same way everywhere")
                 if component.declares_inputs() and not other.declares_inputs():
                     server.tools[component.name] = component
             if agent is not None:
@@ -181,19 +186,6 @@ def argument_shape(schema: dict[str, Any]) -> dict[str, Any]:
             "required": sorted(schema.get("required") or [])}
 
 
-def _shape_difference(declared: dict[str, Any], listed: dict[str, Any]) -> str:
-    names = sorted(set(declared["properties"]) | set(listed["properties"]))
-    for name in names:
-        if name not in listed["properties"]:
-            return f"the server takes no input {name!r}"
-        if name not in declared["properties"]:
-            return f"the document does not declare the server's input {name!r}"
-        if declared["properties"][name] != listed["properties"][name]:
-            return (f"input {name!r} is {json.dumps(declared['properties'][name], sort_keys=True)} in the document "
-                    f"but {json.dumps(listed['properties'][name], sort_keys=True)} on the server")
-    return f"the required inputs are {declared['required']} in the document but {listed['required']} on the server"
-
-
 def _listed_schema(tool: mcp_types.Tool) -> dict[str, Any]:
     schema = dict(tool.input_schema or {})
     schema.setdefault("type", "object")
@@ -201,22 +193,54 @@ def _listed_schema(tool: mcp_types.Tool) -> dict[str, Any]:
 
 
 def _checked_schema(where: str, declared: c.MCPTool | c.MCPToolSpec, listed: mcp_types.Tool,
-                    label: str) -> dict[str, Any]:
-    """The schema the tool's arguments are checked against: the declared one when the document gives
-    the inputs (and the server takes the same), else the server's."""
-    from heddle.canonical import fingerprint
+                    label: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The schema the tool's arguments are checked against (the declared one when the document gives
+    the inputs, and some argument it may send could be taken by the server; else the server's), and
+    the server's, which each call is checked against too, where the two differ."""
     from heddle.tools.schema import input_schema
 
     served = _listed_schema(listed)
+    outputs = _output_conflict(declared, listed)
+    if outputs is not None:
+        raise RunError(f"{where}: {label} lists tool {declared.name!r} with results the document's outputs cannot "
+                       f"take ({outputs}); update the document's outputs or the server")
     if not declared.declares_inputs():
-        return served
+        return served, None
     schema = input_schema(declared)
-    ours, theirs = argument_shape(schema), argument_shape(served)
-    if ours != theirs:
-        raise RunError(f"{where}: {label} lists tool {declared.name!r} with other inputs than the document declares "
-                       f"({_shape_difference(ours, theirs)}; argument fingerprints {fingerprint(ours)} declared, "
-                       f"{fingerprint(theirs)} listed); update the document's inputs or the server")
-    return schema
+    problem = _input_conflict(schema, served)
+    if problem is not None:
+        raise RunError(f"{where}: {label} lists tool {declared.name!r} with inputs that cannot take anything the "
+                       f"document may send ({problem}); update the document's inputs or the server")
+    return schema, served
+
+
+def _input_conflict(schema: dict[str, Any], served: dict[str, Any]) -> str | None:
+    """Where no arguments the declared `schema` admits could be taken by the server's (a narrower
+    difference is left to each call, as the server itself would judge it)."""
+    from heddle.tools.compat import conflict
+
+    # A declared input with a default is always sent (the default filled in), and nothing else is.
+    sent = {**schema, "required": list(schema["properties"]), "additionalProperties": False}
+    problem = conflict(sent, served)
+    if problem is None:
+        return None
+    return f"{problem}; declared {json.dumps(argument_shape(schema), sort_keys=True)}, listed " \
+           f"{json.dumps(argument_shape(served), sort_keys=True)}"
+
+
+def _output_conflict(declared: c.MCPTool | c.MCPToolSpec, listed: mcp_types.Tool) -> str | None:
+    """Where no result the server's output schema admits could fit the output of the same name the
+    document declares (each result is checked against the outputs as it comes)."""
+    from heddle.tools.compat import conflict
+
+    given = (listed.output_schema or {}).get("properties") or {}
+    for prop in declared.outputs:
+        title = prop["title"]
+        if title in given:
+            problem = conflict(prop, given[title], title)
+            if problem is not None:
+                return problem
+    return None
 
 
 def _definition(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
@@ -257,7 +281,7 @@ def _single_output(tool: str, prop: dict[str, Any], structured: Any, text: str) 
             candidates.append(lambda: structured["result"])
         candidates.append(lambda: structured)
     candidates.append(lambda: text)
-    candidates.append(lambda: json.loads(text))
+    candidates.append(lambda: loads_json(text))
     for candidate in candidates:
         try:
             value = candidate()
@@ -273,6 +297,10 @@ def _outputs(tool: str, declared: list[dict[str, Any]], result: mcp_types.CallTo
     """The call's result as the tool's declared outputs (checked against their types); without
     declared outputs, the structured result or {"result": text}."""
     structured = result.structured_content
+    try:
+        check_finite(structured)  # read by the MCP library's own parser, which takes NaN
+    except ValueError as exc:
+        raise ToolError(tool, f"the MCP server's structured answer {exc}") from None
     text = _text_of(tool, result)
     if not declared:
         return dict(structured) if isinstance(structured, dict) else {"result": text}
@@ -281,7 +309,7 @@ def _outputs(tool: str, declared: list[dict[str, Any]], result: mcp_types.CallTo
     source: Any = structured
     if not isinstance(source, dict):
         try:
-            source = json.loads(text)
+            source = loads_json(text)
         except ValueError:
             source = None
     if isinstance(source, dict) and set(source) == {"result"} and isinstance(source["result"], list):
@@ -335,6 +363,10 @@ def _tail(errlog: TextIO | None) -> str:
     return f" (its stderr: {lines[-1][-STDERR_TAIL:]})" if lines else ""
 
 
+class ServerOverrun(RunError, Overrun):
+    """An MCP server's message past its cap while its session opened or listed its tools."""
+
+
 class _Session:
     """One open session, held by a task of its own: the transports' task groups then never see the
     run's own errors, and the run's tasks call the session as they like."""
@@ -349,6 +381,8 @@ class _Session:
         self._task: asyncio.Task[None] | None = None
         self.session: ClientSession | None = None
         self.tools: dict[str, mcp_types.Tool] = {}
+        # Answers the capped transport refused (the mcp package reports them only as a broken stream).
+        self.overruns: list[str] = []
 
     async def _hold(self, ready: asyncio.Future[None]) -> None:
         from mcp import ClientSession
@@ -377,6 +411,8 @@ class _Session:
         if not ready.done():
             raise RunError(f"{self.label} closed the connection before it was ready{_tail(self.errlog)}")
         exc = ready.exception()
+        if exc is not None and self.overruns:
+            raise ServerOverrun(self.overruns.pop()) from None
         if exc is not None:
             raise RunError(f"{self.label} could not be reached: {_describe(exc)}{_tail(self.errlog)}")
 
@@ -395,16 +431,33 @@ class _Session:
         if not task.cancelled():
             task.exception()  # a session that failed after the run: nothing is left to report it to
 
+    async def relist(self) -> None:
+        """Ask the server for its tools again."""
+        if self.session is None:
+            return
+        try:
+            self.tools = await _list_tools(self.session)
+        except Exception as exc:  # noqa: BLE001 - whatever the transport raised is the server's failure
+            if self.overruns:
+                raise ServerOverrun(self.overruns.pop()) from None
+            raise RunError(f"{self.label} could not list its tools: {_describe(exc)}{_tail(self.errlog)}") from None
+
     async def call(self, tool: str, arguments: dict[str, Any], timeout: float | None,
-                   timeout_text: str) -> mcp_types.CallToolResult:
-        if self.session is None or self._task is None or self._task.done():
+                   timeout_text: str, retry_policy: c.RetryPolicy | None = None) -> mcp_types.CallToolResult:
+        from heddle.tools.retry import call_retry, with_retries
+
+        session = self.session
+        if session is None or self._task is None or self._task.done():
             raise ToolError(tool, f"{self.label} is no longer connected{_tail(self.errlog)}")
         try:
             async with asyncio.timeout(timeout):
-                return await self.session.call_tool(tool, arguments)
+                return await with_retries(retry_policy, lambda: session.call_tool(tool, arguments),
+                                          lambda exc: call_retry(retry_policy, exc) if retry_policy else (False, None))
         except TimeoutError:
             raise ToolError(tool, timeout_text) from None
         except Exception as exc:  # noqa: BLE001 - a broken connection is the call's failure, reported as such
+            if self.overruns:
+                raise ToolOverrun(tool, self.overruns.pop()) from None
             raise ToolError(tool, f"{self.label} failed the call: {_describe(exc)}{_tail(self.errlog)}") from None
 
 
@@ -435,7 +488,80 @@ def _header_values(transport: c.SSETransport | c.StreamableHTTPTransport, label:
     return headers
 
 
-def _http_client_factory(transport: c.SSETransport | c.StreamableHTTPTransport) -> Callable[..., httpx2.AsyncClient]:
+# An event of a stream ends at a blank line: two line endings in a row, each CRLF, LF or CR (a
+# CRLF is one ending, never split in two).
+_BLANK_LINE = re.compile(rb"(?>\r\n|\r|\n)(?>\r\n|\r|\n)")
+
+
+def _capped_transport(inner: httpx2.AsyncBaseTransport, cap: int, label: str,
+                      overruns: list[str]) -> httpx2.AsyncBaseTransport:
+    """`inner` with every answer decoded here (heddle.bounded) within `cap` bytes: a JSON answer in
+    all, an event stream per event (a session's stream lives as long as the session). Each refusal
+    is also put in `overruns`."""
+    import httpx2
+
+    from heddle.bounded import BodyError, Decoder, decoder, size_text
+
+    class Capped(httpx2.AsyncByteStream):
+        def __init__(self, raw: httpx2.AsyncByteStream, decode: Decoder, per_event: bool) -> None:
+            self._raw, self._decode, self._per_event = raw, decode, per_event
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            count, tail = 0, b""
+            async for raw in self._raw:
+                for piece in self._decode.feed(raw):
+                    count = self._counted(count, tail, piece)
+                    tail = (tail + piece)[-3:]
+                    yield piece
+            for piece in self._decode.end():
+                count = self._counted(count, tail, piece)
+                tail = (tail + piece)[-3:]
+                yield piece
+
+        def _counted(self, count: int, tail: bytes, piece: bytes) -> int:
+            # Each event this piece ends is held to the cap, and what follows the last one counts anew.
+            data, at = tail + piece, len(tail)  # `at`: what is counted of `data` so far
+            for match in _BLANK_LINE.finditer(data) if self._per_event else ():
+                if match.end() > at:
+                    self._within(count + match.end() - at)
+                    count, at = 0, match.end()
+            return self._within(count + len(data) - at)
+
+        def _within(self, count: int) -> int:
+            if count > cap:
+                what = "one event of its stream" if self._per_event else "its answer"
+                overruns.append(f"{label}: {what} is over {size_text(cap)} once decoded (raise "
+                                "--max-response-bytes if it needs more)")
+                raise httpx2.ReadError(overruns[-1])
+            return count
+
+        async def aclose(self) -> None:
+            await self._raw.aclose()
+
+    class Transport(httpx2.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+            response = await inner.handle_async_request(request)
+            try:
+                decode = decoder(response.headers.get("content-encoding", ""), label)
+            except BodyError as exc:
+                await response.aclose()
+                overruns.append(exc.message)
+                raise httpx2.ReadError(exc.message) from None
+            assert isinstance(response.stream, httpx2.AsyncByteStream)
+            per_event = "text/event-stream" in response.headers.get("content-type", "")
+            headers = [(k, v) for k, v in response.headers.raw if k.lower() not in (b"content-encoding",
+                                                                                     b"content-length")]
+            return httpx2.Response(response.status_code, headers=headers, request=request,
+                                   stream=Capped(response.stream, decode, per_event), extensions=response.extensions)
+
+        async def aclose(self) -> None:
+            await inner.aclose()
+
+    return Transport()
+
+
+def _http_client_factory(transport: c.SSETransport | c.StreamableHTTPTransport, cap: int, label: str,
+                         overruns: list[str], egress: EgressPolicy | None = None) -> Callable[..., httpx2.AsyncClient]:
     import httpx2
 
     verify: Any = True
@@ -452,18 +578,29 @@ def _http_client_factory(transport: c.SSETransport | c.StreamableHTTPTransport) 
 
     def factory(headers: dict[str, str] | None = None, timeout: httpx2.Timeout | None = None,
                 auth: httpx2.Auth | None = None) -> httpx2.AsyncClient:
-        # trust_env off: the document names its server; proxy variables must not reroute it.
-        return httpx2.AsyncClient(headers=headers, timeout=timeout, auth=auth, verify=verify, trust_env=False)
+        # trust_env off: the document names its server; proxy variables must not reroute it. Its answers
+        # are decoded by the capped transport, which asks only for what it decodes so.
+        from heddle.bounded import ACCEPT_ENCODING
+        from heddle.engine.tracing import REQUEST_HOOKS
+
+        inner = httpx2.AsyncHTTPTransport(verify=verify, trust_env=False)
+        hooks = dict(REQUEST_HOOKS)
+        if egress is not None:  # each request and redirect hop to a host the transport's list admits
+            hooks["request"] = [*hooks["request"], egress.hook(transport.name, httpx2.ConnectError)]
+        return httpx2.AsyncClient(headers={"Accept-Encoding": ACCEPT_ENCODING, **(headers or {})}, timeout=timeout,
+                                  auth=auth, trust_env=False, transport=_capped_transport(inner, cap, label, overruns),
+                                  event_hooks=hooks)
 
     return factory
 
 
-def _remote_streams(transport: c.SSETransport | c.StreamableHTTPTransport,
-                    label: str) -> Callable[[], contextlib.AbstractAsyncContextManager[Any]]:
+def _remote_streams(transport: c.SSETransport | c.StreamableHTTPTransport, label: str, cap: int,
+                    overruns: list[str], egress: EgressPolicy | None = None
+                    ) -> Callable[[], contextlib.AbstractAsyncContextManager[Any]]:
     import httpx2
 
     headers = _header_values(transport, label)
-    factory = _http_client_factory(transport)
+    factory = _http_client_factory(transport, cap, label, overruns, egress)
     read = transport.session_parameters.read_timeout_seconds
     if isinstance(transport, c.SSETransport):
         from mcp.client.sse import sse_client
@@ -482,10 +619,10 @@ def _remote_streams(transport: c.SSETransport | c.StreamableHTTPTransport,
     return streams
 
 
-def _stdio_streams(ctx: RunContext, transport: c.StdioTransport, workspace: Workspace,
-                   errlog: TextIO) -> Callable[[], contextlib.AbstractAsyncContextManager[Any]]:
-    from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
-
+def _stdio_streams(ctx: RunContext, transport: c.StdioTransport, workspace: Workspace, errlog: TextIO, label: str,
+                   overruns: list[str]) -> Callable[[], contextlib.AbstractAsyncContextManager[Any]]:
+    from heddle.bounded import size_text
+    from heddle.tools.mcp_stdio import stdio_streams
     from heddle.workspace.sandbox import confine
 
     cwd = Path(workspace.root, transport.cwd or "")
@@ -498,14 +635,13 @@ def _stdio_streams(ctx: RunContext, transport: c.StdioTransport, workspace: Work
         # The sandbox starts in the workspace; the transport's cwd is a folder inside it.
         at = argv.index("--chdir")
         argv[at + 1] = str(cwd)
-        # The mcp package adds a few of heddle's own variables (USER, SHELL, ...) to any environment
-        # it is given; inside the sandbox only the sandbox's list may be set.
-        extra = sorted(set(get_default_environment()) - set(env))
-        argv[1:1] = [arg for name in extra for arg in ("--unsetenv", name)]
     # The document's own values, sealed with it (never the host's).
     env.update(transport.env or {})
-    params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=str(cwd))
-    return lambda: stdio_client(params, errlog=errlog)
+    cap = ctx.options.max_response_bytes
+    overrun = (f"{label}: a message on its stdout is over {size_text(cap)} (raise "
+               f"{ctx.options.surface.flag('max_response_bytes')} if it needs more); the server was stopped")
+    return lambda: stdio_streams(argv, env=env, cwd=str(cwd), errlog=errlog, cap=cap, overrun=overrun,
+                                 overruns=overruns)
 
 
 @contextlib.asynccontextmanager
@@ -514,14 +650,17 @@ async def _opened(ctx: RunContext, server: _Server) -> AsyncIterator[_Session]:
     read_timeout = transport.session_parameters.read_timeout_seconds
     async with contextlib.AsyncExitStack() as stack:
         errlog: TextIO | None = None
+        overruns: list[str] = []
         if isinstance(transport, c.StdioTransport):
             workspace = await stack.enter_async_context(ctx.workspaces.enter(f"mcp-{transport.name or 'server'}"))
             # The server's stderr, for the errors that name it; unlinked, gone when the run ends.
             errlog = stack.enter_context(tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace"))  # noqa: SIM115
-            streams = _stdio_streams(ctx, transport, workspace, errlog)
+            streams = _stdio_streams(ctx, transport, workspace, errlog, server.label, overruns)
         else:
-            streams = _remote_streams(transport, server.label)
+            streams = _remote_streams(transport, server.label, ctx.options.max_response_bytes, overruns,
+                                      ctx.options.egress)
         session = _Session(server.label, streams, read_timeout, errlog)
+        session.overruns = overruns
         try:
             await session.start()
             yield session
@@ -542,17 +681,32 @@ class McpProvidedTool:
     outputs: list[dict[str, Any]]
     timeout: float | None
     timeout_text: str
+    retry_policy: c.RetryPolicy | None = None
+    served: dict[str, Any] | None = None  # the server's input schema, where the document declares its own
 
     def check(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        from heddle.tools.schema import check_arguments
+        from heddle.tools.schema import check_arguments, compiled_checker, describe_errors
 
         filled, problem = check_arguments(self.schema, arguments)
         if problem is not None or filled is None:
             raise ToolInputError(self.name, f"the arguments do not match its input schema: {problem}")
+        served = self.served
+        errors = compiled_checker(served)(filled) if served is not None else []
+        if served is not None and errors:
+            # Not sent: the server's schema refuses it, as the server itself would.
+            path = min(e[0] for e in errors)
+            name = path[0] if path else None
+            mine, theirs = ((self.schema["properties"].get(name), (served.get("properties") or {}).get(name))
+                            if isinstance(name, str) else (argument_shape(self.schema), argument_shape(served)))
+            what = f"argument {name!r}" if isinstance(name, str) else "the arguments"
+            raise ToolInputError(self.name, f"the server's input schema refuses {what} ({describe_errors(errors)}); "
+                                            f"the document declares {json.dumps(_bare(mine), sort_keys=True)}, "
+                                            f"the server lists {json.dumps(_bare(theirs), sort_keys=True)}")
         return filled
 
     async def run(self, request: ToolRequest) -> dict[str, Any]:
-        result = await self.session.call(self.name, request.arguments, self.timeout, self.timeout_text)
+        result = await self.session.call(self.name, request.arguments, self.timeout, self.timeout_text,
+                                         self.retry_policy)
         if result.is_error:
             text = "".join(getattr(b, "text", "") for b in result.content).strip()
             raise ToolError(self.name, f"the MCP server answered with an error: {text or '(no message)'}")
@@ -566,14 +720,20 @@ def _provide(ctx: RunContext, server: _Server, session: _Session, found: Documen
                     f"{ctx.options.surface.flag('tool_timeout')} if it needs longer)") if timeout else ""
     label = server.label
 
-    def offer(name: str, schema: dict[str, Any], outputs: list[dict[str, Any]]) -> None:
+    def offer(name: str, schema: dict[str, Any], outputs: list[dict[str, Any]], policy: c.RetryPolicy | None,
+              served: dict[str, Any] | None) -> None:
         owner = owners.setdefault(name, label)
         if owner != label:
             raise UsageError(f"tool {name!r} is offered by {owner} and by {label}; heddle calls tools by name, so a "
                              "run can take it from one server only (leave it out of a toolbox with tool_filter)")
         if ctx.seams.tool(name) is not None:
             raise UsageError(f"tool {name!r} of {label} has the name of a plugin's tool; rename one of them")
-        found.tools.setdefault(name, McpProvidedTool(name, session, schema, outputs, timeout, timeout_text))
+        offered = found.tools.setdefault(name, McpProvidedTool(name, session, schema, outputs, timeout, timeout_text,
+                                                               policy, served))
+        if isinstance(offered, McpProvidedTool) and offered.retry_policy != policy:
+            raise UsageError(f"tool {name!r} of {label} is given two different retry_policy values (by an MCPTool "
+                             "and an MCPToolBox, or two toolboxes); heddle calls a tool one way in a run, so give "
+                             "them the same")
 
     def listed(name: str, where: str) -> mcp_types.Tool:
         tool = session.tools.get(name)
@@ -585,8 +745,8 @@ def _provide(ctx: RunContext, server: _Server, session: _Session, found: Documen
     schemas: dict[str, dict[str, Any]] = {}
     for name, tool in server.tools.items():
         where = f"MCPTool {name!r}"
-        schemas[name] = _checked_schema(where, tool, listed(name, where), label)
-        offer(name, schemas[name], tool.outputs)
+        schemas[name], served = _checked_schema(where, tool, listed(name, where), label)
+        offer(name, schemas[name], tool.outputs, tool.retry_policy, served)
     for agent, tool in server.agent_tools:
         description = tool.description or session.tools[tool.name].description or ""
         found.by_agent.setdefault(agent, []).append(_definition(tool.name, description, schemas[tool.name]))
@@ -595,14 +755,55 @@ def _provide(ctx: RunContext, server: _Server, session: _Session, found: Documen
         entries: list[c.MCPToolSpec | str] = list(session.tools) if box.tool_filter is None else box.tool_filter
         for entry in entries:
             name = entry if isinstance(entry, str) else entry.name
-            served = listed(name, where)
+            found_tool = listed(name, where)
             if isinstance(entry, str):
-                schema, outputs, description = _listed_schema(served), [], served.description or ""
+                schema, served = _listed_schema(found_tool), None
+                outputs, description = [], found_tool.description or ""
             else:
-                schema = _checked_schema(f"{where} tool_filter {name!r}", entry, served, label)
-                outputs, description = entry.outputs, entry.description or served.description or ""
-            offer(name, schema, outputs)
+                schema, served = _checked_schema(f"{where} tool_filter {name!r}", entry, found_tool, label)
+                outputs, description = entry.outputs, entry.description or found_tool.description or ""
+            offer(name, schema, outputs, box.retry_policy, served)
             found.by_agent.setdefault(agent, []).append(_definition(name, description, schema))
+            if box.requires_confirmation or (not isinstance(entry, str) and entry.requires_confirmation):
+                found.confirm.setdefault(agent, set()).add(name)
+
+
+class _Missing(Exception):
+    pass
+
+
+async def _find(server: _Server, session: _Session) -> None:
+    """The listing asked for again while a tool that a component with a retry_policy names is missing
+    from it (heddle.tools.retry). The session's first listing is the first attempt; a component
+    without a policy is held to it, so none is retried when one of those is missing (`_provide`
+    names it)."""
+    from heddle.tools.retry import with_retries
+
+    def names(box: c.MCPToolBox) -> list[str]:
+        return [e if isinstance(e, str) else e.name for e in box.tool_filter or []]
+
+    wanted = [(t.retry_policy, [name]) for name, t in server.tools.items() if t.retry_policy is not None]
+    wanted += [(b.retry_policy, names(b)) for _, b in server.boxes if b.retry_policy is not None and b.tool_filter]
+    held = [name for name, t in server.tools.items() if t.retry_policy is None]
+    held += [name for _, b in server.boxes if b.retry_policy is None for name in names(b)]
+    if any(name not in session.tools for name in held):
+        return
+    def attempts(expected: list[str]) -> Callable[[], Awaitable[None]]:
+        asked = False
+
+        async def attempt() -> None:
+            nonlocal asked
+            if asked:
+                await session.relist()
+            asked = True
+            if any(name not in session.tools for name in expected):
+                raise _Missing()
+
+        return attempt
+
+    for policy, expected in wanted:
+        with contextlib.suppress(_Missing):
+            await with_retries(policy, attempts(expected), lambda exc: (isinstance(exc, _Missing), None))
 
 
 class McpKind:
@@ -621,6 +822,7 @@ class McpKind:
         async with contextlib.AsyncExitStack() as stack:
             for server in servers.values():
                 session = await stack.enter_async_context(_opened(ctx, server))
+                await _find(server, session)
                 _provide(ctx, server, session, found, owners)
             for agent, definitions in found.by_agent.items():
                 unique = {d["function"]["name"]: d for d in definitions}

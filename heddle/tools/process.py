@@ -27,12 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from heddle.errors import ToolError
+from heddle.errors import ToolError, ToolOverrun
 from heddle.safeparse import ParseLimitError, loads_json
 from heddle.surface import CLI, Surface
 from heddle.tools import spawner
 
 STDERR_CAP = 2000
+# Bytes of a tool's stderr kept (its end): messages quote its tail, so more is never needed.
+STDERR_KEEP = 64 * 1024
 # Seconds of reading after the tool's exit: ample for what is already in the pipes, short
 # enough that a process still holding them does not hold the call.
 DRAIN_GRACE = 1.0
@@ -49,15 +51,27 @@ def _kill_group(pid: int) -> None:
 class _Call(asyncio.SubprocessProtocol):
     """One tool process: its output, its exit, and the end of its output, apart."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_out: int) -> None:
         self.out = bytearray()
         self.err = bytearray()
+        self.max_out = max_out
         self.exited: asyncio.Future[None] = loop.create_future()
         self.drained: asyncio.Future[None] = loop.create_future()
+        # Set when stdout passed `max_out`: the call is over, its output not kept.
+        self.overflowed: asyncio.Future[None] = loop.create_future()
         self._open = {1, 2}
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
-        (self.out if fd == 1 else self.err).extend(data)
+        if fd == 1:
+            if len(self.out) + len(data) > self.max_out:
+                if not self.overflowed.done():
+                    self.overflowed.set_result(None)
+                return
+            self.out.extend(data)
+            return
+        self.err.extend(data)
+        if len(self.err) > 2 * STDERR_KEEP:
+            del self.err[:-STDERR_KEEP]
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
         self._open.discard(fd)
@@ -283,6 +297,9 @@ def parse_output(name: str, stdout: bytes) -> dict[str, Any]:
             name, f"printed invalid JSON on stdout ({exc.msg} at char {exc.pos}): {preview!r}; "
             "a tool must print one JSON object"
         ) from None
+    except ValueError as exc:  # a number that is not finite, a lone surrogate, an int too long to read
+        raise ToolError(name, f"printed JSON on stdout that heddle does not read ({exc}); a tool must print one "
+                              "JSON object of finite numbers and text") from None
     if not isinstance(value, dict):
         raise ToolError(name, f"printed JSON {type(value).__name__}, not an object; a tool must print one JSON object")
     return value
@@ -298,6 +315,7 @@ async def run_tool_process(
     timeout: float | None = 30.0,
     surface: Surface = CLI,
     sandboxed: bool = False,
+    max_stdout: int | None = None,
 ) -> dict[str, Any]:
     """Run one tool call and return its JSON object output; raise ToolError on any failure.
     `surface` names the timeout as the shell that set it takes it; `sandboxed` says `argv`
@@ -305,7 +323,8 @@ async def run_tool_process(
     payload = json.dumps(arguments, ensure_ascii=False).encode("utf-8")
     done = await run_process(name, argv, payload, cwd=cwd, env=env, timeout=timeout, sandboxed=sandboxed,
                              timeout_hint=f"raise {surface.flag('tool_timeout')} if it needs longer",
-                             timeout_text=surface.duration(timeout or 0))
+                             timeout_text=surface.duration(timeout or 0), max_stdout=max_stdout,
+                             stdout_hint=f"raise {surface.flag('max_tool_stdout_bytes')} if it needs more")
     if done.returncode != 0:
         detail = _tail(done.stderr)
         how = (f"was killed by signal {-done.returncode}" if done.returncode < 0
@@ -334,12 +353,20 @@ async def run_process(
     sandboxed: bool = False,
     timeout_hint: str = "",
     timeout_text: str = "",
+    max_stdout: int | None = None,
+    stdout_hint: str = "",
 ) -> Exited:
     """Run `argv` (no shell) with `stdin` as its input, to its exit, its descendants killed with it
     (see the module docstring), with exactly `env` (heddle's own environment when None);
-    ToolError naming `name` when it cannot start or runs out of time (`timeout_text` says the
-    limit, `timeout_hint` how to raise it)."""
-    call = _Call(asyncio.get_running_loop())
+    ToolError naming `name` when it cannot start, runs out of time (`timeout_text` says the
+    limit, `timeout_hint` how to raise it) or prints more than `max_stdout` bytes on stdout
+    (the run's default cap when None; `stdout_hint` how to raise it). Only the end of its stderr
+    is kept (`STDERR_KEEP`)."""
+    if max_stdout is None:
+        from heddle.settings import RunSettings
+
+        max_stdout = RunSettings.max_tool_stdout_bytes
+    call = _Call(asyncio.get_running_loop(), max_stdout)
     starter = _Grouped if sandboxed or not spawner.available() else _Reaped
     running: _Running = await starter.start(call, name, argv, cwd, env)
     try:
@@ -348,18 +375,29 @@ async def run_process(
         except TimeoutError:
             hint = f" ({timeout_hint})" if timeout_hint else ""
             raise ToolError(name, f"timed out after {timeout_text or f'{timeout} s'} and was killed{hint}") from None
+        except _Overflowed:
+            from heddle.bounded import size_text
+
+            hint = f" ({stdout_hint})" if stdout_hint else ""
+            raise ToolOverrun(name, f"printed more than {size_text(max_stdout)} on stdout and was killed"
+                                    f"{hint}") from None
         returncode = running.outcome(name, argv[0], cwd)
     finally:
         running.close()
     return Exited(returncode, bytes(call.out), bytes(call.err))
 
 
+class _Overflowed(Exception):
+    """The tool printed more on stdout than the call keeps."""
+
+
 async def _converse(running: _Running, call: _Call, payload: bytes, timeout: float | None) -> None:
     """Give the tool its input, wait for its exit and its output. TimeoutError when it ran out
-    of time, killed."""
+    of time, _Overflowed when its stdout passed the cap, killed either way."""
     running.feed(payload)
     try:
-        await asyncio.wait_for(asyncio.shield(call.exited), timeout)
+        async with asyncio.timeout(timeout):
+            await asyncio.wait({call.exited, call.overflowed}, return_when=asyncio.FIRST_COMPLETED)
     except TimeoutError:
         await running.stop()
         raise
@@ -367,8 +405,13 @@ async def _converse(running: _Running, call: _Call, payload: bytes, timeout: flo
         # Cancellation (client gone, run timeout, Ctrl-C): the tool and its children go too.
         await asyncio.shield(running.stop())
         raise
+    if call.overflowed.done():
+        await running.stop()
+        raise _Overflowed
     running.after_exit()
     try:
         await asyncio.wait_for(asyncio.shield(call.drained), DRAIN_GRACE)
     except TimeoutError:
         pass
+    if call.overflowed.done():  # what it printed before its exit, drained, was over the cap
+        raise _Overflowed

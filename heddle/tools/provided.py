@@ -41,11 +41,16 @@ class DocumentTools:
 
     tools: dict[str, ProvidedTool] = field(default_factory=dict)
     by_agent: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # Per agent id, the names of those tools whose calls a person approves first (a toolbox's
+    # requires_confirmation).
+    confirm: dict[str, set[str]] = field(default_factory=dict)
 
     def merge(self, other: DocumentTools) -> None:
         self.tools.update(other.tools)
         for agent, definitions in other.by_agent.items():
             self.by_agent.setdefault(agent, []).extend(definitions)
+        for agent, names in other.confirm.items():
+            self.confirm.setdefault(agent, set()).update(names)
 
 
 # Each module names its kind `KIND`, by the component classes it runs: a module is imported, and

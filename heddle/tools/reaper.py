@@ -30,6 +30,7 @@ the call's end. The server itself ends when heddle closes the socket.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import marshal
 import os
@@ -214,8 +215,15 @@ def _read_exactly(sock: socket.socket, n: int, start: bytes = b"") -> bytes | No
 
 def _receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
     """The next request and its descriptors; None when heddle has gone."""
-    # Close-on-exec, so that no tool inherits another call's pipes.
-    head, fds, _, _ = socket.recv_fds(sock, HEADER, CALL_FDS, socket.MSG_CMSG_CLOEXEC)
+    # Close-on-exec, so that a tool holds its stdin, stdout and stderr alone: neither this call's
+    # status and control pipes nor another call's. Not socket.recv_fds, which drops its flags.
+    received = array.array("i")
+    head, ancillary, _, _ = sock.recvmsg(HEADER, socket.CMSG_SPACE(CALL_FDS * received.itemsize),
+                                         socket.MSG_CMSG_CLOEXEC)
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            received.frombytes(data[:len(data) - len(data) % received.itemsize])
+    fds = list(received)
     if not head:
         return None
     whole = _read_exactly(sock, HEADER, head)

@@ -1,27 +1,31 @@
 """RemoteTool: the HTTP request a document declares, made from each call's arguments.
 
-How a call becomes a request, as the Agent Spec reference says ("Remote Tools") and where it
-leaves a choice to the runtime:
+How a call becomes a request and its answer the tool's output, as the Agent Spec reference runtime
+(WayFlow's RemoteTool, which runs its ApiCallStep) does, shared with ApiNode (heddle.engine.api):
 
 - `{{placeholders}}` in the url, http_method, data (a string, or the string values inside it),
   query_params values and headers values are the tool's inputs (inferred as strings when the
-  tool declares none). A value put into the url is percent-encoded whole, so an argument fills
-  one path segment or query value and never changes where the request goes: the url's scheme
-  and host are the document's own, and may not hold a placeholder.
-- `data` is the body: a string as it is, anything else as JSON (as form fields when the headers
-  say `application/x-www-form-urlencoded`). The default `{}` sends no body on GET, HEAD, DELETE
-  and OPTIONS.
+  tool declares none). An argument that is not a string fills a template as JSON writes it (`true`;
+  an ApiNode's input as Python writes it, `True`); one put into the url is quoted as a form value (a
+  space is `+`, `/` is `%2F`), so it never changes where the request goes: the url's scheme and host
+  are the document's own, and may not hold a placeholder.
+- `data` is the body, none when it is empty: a dict as JSON (Content-Type application/json), or as
+  form fields when the headers say `application/x-www-form-urlencoded`; a string is sent as it is,
+  unless it is JSON once filled, then as that JSON. An argument that would change the shape of such
+  JSON (a quote inside a JSON string, more than one value outside one) fails the call instead.
 - Secrets come from the environment only: a header value `$NAME` (or `${NAME}`) is read where
   the run starts, never from a call's arguments; `sensitive_headers` must be such references.
 - Redirects are followed on the same host (at most `MAX_REDIRECTS`, never from https to http);
   one to another host fails the call. `url_allow_list`, when given, is checked on every request:
-  scheme and host:port exact, path by prefix. The response is read up to `MAX_RESPONSE_BYTES`.
-- The response gives the tool's outputs: a single output is the whole body (the JSON value when
-  it fits the output's type, else the text), several come from the keys of a JSON object body,
-  and a tool that declares none gives `{"http_response": body}`.
+  scheme and host:port exact, path by prefix. The response is read up to `--max-response-bytes`
+  once decoded (heddle.bounded), each request within its timeout.
+- An answer other than 2xx is asked again at once, up to `ATTEMPTS` requests in all.
+- The answer's text (read as UTF-8) is the tool's one output: a tool that declares none has one,
+  `http_response`; one it declares must admit a string; a tool declaring several fails each call,
+  as the reference runtime's ToolNode does.
 
-A call that fails (a status other than 2xx, a timeout, a refused redirect) is a tool error, which
-an agent's model sees and a ToolNode fails with.
+A call that fails (a last answer other than 2xx, a timeout, a refused redirect) is a tool error,
+which an agent's model sees and a ToolNode fails with.
 """
 
 from __future__ import annotations
@@ -31,38 +35,40 @@ import contextlib
 import json
 import os
 import re
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import quote_plus, urlencode, urlsplit
 
-from heddle.engine.templates import as_text, placeholders, render
-from heddle.errors import ToolError, UsageError
+from heddle.engine.templates import PLACEHOLDER, as_text, placeholders, render
+from heddle.errors import ToolError, ToolOverrun, UsageError
 from heddle.secret_env import header_from_env
 from heddle.tools.provided import DocumentTools
 
 if TYPE_CHECKING:
     import httpx
 
+    from heddle.egress import EgressPolicy
     from heddle.engine.context import RunContext
     from heddle.engine.seams import ToolRequest
     from heddle.spec import components as c
     from heddle.surface import Surface
 
-MiB = 1024 * 1024
-MAX_RESPONSE_BYTES = 10 * MiB
+    Spec = c.RemoteTool | c.ApiNode  # an HTTP request a document declares: a tool's, or a node's
+
 MAX_REDIRECTS = 5
+# The reference runtime's ApiCallStep without a retry_policy: an answer other than 2xx is asked again, twice.
+ATTEMPTS = 3
 NO_OUTPUTS = "http_response"  # the output of a tool that declares none (WayFlow's name for it)
 
 _ORIGIN = re.compile(r"(?i)(https?)://([^/?#]*)")
 _METHOD = re.compile(r"[A-Za-z]+\Z")
-_BODYLESS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _FORM = "application/x-www-form-urlencoded"
 
 
-def _label(tool: c.RemoteTool) -> str:
-    return f"RemoteTool {tool.name!r}"
+def _label(tool: Spec) -> str:
+    return f"{tool.component_type} {tool.name!r}"
 
 
 # --------------------------------------------------------------------------- the definition
@@ -80,7 +86,7 @@ def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
             yield from _strings(item, f"{where}[{i}]")
 
 
-def templates(tool: c.RemoteTool) -> Iterator[tuple[str, str]]:
+def templates(tool: Spec) -> Iterator[tuple[str, str]]:
     """(field, text) for each attribute of the tool whose placeholders are its inputs."""
     yield "url", tool.url
     yield "http_method", tool.http_method
@@ -89,10 +95,12 @@ def templates(tool: c.RemoteTool) -> Iterator[tuple[str, str]]:
     yield from _strings(tool.headers, "headers")
 
 
-def inferred_inputs(tool: c.RemoteTool) -> list[dict[str, Any]]:
-    """One string input per placeholder, for a tool that declares no inputs."""
+def inferred_inputs(tool: Spec) -> list[dict[str, Any]]:
+    """One string input per placeholder, for a tool or node that declares no inputs (an ApiNode's
+    api_spec_uri's too, as the specification infers them, though it is never fetched)."""
     names: dict[str, None] = {}
-    for _, text in templates(tool):
+    spec_uri = [("api_spec_uri", tool.api_spec_uri)] if tool.component_type == "ApiNode" and tool.api_spec_uri else []
+    for _, text in [*templates(tool), *spec_uri]:
         names.update(dict.fromkeys(placeholders(text)))
     return [{"title": name, "type": "string"} for name in names]
 
@@ -144,7 +152,7 @@ class Allowed:
         return origin == self.origin and (path or "/").startswith(self.path)
 
 
-def _header_problems(tool: c.RemoteTool) -> Iterator[str]:
+def _header_problems(tool: Spec) -> Iterator[str]:
     from heddle.spec.components import env_reference
 
     for field, headers in (("headers", tool.headers), ("sensitive_headers", tool.sensitive_headers)):
@@ -161,7 +169,7 @@ def _header_problems(tool: c.RemoteTool) -> Iterator[str]:
         yield f"header {both[0]!r} is in both headers and sensitive_headers; keep one"
 
 
-def definition_problems(tool: c.RemoteTool) -> list[str]:
+def definition_problems(tool: Spec) -> list[str]:
     """What makes the tool's request impossible to send as the document says, before any call."""
     problems: list[str] = []
     origin = url_origin(tool.url)
@@ -179,8 +187,8 @@ def definition_problems(tool: c.RemoteTool) -> list[str]:
                 problems.append(f"{field} has the placeholder {{{{{name}}}}}, which is none of its inputs "
                                 f"({', '.join(declared) or 'none'}); declare it as an input")
     if tool.retry_policy is not None:
-        problems.append("retry_policy is not supported by heddle yet; drop it (a failed call is a tool error "
-                        "an agent's model can retry)")
+        problems.append("retry_policy is not supported by heddle yet; drop it (without one, a response other "
+                        "than 2xx is asked again up to twice, as the reference runtime does)")
     if tool.url_allow_list is not None:
         allowed = []
         for entry in tool.url_allow_list:
@@ -194,7 +202,7 @@ def definition_problems(tool: c.RemoteTool) -> list[str]:
     return problems
 
 
-def check_definition(tool: c.RemoteTool) -> None:
+def check_definition(tool: Spec) -> None:
     """Raise ValueError (reported as the document's error, with its path) naming every problem."""
     problems = definition_problems(tool)
     if problems:
@@ -230,19 +238,26 @@ def _content_type(headers: Mapping[str, str]) -> str | None:
     return next((value for name, value in headers.items() if name.lower() == "content-type"), None)
 
 
-def build_request(tool: c.RemoteTool, arguments: Mapping[str, Any], secrets: Mapping[str, str]) -> Outgoing:
+def build_request(tool: Spec, arguments: Mapping[str, Any], secrets: Mapping[str, str]) -> Outgoing:
     """The request for one call with `arguments` (checked, defaults filled); `secrets` are the
-    header values read from the environment, by header name."""
-    texts = {name: as_text(value) for name, value in arguments.items()}
-    url = render(tool.url.strip(), {name: quote(text, safe="") for name, text in texts.items()})
+    header values read from the environment, by header name.
+
+    A RemoteTool's request and an ApiNode's are made as the reference runtime's ApiCallStep makes
+    both: a value fills a template as Python writes it (`True`, not `true`), a url value is quoted as
+    a form value (a space becomes `+`), and the body is `_api_body`'s. A RemoteTool's arguments reach
+    that step as strings (its inputs there are its placeholders, strings): a value of another type
+    as JSON writes it (`true`, `["\\u00e9"]`), null as the empty string."""
+    if tool.component_type == "RemoteTool":
+        arguments = {name: _step_string(value) for name, value in arguments.items()}
+    texts = {name: _python_text(value) for name, value in arguments.items()}
+    url = render(tool.url.strip(), {name: _api_url_value(tool.name, value) for name, value in arguments.items()})
     method = render(tool.http_method, texts).strip().upper()
     if not _METHOD.match(method):
         raise ToolError(tool.name, f"http_method {tool.http_method!r} became {method!r}, which is not an HTTP method")
     params: list[tuple[str, str | int | float | bool | None]] = []
     for key, value in tool.query_params.items():
         for item in value if isinstance(value, list) else [value]:
-            if item is not None:
-                params.append((key, as_text(_fill(item, texts))))
+            params.append((key, _form_value(_fill(item, texts))))
     headers: dict[str, str] = {}
     for source in (tool.headers, tool.sensitive_headers):
         for name, value in source.items():
@@ -250,30 +265,118 @@ def build_request(tool: c.RemoteTool, arguments: Mapping[str, Any], secrets: Map
             if "\r" in text or "\n" in text:
                 raise ToolError(tool.name, f"header {name!r} would hold a line break; an argument may not end a header")
             headers[name] = text
-    content: bytes | None = None
-    data = tool.data
-    if isinstance(data, str):
-        content = render(data, texts).encode("utf-8") if data else None
-    elif data is not None and not (data == {} and method in _BODYLESS):
-        filled = _fill(data, texts)
-        kind = _content_type(headers)
-        if isinstance(filled, dict) and kind is not None and kind.split(";")[0].strip().lower() == _FORM:
-            content = urlencode([(str(k), as_text(v)) for k, v in filled.items()]).encode("ascii")
-        else:
-            content = json.dumps(filled, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-            if kind is None:
-                headers["Content-Type"] = "application/json"
+    content = _api_body(tool.name, tool.data, texts, headers)
     return Outgoing(method, url, params, headers, content)
 
 
+def _step_string(value: Any) -> str:
+    # The reference runtime's cast of a value to a string input (json.dumps, ASCII escapes and all).
+    if isinstance(value, str):
+        return value
+    return "" if value is None else json.dumps(value)
+
+
+def _python_text(value: Any) -> str:
+    # How a Jinja template (the reference runtime's) writes a value: str() of it.
+    return value if isinstance(value, str) else str(value)
+
+
+def _api_url_value(name: str, value: Any) -> str:
+    if isinstance(value, str):
+        return quote_plus(value)
+    if isinstance(value, (int, float, bool)):
+        return str(value)
+    raise ToolError(name, f"a {type(value).__name__} cannot fill its url; only a string, a number or a boolean can")
+
+
+def _form_value(value: Any) -> str:
+    # httpx's reading of a form or query value.
+    if value is True or value is False:
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+def _api_body(name: str, data: Any, texts: Mapping[str, str], headers: dict[str, str]) -> bytes | None:
+    """The body (the reference runtime's): none when its data is empty; its data filled, a string sent
+    as it is unless it is then JSON; JSON (Content-Type application/json unless its headers give one),
+    or form fields when its Content-Type says so.
+
+    A string that is JSON once filled is refused (a ToolError) when an argument changed its shape:
+    the reference runtime would send what the argument made of it, heddle sends nothing."""
+    if not data:
+        return None
+    kind = _content_type(headers)
+    form = kind is not None and _FORM in kind
+    filled = _fill(data, texts)
+    if isinstance(filled, str):
+        text: str = filled
+        try:
+            filled = json.loads(text)
+        except ValueError:
+            return text.encode("utf-8")
+        if isinstance(data, str) and placeholders(data) and json.loads(_render_json(name, data, texts)) != filled:
+            raise ToolError(name, "an argument would change the shape of its JSON body (a quote or a backslash "
+                                  "in a value that fills a JSON string); heddle does not send it")
+    if form:
+        if not isinstance(filled, dict):
+            raise ToolError(name, f"its Content-Type is {kind!r}, and its data, a {type(filled).__name__}, is not "
+                                  "form fields")
+        pairs = [(str(k), _form_value(item)) for k, v in filled.items()
+                 for item in (v if isinstance(v, (list, tuple)) else [v])]
+        return urlencode(pairs).encode("utf-8")
+    if kind is None:
+        headers["Content-Type"] = "application/json"
+    try:
+        return json.dumps(filled, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    except ValueError as exc:
+        raise ToolError(name, f"its data is not JSON: {exc}") from None
+
+
+def _json_pieces(template: str) -> Iterator[tuple[str, str | None, bool]]:
+    """(text, placeholder name or None, inside a JSON string) for each piece of `template` read as
+    JSON text: a placeholder is inside a string when an unescaped quote opened one before it."""
+    inside, escaped, at, start = False, False, 0, 0
+    while at < len(template):
+        match = PLACEHOLDER.match(template, at)
+        if match is not None:
+            yield template[start:at], None, inside
+            yield match.group(0), match.group(1), inside
+            at = start = match.end()
+            escaped = False
+            continue
+        char = template[at]
+        if inside and escaped:
+            escaped = False
+        elif inside and char == "\\":
+            escaped = True
+        elif char == '"':
+            inside = not inside
+        at += 1
+    yield template[start:], None, inside
+
+
+def _render_json(name: str, template: str, texts: Mapping[str, str]) -> str:
+    """A JSON body template filled so that no argument changes its shape: inside a string a value
+    is JSON-escaped; elsewhere it must be one JSON value, or the call fails."""
+    out: list[str] = []
+    for piece, field, inside in _json_pieces(template):
+        if field is None or field not in texts:
+            out.append(piece)
+            continue
+        text = texts[field]
+        if inside:
+            out.append(json.dumps(text, ensure_ascii=False)[1:-1])
+            continue
+        try:
+            json.loads(text)
+        except ValueError:
+            raise ToolError(name, f"argument {field!r} fills a value of its JSON body, and {_excerpt(text)} is not "
+                                  "one JSON value; quote the placeholder in the data template for a string") from None
+        out.append(text)
+    return "".join(out)
+
+
 # --------------------------------------------------------------------------- the response
-
-
-@dataclass(frozen=True)
-class Body:
-    text: str
-    is_json: bool
-    value: Any  # the JSON value when the body is JSON, else None
 
 
 def _fits(prop: dict[str, Any], value: Any) -> bool:
@@ -286,72 +389,32 @@ def _fits(prop: dict[str, Any], value: Any) -> bool:
         return False
 
 
-def _parsed(text: str) -> tuple[bool, Any]:
-    from heddle.safeparse import loads_json
-
-    try:
-        return True, loads_json(text)
-    except ValueError:
-        return False, None
-
-
 def _types(prop: dict[str, Any]) -> str:
     declared = prop.get("type")
     return "/".join(declared) if isinstance(declared, list) else str(declared or "any")
 
 
-def _one_output(tool: c.RemoteTool, prop: dict[str, Any], body: Body) -> Any:
-    # The JSON value first when the server says it is JSON, the text first otherwise: a string
-    # output of a JSON "text" is its text, of a text/plain body the body as it is.
-    candidates: list[Any] = []
-    if body.is_json:
-        candidates += [body.value, body.text]
-    else:
-        ok, value = _parsed(body.text)
-        candidates += [body.text, value] if ok else [body.text]
-    for candidate in candidates:
-        if _fits(prop, candidate):
-            return candidate
-    raise ToolError(tool.name, f"output {prop['title']!r} is declared {_types(prop)}, but the response "
-                               f"({_excerpt(body.text)}) is not one")
-
-
-def _outputs(tool: c.RemoteTool, body: Body) -> dict[str, Any]:
+def _outputs(tool: c.RemoteTool, answer: Answer) -> dict[str, Any]:
+    """A 2xx answer as the tool's outputs, as the reference runtime gives them: its text, whole (the
+    step's `http_response`), is the tool's one output; a tool that declares none has that one."""
+    text = answer.text()
     if not tool.outputs:
-        return {NO_OUTPUTS: body.value if body.is_json else body.text}
-    if len(tool.outputs) == 1:
-        prop = tool.outputs[0]
-        return {prop["title"]: _one_output(tool, prop, body)}
-    value = body.value if body.is_json else _parsed(body.text)[1]
-    if not isinstance(value, dict):
-        raise ToolError(tool.name, f"declares {len(tool.outputs)} outputs, so its response must be a JSON object "
-                                   f"with their names, not {_excerpt(body.text)}")
-    out: dict[str, Any] = {}
-    for prop in tool.outputs:
-        title = prop["title"]
-        if title not in value:
-            if "default" not in prop:
-                raise ToolError(tool.name, f"the response has no {title!r}, an output it declares without a default")
-            out[title] = prop["default"]
-            continue
-        item = value[title]
-        if not _fits(prop, item) and "string" in _types(prop).split("/"):
-            item = as_text(item)  # every type converts to a string (Agent Spec type compatibility)
-        if not _fits(prop, item):
-            raise ToolError(tool.name, f"output {title!r} is declared {_types(prop)}, but the response gives "
-                                       f"{_excerpt(as_text(item))}")
-        out[title] = item
-    return out
+        return {NO_OUTPUTS: text}
+    if len(tool.outputs) > 1:
+        raise ToolError(tool.name, f"declares {len(tool.outputs)} outputs ({', '.join(tool.output_titles())}), and "
+                                   "a RemoteTool's answer is one value, its text (as the reference runtime gives it); "
+                                   "declare one output")
+    prop = tool.outputs[0]
+    if not _fits(prop, text):
+        raise ToolError(tool.name, f"output {prop['title']!r} is declared {_types(prop)}, and its answer is text "
+                                   f"({_excerpt(text)}), as the reference runtime gives a RemoteTool's answer; "
+                                   "declare the output a string")
+    return {prop["title"]: text}
 
 
 def _excerpt(text: str, limit: int = 200) -> str:
     text = " ".join(text.split())
     return repr(text if len(text) <= limit else text[:limit] + "…")
-
-
-def _is_json(content_type: str | None) -> bool:
-    media = (content_type or "").split(";")[0].strip().lower()
-    return media == "application/json" or media.endswith("+json")
 
 
 # --------------------------------------------------------------------------- sending
@@ -366,6 +429,8 @@ class RemoteCall:
     secrets: dict[str, str]
     timeout: float | None
     surface: Surface
+    max_bytes: int
+    egress: EgressPolicy | None = None  # the bundle's sealed allow-lists, if it declares any
 
     def check(self, arguments: dict[str, Any]) -> dict[str, Any]:
         from heddle.tools.schema import checked_arguments
@@ -374,85 +439,133 @@ class RemoteCall:
 
     async def run(self, request: ToolRequest) -> dict[str, Any]:
         outgoing = build_request(self.tool, request.arguments, self.secrets)
+        answer = await send_asking_again(self.client, outgoing, allow_list=self.tool.url_allow_list,
+                                         max_bytes=self.max_bytes, surface=self.surface, fail=self._fail,
+                                         egress=(self.egress, self.tool.name), timeout=self.timeout,
+                                         overrun=self._overrun)
+        if not answer.ok:
+            raise ToolError(self.tool.name, f"{answer.method} {answer.url} answered HTTP {answer.status} "
+                                            f"{answer.reason} ({ATTEMPTS} times, as the reference runtime asks): "
+                                            f"{_excerpt(answer.text())}")
+        return _outputs(self.tool, answer)
+
+    def _fail(self, message: str, overrun: bool) -> Exception:
+        return (ToolOverrun if overrun else ToolError)(self.tool.name, message)
+
+    def _overrun(self, message: str) -> Exception:
+        return ToolOverrun(self.tool.name, message)
+
+
+# --------------------------------------------------------------------------- one request, shared with ApiNode
+
+Fail = Callable[[str, bool], Exception]
+"""The error of a failed request, from its message and whether the answer went past its cap."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A response, its body read whole within its cap."""
+
+    method: str
+    url: str
+    status: int
+    reason: str
+    content_type: str | None
+    data: bytes
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    def text(self) -> str:
+        # The reference runtime reads every answer as UTF-8, whatever charset it names.
+        return self.data.decode("utf-8", "replace")
+
+
+def _check_allowed(allow: list[str] | None, url: httpx.URL, origin: Origin, fail: Fail) -> None:
+    if allow is None:
+        return
+    entries = [a for a in (Allowed.parse(e) for e in allow) if a is not None]
+    if not any(a.admits(origin, url.raw_path.decode("ascii").split("?", 1)[0]) for a in entries):
+        raise fail(f"{url} is not allowed by its url_allow_list", False)
+
+
+async def send(client: httpx.AsyncClient, outgoing: Outgoing, *, allow_list: list[str] | None, max_bytes: int,
+               surface: Surface, fail: Fail, egress: tuple[EgressPolicy | None, str] = (None, "")) -> Answer:
+    """Send `outgoing`, following redirects on its host only (each hop checked against `allow_list`
+    and against the egress allow-list of the component `egress` names, before it is sent), and read the
+    answer's body within `max_bytes` once decoded. The caller bounds the whole exchange in time."""
+    import httpx
+
+    request = client.build_request(outgoing.method, outgoing.url, params=list(outgoing.params),
+                                   headers=outgoing.headers, content=outgoing.content)
+    first = Origin.of(request.url.scheme, request.url.host, request.url.port)
+    for _ in range(MAX_REDIRECTS + 1):
+        if request.url.scheme not in _DEFAULT_PORTS:
+            raise fail(f"was redirected to {request.url}, which is not an http(s) URL", False)
+        here = Origin.of(request.url.scheme, request.url.host, request.url.port)
+        if here.host != first.host:
+            raise fail(f"was redirected to {request.url}, another host than {first.host}; heddle "
+                       "follows redirects only on the host the document names", False)
+        if first.scheme == "https" and here.scheme != "https":
+            raise fail(f"was redirected from https to {request.url}; heddle does not follow that", False)
+        _check_allowed(allow_list, request.url, here, fail)
+        if egress[0] is not None:
+            refused = egress[0].problem(egress[1], here.host, here.port)
+            if refused is not None:
+                raise fail(f"{request.method} {request.url}: {refused}", False)
         try:
-            async with asyncio.timeout(self.timeout):
-                return await self._send(outgoing)
+            response = await client.send(request, stream=True)
+        except httpx.InvalidURL:
+            # httpx reads a redirect's Location as it answers, even one it will not follow.
+            raise fail(f"{request.method} {request.url} redirected to a Location that is not a URL; "
+                       "heddle follows redirects to http(s) URLs on the same host only", False) from None
+        except httpx.HTTPError as exc:
+            raise fail(f"{request.method} {request.url}: {type(exc).__name__}: {exc}", False) from None
+        try:
+            if response.next_request is not None:
+                request = response.next_request
+                continue
+            data = await _read_capped(response, max_bytes, surface, fail)
+            return Answer(request.method, str(request.url), response.status_code, response.reason_phrase,
+                          response.headers.get("content-type"), data)
+        except httpx.HTTPError as exc:
+            raise fail(f"{request.method} {request.url}: {type(exc).__name__}: {exc}", False) from None
+        finally:
+            await response.aclose()
+    raise fail(f"was redirected more than {MAX_REDIRECTS} times; heddle stops there", False)
+
+
+async def send_asking_again(client: httpx.AsyncClient, outgoing: Outgoing, *, allow_list: list[str] | None,
+                            max_bytes: int, surface: Surface, fail: Fail, timeout: float | None,
+                            overrun: Callable[[str], Exception],
+                            egress: tuple[EgressPolicy | None, str] = (None, "")) -> Answer:
+    """`send`, asked again at once while the answer is not 2xx, up to `ATTEMPTS` requests in all (the
+    reference runtime's ApiCallStep without a retry_policy, for a RemoteTool and an ApiNode alike),
+    each request within `timeout`. The last answer is returned, 2xx or not; a request that gets no
+    answer (a timeout, a refused redirect) fails at once, as there, without asking again."""
+    for _ in range(ATTEMPTS):
+        try:
+            async with asyncio.timeout(timeout):
+                answer = await send(client, outgoing, allow_list=allow_list, max_bytes=max_bytes, surface=surface,
+                                    fail=fail, egress=egress)
         except TimeoutError:
-            raise ToolError(self.tool.name, f"{outgoing.method} {outgoing.url} timed out after "
-                                            f"{self.surface.duration(self.timeout or 0)} (raise "
-                                            f"{self.surface.flag('tool_timeout')} if it needs longer)") from None
-
-    def _allowed(self, url: httpx.URL, origin: Origin) -> None:
-        allow = self.tool.url_allow_list
-        if allow is None:
-            return
-        entries = [a for a in (Allowed.parse(e) for e in allow) if a is not None]
-        if not any(a.admits(origin, url.raw_path.decode("ascii").split("?", 1)[0]) for a in entries):
-            raise ToolError(self.tool.name, f"{url} is not allowed by its url_allow_list")
-
-    async def _send(self, outgoing: Outgoing) -> dict[str, Any]:
-        import httpx
-
-        name = self.tool.name
-        request = self.client.build_request(outgoing.method, outgoing.url, params=list(outgoing.params),
-                                            headers=outgoing.headers, content=outgoing.content)
-        first = Origin.of(request.url.scheme, request.url.host, request.url.port)
-        for _ in range(MAX_REDIRECTS + 1):
-            if request.url.scheme not in _DEFAULT_PORTS:
-                raise ToolError(name, f"was redirected to {request.url}, which is not an http(s) URL")
-            here = Origin.of(request.url.scheme, request.url.host, request.url.port)
-            if here.host != first.host:
-                raise ToolError(name, f"was redirected to {request.url}, another host than {first.host}; heddle "
-                                      "follows redirects only on the host the document names")
-            if first.scheme == "https" and here.scheme != "https":
-                raise ToolError(name, f"was redirected from https to {request.url}; heddle does not follow that")
-            self._allowed(request.url, here)
-            try:
-                response = await self.client.send(request, stream=True)
-            except httpx.HTTPError as exc:
-                raise ToolError(name, f"{request.method} {request.url}: {type(exc).__name__}: {exc}") from None
-            try:
-                if response.next_request is not None:
-                    request = response.next_request
-                    continue
-                data = await _read_capped(name, response)
-                if not response.is_success:
-                    raise ToolError(name, f"{request.method} {request.url} answered HTTP {response.status_code} "
-                                          f"{response.reason_phrase}: {_excerpt(data.decode('utf-8', 'replace'))}")
-                content_type = response.headers.get("content-type")
-                text = data.decode(response.charset_encoding or "utf-8", "replace")
-                is_json = _is_json(content_type)
-                value = None
-                if is_json:
-                    ok, value = _parsed(text)
-                    if not ok:
-                        raise ToolError(name, f"{request.url} answered {content_type} that is not valid JSON: "
-                                              f"{_excerpt(text)}")
-                return _outputs(self.tool, Body(text, is_json, value))
-            except httpx.HTTPError as exc:
-                raise ToolError(name, f"{request.method} {request.url}: {type(exc).__name__}: {exc}") from None
-            finally:
-                await response.aclose()
-        raise ToolError(name, f"was redirected more than {MAX_REDIRECTS} times; heddle stops there")
+            raise overrun(f"{outgoing.method} {outgoing.url} timed out after {surface.duration(timeout or 0)} "
+                          f"(raise {surface.flag('tool_timeout')} if it needs longer)") from None
+        if answer.ok:
+            break
+    return answer
 
 
-async def _read_capped(name: str, response: httpx.Response) -> bytes:
-    cap = MAX_RESPONSE_BYTES
-    over = ToolError(name, f"{response.request.url} answered more than {_size(cap)}, the most heddle reads of a "
-                           "RemoteTool's response")
-    declared = response.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > cap:
-        raise over
-    data = bytearray()
-    async for chunk in response.aiter_bytes():
-        data += chunk
-        if len(data) > cap:
-            raise over
-    return bytes(data)
+async def _read_capped(response: httpx.Response, cap: int, surface: Surface, fail: Fail) -> bytes:
+    from heddle.bounded import BodyError, read_body
 
-
-def _size(count: int) -> str:
-    return f"{count // MiB} MiB" if count % MiB == 0 else f"{count} bytes"
+    try:
+        # The caller's own timeout bounds the whole transfer (RemoteCall.run).
+        return await read_body(response, what=f"{response.request.method} {response.request.url}", cap=cap,
+                               cap_text=f"raise {surface.flag('max_response_bytes')} if it needs more")
+    except BodyError as exc:
+        raise fail(exc.message, True) from None
 
 
 # --------------------------------------------------------------------------- the run's tools
@@ -466,7 +579,17 @@ def remote_tools(root: c.Component) -> Iterator[tuple[str, c.RemoteTool]]:
     yield from of_type(root, c.RemoteTool)
 
 
-def header_secrets(tool: c.RemoteTool, where: str) -> dict[str, str]:
+def http_requests(root: c.Component) -> Iterator[tuple[str, Spec]]:
+    """(path, component) for every request a document declares: its RemoteTools and ApiNodes."""
+    from heddle.spec import components as c
+    from heddle.spec.walk import document_components
+
+    for where, component in document_components(root):
+        if isinstance(component, (c.RemoteTool, c.ApiNode)):
+            yield where, component
+
+
+def header_secrets(tool: Spec, where: str) -> dict[str, str]:
     """The header values `tool` reads from the environment, by header name. Raises UsageError
     for a variable that is not set or is empty, naming it."""
     from heddle.spec.components import env_reference
@@ -482,7 +605,7 @@ def header_secrets(tool: c.RemoteTool, where: str) -> dict[str, str]:
 
 
 def header_env_reads(document: Any) -> Iterator[tuple[str, str]]:
-    """(variable, what reads it) for each RemoteTool header of a resolved document (a mapping)
+    """(variable, what reads it) for each RemoteTool or ApiNode header of a resolved document (a mapping)
     that reads the environment, in document order; for `heddle doctor`, which reads no value."""
     from heddle.spec.components import env_reference
 
@@ -492,13 +615,14 @@ def header_env_reads(document: Any) -> Iterator[tuple[str, str]]:
         if isinstance(node, list):
             stack.extend((f"{path}[{i}]", item) for i, item in reversed(list(enumerate(node))))
         elif isinstance(node, dict):
-            if node.get("component_type") == "RemoteTool":
+            if node.get("component_type") in ("RemoteTool", "ApiNode"):
                 for field in ("headers", "sensitive_headers"):
                     headers = node.get(field)
                     for header, value in (headers.items() if isinstance(headers, dict) else ()):
                         name = env_reference(value) if isinstance(value, str) else None
                         if name is not None:
-                            yield name, f"{field} {header!r} of RemoteTool {node.get('name')!r} at {path}"
+                            yield name, (f"{field} {header!r} of {node['component_type']} {node.get('name')!r} "
+                                         f"at {path}")
             stack.extend((f"{path}.{key}", value) for key, value in reversed(node.items()) if key != "metadata")
 
 
@@ -528,12 +652,16 @@ class RemoteToolKind:
                              "gives tools no network; run without --deny-net to let it")
         secrets = {name: header_secrets(tool, where) for name, (where, tool) in found.items()}
         # Redirects are followed by hand (RemoteCall._send), each hop checked before it is sent.
+        from heddle.bounded import ACCEPT_ENCODING
+        from heddle.engine.tracing import REQUEST_HOOKS
         from heddle.lazytls import LazyTLSTransport
 
         async with httpx.AsyncClient(follow_redirects=False, timeout=httpx.Timeout(options.tool_timeout),
-                                     transport=LazyTLSTransport()) as client:
+                                     transport=LazyTLSTransport(), event_hooks=dict(REQUEST_HOOKS),
+                                     headers={"Accept-Encoding": ACCEPT_ENCODING}) as client:
             yield DocumentTools(tools={
-                name: RemoteCall(tool, client, secrets[name], _timeout(tool, options.tool_timeout), options.surface)
+                name: RemoteCall(tool, client, secrets[name], _timeout(tool, options.tool_timeout), options.surface,
+                                 options.max_response_bytes, options.egress)
                 for name, (_, tool) in found.items()})
 
 

@@ -6,10 +6,12 @@ one message on a Unix socket carrying the call's pipes, so every pipe the tool a
 hold was made here, and heddle keeps the other ends: the tool's stdin, stdout and stderr, the
 status pipe whose end is the call's end, and the control pipe whose closing stops the call.
 
-The server gets an empty environment: a tool gets the environment its call names, and nothing
-of heddle's own. It runs in a session of its own, so a terminal's Ctrl-C reaches heddle, which
-then stops its calls, and not the server. It ends when its socket closes, which is at the latest
-when heddle ends.
+The server gets an empty environment and none of heddle's descriptors (its stdin, stdout and
+stderr are /dev/null): a tool gets the environment its call names and the pipes its call made,
+and nothing of heddle's own, so a process a tool leaves behind never holds `heddle run | cat`
+open. A call's own failures reach heddle as the call's stderr. It runs in a session of its own,
+so a terminal's Ctrl-C reaches heddle, which then stops its calls, and not the server. It ends
+when its socket closes, which is at the latest when heddle ends.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ class Spawner:
             self._proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", str(REAPER), str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                env={}, start_new_session=True,
+                stderr=subprocess.DEVNULL, env={}, start_new_session=True,
             )
         except BaseException:
             mine.close()

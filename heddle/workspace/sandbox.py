@@ -21,6 +21,7 @@ from heddle.errors import RunError, UsageError
 from heddle.secret_env import SECRET_ENV, without_secrets
 
 if TYPE_CHECKING:
+    from heddle.workspace.egress_proxy import EgressCall
     from heddle.workspace.workspace import Workspace
 
 BACKENDS = ("auto", "bubblewrap")
@@ -41,7 +42,7 @@ SYSTEM_DIRS = (
 # variables heddle sets for it, and nothing else unless `--allow-env` names it. A prefix rule
 # (`HEDDLE_*`) would hand over heddle's own secrets, which share that prefix.
 KEPT_ENV = ("PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "TZ", "TERM")
-HEDDLE_SET_ENV = ("HEDDLE_WORKSPACE", "HEDDLE_WORKSPACE_BIN")
+HEDDLE_SET_ENV = ("HEDDLE_WORKSPACE", "HEDDLE_WORKSPACE_BIN", "TRACEPARENT")
 
 SANDBOX_TMP = "/tmp"
 SANDBOX_HOME = "/tmp/home"
@@ -76,6 +77,8 @@ class SandboxPolicy:
     allow_write: tuple[Path, ...] = ()
     allow_env: tuple[str, ...] = ()
     deny_net: bool = False
+    # --require-isolation: "sandbox" or "netns" (ISOLATION_LEVELS), refused where it cannot be had.
+    require_isolation: str | None = None
 
 
 def _set_flags(policy: SandboxPolicy) -> list[str]:
@@ -157,6 +160,73 @@ def check_policy(policy: SandboxPolicy, *, explicitly_set: Sequence[str] = ()) -
     _probe(_require_bwrap())
 
 
+ISOLATION_LEVELS = ("sandbox", "netns")
+
+
+def _bwrap_works(bwrap: str, *extra: str) -> str | None:
+    """None when an empty sandbox with `extra` flags runs here, else why not."""
+    true = shutil.which("true") or "/bin/true"
+    argv = [bwrap, "--ro-bind", "/", "/", *_NAMESPACES, *extra, "--proc", "/proc", "--dev", "/dev",
+            "--cap-drop", "ALL", "--", true]
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=30, stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot run {bwrap}: {exc}"
+    if done.returncode != 0:
+        detail = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        return detail[-1] if detail else f"exit status {done.returncode}"
+    return None
+
+
+def isolation_layers() -> list[tuple[str, bool, str]]:
+    """(layer, enforced here, why) for each layer of a tool's isolation heddle knows: `heddle doctor`'s
+    report, and what --require-isolation is checked against."""
+    bwrap = find_bwrap() if sys.platform.startswith("linux") else None
+    if bwrap is None:
+        why = f"bubblewrap is not here; {INSTALL_HINT}" if sys.platform.startswith("linux") else \
+            f"it needs Linux; this is {sys.platform}"
+        sandbox: str | None = why
+        netns: str | None = why
+    else:
+        sandbox = _bwrap_works(bwrap)
+        netns = sandbox or _bwrap_works(bwrap, "--unshare-net")
+    from heddle.workspace.egress_proxy import PYTHON
+
+    proxy = netns or (None if os.access(PYTHON, os.X_OK) else f"{PYTHON} (the relay inside the sandbox) is not here")
+    return [
+        ("sandbox", sandbox is None, "--safe: bubblewrap with user, pid, ipc and uts namespaces, the system "
+         "read-only" if sandbox is None else f"--safe cannot work: {sandbox}"),
+        ("netns", netns is None, "a network namespace per tool call (--deny-net, or a bundle's egress list)"
+         if netns is None else f"no network namespace per call: {netns}"),
+        ("proxy", proxy is None, "the egress proxy, reached through a relay in each call's namespace"
+         if proxy is None else f"no egress proxy for tools: {proxy}"),
+        ("seccomp", False, "heddle adds no seccomp filter of its own"),
+        ("rlimits", False, "heddle sets no resource limits on tools beyond their time and output caps"),
+    ]
+
+
+def check_isolation(policy: SandboxPolicy, *, egress: bool) -> None:
+    """--require-isolation: refused before anything runs where the level cannot be had, naming what is
+    missing; `egress` says whether the run's tools go through an egress proxy (a bundle's list)."""
+    level = policy.require_isolation
+    if level is None or level == "none":
+        return
+    if level not in ISOLATION_LEVELS:
+        raise UsageError(f"--require-isolation {level!r}: unknown; give one of none, {', '.join(ISOLATION_LEVELS)}")
+    if not policy.safe:
+        raise UsageError(f"--require-isolation {level}: the run is not under --safe, so its tools are not "
+                         "sandboxed; add --safe")
+    if level == "netns" and not (policy.deny_net or egress):
+        raise UsageError("--require-isolation netns: this run's tools would share the machine's network (the "
+                         "bundle declares no egress allow-list and --deny-net is not given); add --deny-net or "
+                         "seal an egress list")
+    wanted = ("sandbox",) if level == "sandbox" else ("sandbox", "netns") if policy.deny_net else \
+        ("sandbox", "netns", "proxy")
+    for layer, ok, why in isolation_layers():
+        if layer in wanted and not ok:
+            raise UsageError(f"--require-isolation {level}: {why}")
+
+
 def _real(path: Path | str) -> str:
     return os.path.realpath(path)
 
@@ -169,13 +239,16 @@ def _covered(path: str, roots: Sequence[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def sandbox_env(policy: SandboxPolicy, env: dict[str, str]) -> dict[str, str]:
+def sandbox_env(policy: SandboxPolicy, env: dict[str, str], *, egress: EgressCall | None = None) -> dict[str, str]:
     """The environment a sandboxed tool gets: a short list, heddle's own settings for it, and
-    `--allow-env`; heddle's secrets never, whatever a policy built without the CLI says."""
+    `--allow-env`; heddle's secrets never, whatever a policy built without the CLI says. With `egress`,
+    what a call through the egress proxy is given (heddle.workspace.egress_proxy)."""
     allowed = (set(KEPT_ENV) | set(HEDDLE_SET_ENV) | set(policy.allow_env)) - SECRET_ENV
     out = {k: v for k, v in env.items() if k in allowed}
     out["HOME"] = SANDBOX_HOME
     out["TMPDIR"] = SANDBOX_TMP
+    if egress is not None:
+        out.update(egress.env)
     return out
 
 
@@ -186,9 +259,11 @@ def bwrap_args(
     workspace: Workspace,
     tools_dir: Path | None,
     chdir: Path | None = None,
+    egress: EgressCall | None = None,
 ) -> list[str]:
     """The bubblewrap command line that runs `argv` inside the policy's sandbox, in `chdir` (default:
-    the workspace)."""
+    the workspace). With `egress` (heddle's egress proxy for this call) the sandbox has a network
+    namespace of its own, the proxy's socket (and authority) bound in and the relay run before `argv`."""
     bwrap = find_bwrap()
     if bwrap is None:
         raise RunError(f"--safe needs bubblewrap and 'bwrap' is not on PATH; {INSTALL_HINT}")
@@ -213,6 +288,14 @@ def bwrap_args(
     # `--allow-read /tmp`; paths below it can still be allowed.
     ops.append((SANDBOX_TMP, ["--tmpfs", SANDBOX_TMP]))
     ops.append((SANDBOX_HOME, ["--dir", SANDBOX_HOME]))
+    relay: list[str] = []
+    if egress is not None:
+        from heddle.workspace.egress_proxy import SANDBOX_CA, SANDBOX_SOCKET, relay_argv
+
+        ops.append((SANDBOX_SOCKET, ["--bind", egress.socket, SANDBOX_SOCKET]))
+        if egress.ca_file is not None:
+            ops.append((SANDBOX_CA, ["--ro-bind", egress.ca_file, SANDBOX_CA]))
+        relay = relay_argv()
     readable = [*SYSTEM_DIRS, *(_real(p) for p in policy.allow_read + policy.allow_write)]
     if tools_dir is not None:
         r = _real(tools_dir)
@@ -230,11 +313,12 @@ def bwrap_args(
     ops.sort(key=lambda op: _depth(op[0]))
 
     args = [bwrap, *_NAMESPACES, "--cap-drop", "ALL"]
-    if policy.deny_net:
+    if policy.deny_net or egress is not None:
         args.append("--unshare-net")
     for _, opts in ops:
         args.extend(opts)
     args.extend(["--chdir", _real(chdir) if chdir is not None else root, "--"])
+    args.extend(relay)
     args.extend(argv)
     return args
 
@@ -247,13 +331,17 @@ def confine(
     tools_dir: Path | None,
     env: dict[str, str],
     chdir: Path | None = None,
+    egress: EgressCall | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment to exec for one tool call: sandboxed under --safe, else as given
     less heddle's own secrets. `chdir` is where a sandboxed call starts, when not its workspace (it
-    must be the workspace, `tools_dir` or under one of them, to be there at all)."""
+    must be the workspace, `tools_dir` or under one of them, to be there at all). `egress`: the call
+    reaches the network through heddle's egress proxy alone (heddle.workspace.egress_proxy)."""
     if not policy.safe:
         return list(argv), without_secrets(env)
+    if policy.deny_net:
+        egress = None
     return (
-        bwrap_args(policy, argv, workspace=workspace, tools_dir=tools_dir, chdir=chdir),
-        sandbox_env(policy, env),
+        bwrap_args(policy, argv, workspace=workspace, tools_dir=tools_dir, chdir=chdir, egress=egress),
+        sandbox_env(policy, env, egress=egress),
     )

@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Self, TypeVar
 
 from heddle.errors import RunError, UsageError
+from heddle.format.private import check_private_dir, make_private_dir
 from heddle.secret_env import without_secrets
 from heddle.workspace import treecopy
 from heddle.workspace.mounts import (
@@ -68,11 +69,22 @@ def _within(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
+KEPT = "workspace folder"
+
+
+def make_keep_root(keep_root: Path) -> Path:
+    """The `--workspace` folder, made 0700 when missing: what a node finds in its workspace and
+    what comes back into an `rw` mount's source from it must be nobody else's to change, and what
+    a run wrote there nobody else's to read. Refused (exit 2) when another user could change it."""
+    return make_private_dir(keep_root, what=KEPT, setting="--workspace")
+
+
 def _check_keep_root(keep_root: Path, mounts: tuple[Mount, ...]) -> None:
     root = Path(os.path.realpath(keep_root))
-    if root.exists():
+    if os.path.lexists(keep_root):
         if not root.is_dir():
             raise UsageError(f"--workspace {keep_root}: not a folder; give a folder path")
+        check_private_dir(keep_root, what=KEPT, setting="--workspace")
         if not os.access(root, os.W_OK | os.X_OK):
             raise UsageError(f"--workspace {keep_root}: not writable; check its permissions")
     else:
@@ -258,6 +270,7 @@ class Workspaces:
         self.sync_lock = threading.Lock()
         self._names_lock = threading.Lock()
         self._counts: dict[str, int] = {}
+        self._keep_made = False  # the --workspace folder made (or found) and checked
 
     def check(self) -> None:
         """Every start-up refusal: bad mounts, tool names, the `--workspace` folder."""
@@ -276,15 +289,17 @@ class Workspaces:
         base = folder_name(node_name)
         if self.options.keep_root is None:
             return Path(tempfile.mkdtemp(prefix=f"heddle-{base}-")), False
-        keep = self.options.keep_root
-        keep.mkdir(parents=True, exist_ok=True)
         with self._names_lock:
+            keep = self.options.keep_root
+            if not self._keep_made:
+                make_keep_root(keep)
+                self._keep_made = True
             n = self._counts.get(base, 0)
             while True:
                 n += 1
                 candidate = keep / (base if n == 1 else f"{base}-{n}")
                 try:
-                    candidate.mkdir()
+                    candidate.mkdir(0o700)
                 except FileExistsError:
                     continue
                 self._counts[base] = n

@@ -39,7 +39,9 @@ def test_a_sealed_command_runs_from_the_bundle_and_inspect_and_diff_show_it(
     manifest = json.loads(heddle_here(capsys, "inspect", out, "--json").stdout)["manifest"]
     assert manifest["commands"] == {"file": "commands/commands.json", "entries": {"day_of": {
         "revision": command.revision, "fingerprint": command.input_schema_fingerprint,
-        "expected_version": command.expected_version, "adapter_version": "1"}}}
+        "expected_version": command.expected_version, "adapter_version": "1",
+        "executable_path": command.program.path, "executable_sha256": command.program.sha256}}}
+    assert command.program.path == "/usr/bin/date" or command.program.path.endswith("/date")
     assert manifest["tools"] == {}
     verified = json.loads(heddle_here(capsys, "verify", out, "--trust", keypair.pub_path, "--json").stdout)
     assert verified["ok"] and verified["commands"] == ["day_of"]

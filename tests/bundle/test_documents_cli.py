@@ -92,8 +92,8 @@ def test_outputs_alone_and_a_message_for_a_flow_refused(tmp_path: Path, capsys: 
     assert proc.returncode == 2 and error_line(proc).startswith(f"error: --message: {doc} is not an agent")
 
 
-def test_a_newer_feature_than_declared_is_warned_on_stderr(tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_newer_feature_than_declared_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # pyagentspec 26.3.1 refuses it: "the minimum allowed version is 26.1.2".
     refs = {"ss": {"component_type": "StartNode", "id": "ss", "name": "ss"},
             "se": {"component_type": "EndNode", "id": "se", "name": "se"}}
     sub = {"component_type": "Flow", "id": "sub", "name": "sub", "start_node": {"$component_ref": "ss"},
@@ -102,10 +102,10 @@ def test_a_newer_feature_than_declared_is_warned_on_stderr(tmp_path: Path,
                                          "from_node": {"$component_ref": "ss"}, "to_node": {"$component_ref": "se"}}]}
     doc = write(tmp_path / "catch.json", {"component_type": "CatchExceptionNode", "id": "c", "name": "guard",
                                           "subflow": sub, "agentspec_version": "25.4.1"})
-    proc = heddle_here(capsys, "run", doc, "--outputs")  # the warning is the command's line on stderr
-    assert proc.returncode == 0, proc.stderr
-    assert ("warning: " + f"{doc}: $ is a CatchExceptionNode, which Agent Spec 26.1.2 introduced, but the document "
-            "declares agentspec_version 25.4.1") in proc.stderr
+    proc = heddle_here(capsys, "run", doc, "--outputs")
+    assert proc.returncode == 2, proc.stderr
+    assert (f"{doc}: $ is a CatchExceptionNode, which Agent Spec 26.1.2 introduced, but the document "
+            "declares agentspec_version 25.4.1; declare 26.1.2 or later") in proc.stderr
 
 
 def test_components_from_a_second_file_are_sealed_into_the_bundle(sandbox: Path, keypair: Any,
@@ -152,7 +152,8 @@ def test_a_key_written_in_the_components_file_is_never_sealed(sandbox: Path) -> 
     import heddle
     from heddle.format.errors import PackError
 
-    main = write(sandbox / "main.json", agent({"$component_ref": "brain"}))
+    # api_key is a field of Agent Spec 25.4.2 (pyagentspec refuses it in a 25.4.1 document).
+    main = write(sandbox / "main.json", {**agent({"$component_ref": "brain"}), "agentspec_version": "25.4.2"})
     comps = write(sandbox / "shared.json", {"$referenced_components": {
         "brain": llm_config("http://127.0.0.1:9/v1", name="brain", api_key="sk-written-down")}})
     with pytest.raises(PackError, match=rf"^--components {comps}: llm_config 'brain' .* has a literal api_key"):

@@ -48,7 +48,7 @@ def test_the_at_once_reading_and_encoding_agree_with_the_field_by_field_ones() -
 def test_an_escaped_lone_surrogate_is_refused_not_a_crash() -> None:
     data = manifest_bytes(random.Random(1))
     for old, new in ((b'"name":"n', b'"name":"\\ud800n'), (b'"path":"flow.json"', b'"path":"flo\\udc00.json"')):
-        with pytest.raises(BundleError, match="not canonical JSON"):
+        with pytest.raises(BundleError, match=r"not canonical JSON|holds a lone surrogate"):
             Manifest.from_bytes(data.replace(old, new, 1))
 
 

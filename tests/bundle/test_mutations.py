@@ -223,7 +223,6 @@ def untrusted_sig(manifest: bytes) -> bytes:
 
 def resign(sealed: Sealed, manifest: bytes, policy: str) -> bytes:
     """The signatures entry for `manifest` under a signing policy; no policy uses the trusted key."""
-    original = [(s["keyid"], base64.b64decode(s["sig"])) for s in json.loads(sealed.signatures)["signatures"]]
     if policy == "keep":
         return sealed.signatures
     if policy == "empty":
@@ -233,7 +232,11 @@ def resign(sealed: Sealed, manifest: bytes, policy: str) -> bytes:
     if policy == "untrusted-as-trusted":
         return signatures_json([(TRUSTED.keyid, untrusted_sig(manifest))])
     if policy == "trusted-and-untrusted":
-        return signatures_json(original + [(UNTRUSTED.keyid, untrusted_sig(manifest))])
+        # The trusted signature kept whole (with the time it signed), beside an untrusted one.
+        kept = json.loads(sealed.signatures)
+        kept["signatures"] = sorted([*kept["signatures"], {"keyid": UNTRUSTED.keyid, "sig": base64.b64encode(
+            untrusted_sig(manifest)).decode()}], key=lambda s: s["keyid"])
+        return canonical.dumps(kept)
     raise AssertionError(policy)
 
 

@@ -29,7 +29,9 @@ def _touch_all(root: Path, when: float) -> None:
 def test_same_tree_packed_twice_gives_identical_bytes(sandbox: Path, keypair: KeyPair) -> None:
     first = write_agent(sandbox / "a")
     out1 = sandbox / "one.heddle"
-    pack(agent_plan(first), out1, signing_key=keypair.signing)
+    # The time a signature is made is sealed with it: given the same, the whole file is the same.
+    at = "2026-01-02T03:04:05.000006Z"
+    pack(agent_plan(first), out1, signing_key=keypair.signing, signed_at=at)
 
     # The same content elsewhere, created in another order, other mtimes, another umask.
     old = os.umask(0o077)
@@ -40,7 +42,7 @@ def test_same_tree_packed_twice_gives_identical_bytes(sandbox: Path, keypair: Ke
         (second["notes"] / "readme.md").write_text("# notes\n")
         _touch_all(sandbox / "b", 1_000_000)
         out2 = sandbox / "two.heddle"
-        pack(agent_plan(second), out2, signing_key=keypair.signing)
+        pack(agent_plan(second), out2, signing_key=keypair.signing, signed_at=at)
     finally:
         os.umask(old)
     assert out1.read_bytes() == out2.read_bytes()

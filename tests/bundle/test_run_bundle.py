@@ -23,6 +23,7 @@ from tests.bundle.conftest import VECTORS, KeyPair, make_keypair
 from tests.support.cli import error_line, heddle, state_of
 from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc, server_tool, write_tool
+from tests.support.users import OtherUser, made_by, other_user  # noqa: F401 (a fixture)
 
 
 def project(root: Path) -> tuple[Path, Path]:
@@ -125,6 +126,45 @@ def test_rw_mounts_are_seeded_into_a_data_dir_never_the_cache(sandbox, sealed, c
                 assert Path(top, name).read_text() == "seed\n"
 
 
+def test_a_run_removes_the_data_folder_it_made(sandbox, sealed):
+    # The real command, with a temporary folder of its own: what it made there is gone when it ends.
+    tmp = sandbox / "tmp"
+    tmp.mkdir(mode=0o700)
+    proc = heddle("run", sealed.bundle, "--trust", sealed.keypair.pub_path, env={"TMPDIR": str(tmp)})
+    assert state_of(proc)["lines"] == ["seed", "recorded"]
+    assert f"rw mounts are seeded in {tmp}/heddle-data-" in proc.stderr
+    assert "(removed when the command ends; --data-dir DIR keeps them)" in proc.stderr
+    assert list(tmp.iterdir()) == []
+    # ... and when the run fails.
+    proc = heddle("run", sealed.bundle, "--trust", sealed.keypair.pub_path, "--input", '{"text": 5}',
+                  env={"TMPDIR": str(tmp)})
+    assert proc.returncode != 0 and list(tmp.iterdir()) == []
+
+
+def test_a_data_dir_another_user_could_change_is_refused(sandbox, sealed, other_user: OtherUser,  # noqa: F811
+                                                         capsys):
+    shared = sandbox / "shared"
+    shared.mkdir()
+    theirs = made_by(other_user, shared, "data")
+    proc = heddle_here(capsys, "run", sealed.bundle, "--trust", sealed.keypair.pub_path, "--data-dir", theirs)
+    assert proc.returncode == 2
+    assert error_line(proc) == (
+        f"error: data folder {theirs} is owned by uid {other_user.uid}, not by you (uid {os.geteuid()}), so its "
+        f"owner could change what heddle trusts; run `chown {os.geteuid()} {theirs}` or point --data-dir at a "
+        "folder of your own")
+    assert list(theirs.iterdir()) == []  # nothing seeded there
+    mine = sandbox / "mine"
+    mine.mkdir(mode=0o770)
+    mine.chmod(0o770)
+    proc = heddle_here(capsys, "run", sealed.bundle, "--trust", sealed.keypair.pub_path, "--data-dir", mine)
+    assert proc.returncode == 2 and f"run `chmod go-w {mine}`" in error_line(proc)
+    # A new one is made the user's alone.
+    new = sandbox / "new" / "data"
+    proc = heddle_here(capsys, "run", sealed.bundle, "--trust", sealed.keypair.pub_path, "--data-dir", new)
+    assert state_of(proc)["lines"] == ["seed", "recorded"]
+    assert stat.S_IMODE(new.stat().st_mode) == stat.S_IMODE((sandbox / "new").stat().st_mode) == 0o700
+
+
 def test_tools_dir_with_a_bundle_is_refused(sandbox, sealed, capsys):
     proc = heddle_here(capsys, "run", sealed.bundle, "--trust", sealed.keypair.pub_path, "--tools-dir",
                        sealed.src / "tools")
@@ -198,7 +238,19 @@ def test_packing_twice_gives_the_same_bytes_and_digest(sandbox, keypair):
         finally:
             os.umask(old)
         outs.append(out.read_bytes())
-    assert outs[0] == outs[1]
+    # Each signature seals the time it was made, in the signatures entry alone: everything else,
+    # the manifest (so the digest) and every payload byte, is the same.
+    import zstandard
+
+    from heddle.format.verify import peek
+
+    tars = [zstandard.ZstdDecompressor().decompress(blob) for blob in outs]
+    heads = [peek(sandbox / f"app{i}.heddle") for i in range(2)]
+    assert heads[0].manifest_bytes == heads[1].manifest_bytes
+    assert [s.keyid for s in heads[0].signatures.signatures] == [s.keyid for s in heads[1].signatures.signatures]
+    masked = [tar.replace(head.signatures.to_bytes(), b"\0" * len(head.signatures.to_bytes()))
+              for tar, head in zip(tars, heads, strict=True)]
+    assert masked[0] == masked[1] and masked[0] != tars[0]
 
 
 def test_untrusted_and_tampered_bundles_never_run(sandbox, keypair, capsys):

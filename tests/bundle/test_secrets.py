@@ -187,3 +187,54 @@ def test_doctor_lists_the_variables_the_flow_reads(sandbox: Path, capsys: pytest
     assert rc == 0, err
     assert "ok      env  HEDDLE_TEST_MODEL_KEY: set; the flow reads it" in out
     assert "very-secret-value" not in out + err
+
+
+def _exported(sandbox: Path, key: str) -> tuple[Path, Path]:
+    """An Agent as pyagentspec 26.3.1 exports it with its llm config disaggregated: the config in a
+    components file, its api_key a `$component_ref` to `ID.api_key`, whose value is given apart."""
+    import json
+
+    flow, shared = sandbox / "agent.json", sandbox / "components.json"
+    flow.write_text(json.dumps({
+        "component_type": "Agent", "id": "ag", "name": "a", "description": None, "metadata": {}, "inputs": [],
+        "outputs": [], "llm_config": {"$component_ref": "cfg"}, "system_prompt": "hi", "tools": [], "toolboxes": [],
+        "human_in_the_loop": True, "agentspec_version": "25.4.2"}))
+    shared.write_text(json.dumps({"$referenced_components": {
+        "cfg": {"component_type": "OpenAiCompatibleConfig", "id": "cfg", "name": "m", "description": None,
+                "metadata": {}, "model_id": "x", "api_type": "chat_completions", "url": "http://127.0.0.1:9/v1",
+                "api_key": {"$component_ref": "cfg.api_key"}, "default_generation_parameters": None,
+                "agentspec_version": "25.4.2"},
+        "cfg.api_key": key}}))
+    return flow, shared
+
+
+def test_an_api_key_given_by_component_ref_is_a_reference_not_a_key(sandbox: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    flow, shared = _exported(sandbox, "$HEDDLE_TEST_MODEL_KEY")
+    out = sandbox / "app.heddle"
+    rc, _, stderr = heddle_inproc(capsys, "bundle", flow, "--components", shared, "-o", out)
+    assert rc == 0, stderr
+    import json
+
+    assert [r.name for r in env_reads(json.loads(flow.read_text()), json.loads(shared.read_text()))] == [
+        "HEDDLE_TEST_MODEL_KEY"]
+    # What the reference names is checked where it is written: a key there is refused.
+    flow, shared = _exported(sandbox, "sk-live-123")
+    out.unlink()
+    rc, stdout, stderr = heddle_inproc(capsys, "bundle", flow, "--components", shared, "-o", out)
+    assert rc == 2 and "'cfg.api_key'" in stderr and "literal api_key" in stderr, stderr
+    assert "sk-live-123" not in stdout + stderr and not out.exists()
+
+
+def test_a_referenced_key_is_checked_wherever_it_is_written() -> None:
+    config = {"component_type": "OpenAiConfig", "id": "c", "name": "main", "model_id": "m",
+              "api_key": {"$component_ref": "secret"}}
+    document = {"component_type": "Agent", "llm_config": config, "$referenced_components": {"secret": "$KEY"}}
+    assert literal_keys(document) == []
+    document["$referenced_components"] = {"secret": "abc"}
+    assert literal_keys(document) == [("llm_config 'main' (id 'c') at $.llm_config has a literal api_key, given by "
+                                       "$component_ref 'secret' at $.$referenced_components.secret")]
+    del document["$referenced_components"]
+    assert literal_keys(document, {"$referenced_components": {"secret": "abc"}}) == [
+        ("llm_config 'main' (id 'c') at $.llm_config has a literal api_key, given by $component_ref 'secret' at "
+         "--components $.$referenced_components.secret")]

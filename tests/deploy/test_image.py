@@ -1,7 +1,7 @@
 """The server image's entrypoint as processes, against a real registry (tests/support/registry.py):
 the Containerfile's ENTRYPOINT (tini, then heddle-server) with the Deployment's arguments and
-environment, the pod's folders made as the kubelet makes them (the cache volume a sticky tmpfs, the
-work volume writable by all, the trusted key read-only). It pulls at start and refuses an
+environment, the pod's folders made as the kubelet makes them (the cache and work volumes sticky tmpfs, the
+trusted key read-only). It pulls at start and refuses an
 untrusted signer before the port opens; following its tag it swaps in a new digest between
 requests and refuses one signed by a key it does not trust; on SIGTERM it drains.
 
@@ -61,10 +61,11 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Made:
     gate = root / "gate"
     mine, theirs = generate(root / "release", None), generate(root / "stranger", None)
     bundles = {}
+    # One flow (one name and id: one agent) in every release; the tool is what changes.
+    flow = one_tool_flow("agent", "answer", outputs=("v",)).write(root / "agent.json")
     for name, version, key in (("v1", 1, mine), ("v2", 2, mine), ("untrusted", 3, theirs)):
         tools = root / f"tools-{name}"
         write_script(tools, "answer", _tool(version, gate))
-        flow = one_tool_flow("agent", "answer", outputs=("v",)).write(root / f"{name}.json")
         bundles[name] = heddle.seal(flow, tools_dir=tools, sign_key=key.private_path,
                                     output=root / f"{name}.heddle").path
     return Made(bundles, mine.public_path, gate)
@@ -89,7 +90,7 @@ def _pod(root: Path, made: Made, bundle: str, *, interval: str | None = None) ->
     for path in volumes.values():
         path.mkdir(parents=True)
     os.chmod(volumes["/var/cache/heddle"], 0o1777)  # a memory emptyDir: a tmpfs, sticky like /tmp
-    os.chmod(volumes["/var/lib/heddle/work"], 0o777)  # a disk emptyDir
+    os.chmod(volumes["/var/lib/heddle/work"], 0o1777)  # a memory emptyDir too
     shutil.copy(made.pub, volumes["/etc/heddle/trust"] / "release.pub")
     os.chmod(volumes["/etc/heddle/trust"] / "release.pub", 0o444)
 

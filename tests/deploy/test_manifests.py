@@ -15,6 +15,7 @@ import pytest
 
 from heddle import secret_env
 from heddle.format.cache import CACHE_DIR_ENV
+from heddle.oci.auth import REGISTRY_ENV
 from heddle.server.cli import config_from, parser
 from heddle.server.config import check_config
 from heddle.server.metrics import Metrics
@@ -83,7 +84,7 @@ def test_every_flag_passed_is_one_heddle_server_takes_and_reads(monkeypatch: pyt
     assert config.settings.session_store == environ["HEDDLE_SESSION_STORE"]
     assert config.auth_token == "x", "the bearer token comes from the Secret through HEDDLE_AUTH_TOKEN"
     # Every variable of heddle's the pod sets is one heddle reads; the secret ones come from Secrets.
-    known = {*secret_env.SECRET_ENV, CACHE_DIR_ENV, "TMPDIR", "POD_NAMESPACE"}
+    known = {*secret_env.SECRET_ENV, REGISTRY_ENV, CACHE_DIR_ENV, "TMPDIR", "POD_NAMESPACE"}
     assert set(_env(container)) <= known, sorted(set(_env(container)) - known)
     for name in secret_env.SECRET_ENV & set(_env(container)):
         assert "secretKeyRef" in _env(container)[name].get("valueFrom", {}), f"{name} is not from a Secret"
@@ -144,8 +145,11 @@ def test_non_root_read_only_and_only_the_volumes_written() -> None:
     # its cache), with the cache itself a folder heddle makes in it.
     cache = Path(env[CACHE_DIR_ENV])
     assert str(cache.parent) in mounts and volume_of(str(cache))["emptyDir"]["medium"] == "Memory"
+    # The runs' folders: a folder heddle makes in a memory emptyDir too (a disk one is writable by
+    # everyone, not sticky), which is the temporary folder of the tools.
     work = _flag_value(argv, "--work-dir")
-    assert "emptyDir" in volume_of(work) and env["TMPDIR"] == work
+    assert volume_of(work)["emptyDir"]["medium"] == "Memory" and env["TMPDIR"] == str(Path(work).parent)
+    assert work not in mounts
     for trusted in [a.split("=", 1)[1] for a in argv if a.startswith("--trust=")]:
         volume = volume_of(trusted)
         assert "secret" in volume and mounts[next(m for m in mounts if trusted.startswith(m))]["readOnly"] is True

@@ -1,8 +1,9 @@
-"""Every `sh` block of README.md and docs/*.md runs as written, top to bottom.
+"""Every `sh` block of every README.md (examples/ included) and docs/*.md runs as written, top to bottom.
 
 Each file's blocks run in order in one bash process (so `cd`, variables and background jobs carry
 from one block to the next), under `set -euo pipefail`, in a scratch folder that holds a copy of
-examples/ as a checkout does, with HOME, the XDG folders, the cache and the trust store inside it
+examples/ as a checkout does (a README's blocks start in its own folder there, a docs page's at the
+top), with HOME, the XDG folders, the cache and the trust store inside it
 and this virtualenv first on PATH. A block that cannot run there (a real vendor key, a checkout of
 heddle) has a `<!-- needs: WHAT -->` line just above it and is reported as skipped, with the reason; output
 that is not a command is fenced as `text` (every fence names its language, so none hides).
@@ -23,9 +24,22 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def _readmes() -> list[Path]:
+    """Every README.md of the checkout, outside hidden folders (the virtualenv, caches) and installed packages."""
+    found = []
+    for folder, dirs, files in os.walk(REPO):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("node_modules", "__pycache__")
+                         and not d.endswith(".egg-info"))
+        if "README.md" in files:
+            found.append(Path(folder) / "README.md")
+    return found
+
+
+DOCS = [*_readmes(), *sorted((REPO / "docs").glob("*.md"))]
 SHELL = frozenset({"sh", "bash", "shell"})
-TIMEOUT = 60.0  # seconds for one file's blocks; they take a few
+TIMEOUT = 120.0  # seconds for one file's blocks: a safety net (examples/plugins runs ten commands, a few seconds each)
 
 _FENCE = re.compile(r"^(`{3,}|~{3,})\s*([^`\s]*)")
 _NEEDS = re.compile(r"^<!--\s*needs:\s*(.+?)\s*-->$")
@@ -140,7 +154,9 @@ def test_shell_blocks_run_as_written(path: Path, scratch: Path) -> None:
     # Files, not pipes: a job left running would hold a pipe open after bash exits.
     out_path, err_path = scratch / ".stdout", scratch / ".stderr"
     with out_path.open("w") as out, err_path.open("w") as err:
-        proc = subprocess.Popen(["bash", str(script)], cwd=scratch, env=_env(scratch), stdin=subprocess.DEVNULL,
+        start = scratch / path.parent.relative_to(REPO) if path.name == "README.md" else scratch
+        start.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.Popen(["bash", str(script)], cwd=start, env=_env(scratch), stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=err, start_new_session=True)
         try:
             proc.wait(timeout=TIMEOUT)

@@ -186,7 +186,9 @@ def test_other_versions_are_refused(tmp_path: Path, version: str) -> None:
         load_flow(write(tmp_path / "doc.json", {**llm_node_doc(), "agentspec_version": version}))
 
 
-def test_a_feature_newer_than_the_declared_version_is_warned_about(tmp_path: Path) -> None:
+def test_a_feature_newer_than_the_declared_version_is_refused(tmp_path: Path) -> None:
+    # pyagentspec 26.3.1 refuses a component whose type a later version introduced ("Invalid
+    # agentspec_version: ... the minimum allowed version is 26.1.2").
     sub = {"component_type": "Flow", "id": "sub", "name": "sub", "start_node": {"$component_ref": "ss"},
            "nodes": [{"$component_ref": "ss"}, {"$component_ref": "se"}],
            "control_flow_connections": [{"component_type": "ControlFlowEdge", "name": "x",
@@ -195,13 +197,38 @@ def test_a_feature_newer_than_the_declared_version_is_warned_about(tmp_path: Pat
                                       "se": {"component_type": "EndNode", "id": "se", "name": "se"}}}
     catch = {"component_type": "CatchExceptionNode", "id": "c", "name": "guard", "subflow": sub,
              "agentspec_version": "25.4.1"}
-    flow = load_flow(write(tmp_path / "doc.json", catch))
-    expected = (f"{tmp_path / 'doc.json'}: $ is a CatchExceptionNode, which Agent Spec 26.1.2 introduced, but the "
-                "document declares agentspec_version 25.4.1; declare 26.1.2 or later")
-    assert document_root(flow).warnings == (expected,)
-    assert newer_features({"component_type": "MapNode"}, "25.4.1", source="d") == []  # not dated: no warning
+    with pytest.raises(DocumentError) as caught:
+        load_flow(write(tmp_path / "doc.json", catch))
+    assert str(caught.value) == (f"{tmp_path / 'doc.json'}: $ is a CatchExceptionNode, which Agent Spec 26.1.2 "
+                                 "introduced, but the document declares agentspec_version 25.4.1; declare 26.1.2 "
+                                 "or later")
+    assert newer_features({"component_type": "MapNode"}, "25.4.1", source="d") == []  # in 25.4.1 already
     newer = load_flow(write(tmp_path / "new.json", {**catch, "agentspec_version": "26.1.2"}))
     assert document_root(newer).warnings == ()
+
+
+@pytest.mark.parametrize(("field", "value", "declared", "since"), [
+    # pyagentspec 26.3.1 refuses each of these: a field its declared version predates, given a value
+    # other than its default.
+    ("url_allow_list", ["https://example.com/"], "26.1.0", "26.1.2"),
+    ("sensitive_headers", {"Authorization": "$TOKEN"}, "25.4.1", "25.4.2"),
+    ("requires_confirmation", True, "25.4.1", "25.4.2"),
+    ("data", "a text body", "25.4.1", "25.4.2"),
+])
+def test_a_field_newer_than_the_declared_version_is_refused(tmp_path: Path, field: str, value: Any, declared: str,
+                                                            since: str) -> None:
+    tool = {"component_type": "RemoteTool", "id": "t", "name": "fetch", "url": "https://example.com/a",
+            "http_method": "GET", "inputs": [], "outputs": [], field: value}
+    doc = {"component_type": "Agent", "id": "a", "name": "a", "system_prompt": "hi",
+           "llm_config": llm_config(URL), "tools": [tool], "agentspec_version": declared}
+    with pytest.raises(DocumentError) as caught:
+        load_flow(write(tmp_path / "doc.json", doc))
+    assert (f"$.tools[0]: RemoteTool 'fetch' sets {field}, which Agent Spec {since} introduced, but the document "
+            f"declares agentspec_version {declared}; declare {since} or later") in str(caught.value)
+    # The field at its default is no newer feature (pyagentspec accepts it); nor is it in its version.
+    default = {"url_allow_list": None, "sensitive_headers": {}, "requires_confirmation": False, "data": {}}[field]
+    load_flow(write(tmp_path / "default.json", {**doc, "tools": [{**tool, field: default}]}))
+    load_flow(write(tmp_path / "since.json", {**doc, "agentspec_version": since}))
 
 
 # --------------------------------------------------------------------------- model URLs at run time

@@ -182,6 +182,11 @@ def http_server() -> Iterator[tuple[str, list[dict[str, str]]]]:
         """Always fails."""
         raise ToolError("the adder is broken")
 
+    @server.tool()
+    def flood(a: int, b: int) -> str:
+        """Answers far more than a run reads."""
+        return "x" * (3 << 20)
+
     streamable = server.streamable_http_app()
     # The streamable app's lifespan runs its session manager; mounted, it must be run by the outer app.
     app = Starlette(routes=[Mount("/sse-app", app=server.sse_app()), Mount("/", app=streamable)],
@@ -223,6 +228,17 @@ def test_http_servers(tmp_path: Path, http_server: tuple[str, list[dict[str, str
     assert "tool 'fail'" in error and "the adder is broken" in error
 
 
+@pytest.mark.parametrize(("kind", "path"), [("StreamableHTTPTransport", "/mcp"), ("SSETransport", "/sse-app/sse")])
+def test_an_answer_over_the_cap_fails_the_call(tmp_path: Path, http_server: tuple[str, list[dict[str, str]]],
+                                               kind: str, path: str) -> None:
+    transport = {"component_type": kind, "id": "http", "name": "adder", "url": http_server[0] + path}
+    flow = _adder_flow(transport, "flood", declared=False).write(tmp_path / "flood.json")
+    code, error = refusal(flow, None, {"a": 1, "b": 1}, settings=RunSettings(max_response_bytes=1 << 20,
+                                                                            tool_timeout=20))
+    assert code == 1 and "tool 'flood'" in error and "over 1 MiB once decoded" in error, error
+    assert "--max-response-bytes" in error and "\n" not in error
+
+
 def test_a_listing_unlike_the_declared_inputs_is_refused(tmp_path: Path) -> None:
     script = tmp_path / "stub.py"
     script.write_text(STUB)
@@ -236,7 +252,7 @@ def test_a_listing_unlike_the_declared_inputs_is_refused(tmp_path: Path) -> None
     f.control(node, end)
     code, error = refusal(f.write(tmp_path / "flow.json"), None, {"a": 1})
     assert code != 0
-    assert "MCPTool 'where'" in error and "input 'a'" in error and "fingerprints" in error
+    assert "MCPTool 'where'" in error and "a: the document says integer, the server string" in error
 
 
 @pytest.mark.parametrize("safe", [False, True])
@@ -301,10 +317,11 @@ def test_what_heddle_cannot_run_is_refused_when_the_document_loads(tmp_path: Pat
     assert expected in message and ".tool" in message and "\n" not in message
 
 
-def test_requires_confirmation_needs_a_session_on_a_tool_and_is_refused_on_a_toolbox(tmp_path: Path) -> None:
-    from heddle.errors import DocumentError, NeedsSessionError
+def test_requires_confirmation_needs_a_session_on_a_tool_node_and_is_asked_for_on_a_toolbox(tmp_path: Path) -> None:
+    from heddle.errors import NeedsSessionError
     from heddle.runs import execute, from_document
     from heddle.spec import load_flow
+    from heddle.spec.roots import document_root
 
     transport = {"component_type": "StreamableHTTPTransport", "id": "h", "name": "h", "url": "https://mcp.example/mcp"}
     f = FlowDoc("confirmed")
@@ -317,7 +334,7 @@ def test_requires_confirmation_needs_a_session_on_a_tool_and_is_refused_on_a_too
     # Each call waits for a person's approval: run in a session, refused without one before any server is reached.
     with pytest.raises(NeedsSessionError) as caught:
         asyncio.run(execute(from_document(flow, RunSettings(), inputs={"a": 1})))
-    assert "$.nodes[1].tool: MCPTool 'add' has requires_confirmation: true" in str(caught.value)
+    assert "$.nodes[1].tool: MCPTool 'add' of ToolNode 'sum' has requires_confirmation: true" in str(caught.value)
     toolbox = {"component_type": "MCPToolBox", "id": "box", "name": "box", "client_transport": transport,
                "requires_confirmation": True}
     f = FlowDoc("boxed")
@@ -327,10 +344,8 @@ def test_requires_confirmation_needs_a_session_on_a_tool_and_is_refused_on_a_too
     end = f.end([])
     f.control(start, agent)
     f.control(agent, end)
-    with pytest.raises(DocumentError) as refused:
-        load_flow(f.write(tmp_path / "boxed.json"))
-    assert "MCPToolBox 'box' has requires_confirmation: true, which heddle does not honour on a toolbox" in str(
-        refused.value) and "\n" not in str(refused.value)
+    # A toolbox's calls are asked for when its agent makes them (tests/engine/test_reference_readings.py).
+    assert document_root(load_flow(f.write(tmp_path / "boxed.json"))).waits == ()
 
 
 def test_a_request_flow_may_not_start_a_stdio_server(tmp_path: Path) -> None:

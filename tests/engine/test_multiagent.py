@@ -196,8 +196,8 @@ def test_an_a2a_agent_or_a_group_in_a_group_is_refused_naming_why(tmp_path: Path
             "group_manager": agent("Manager", "You lead."), "workers": [remote]}
     with pytest.raises(DocumentError) as err:
         load_flow(write(tmp_path / "a2a.json", team))
-    assert ("$.workers[0]: A2AAgent 'far away' cannot run in heddle: it is an agent served elsewhere over the A2A "
-            "protocol, which heddle does not speak") in str(err.value)
+    assert ("workers[0] is an A2AAgent: the reference runtime takes only Agents as a Swarm's or a ManagerWorkers' "
+            "agents") in str(err.value)
     with pytest.raises(DocumentError) as err:
         load_flow(write(tmp_path / "nested.json", {**team, "workers": [swarm()]}))
     assert "workers[0] is a Swarm: heddle runs a Swarm's or a ManagerWorkers' agents when they are Agents" in str(

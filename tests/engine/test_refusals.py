@@ -82,8 +82,9 @@ def test_requires_confirmation_needs_a_session_wherever_it_is(tmp_path):
     tool = {**server_tool("get_weather", ["city"]), "requires_confirmation": True}
     tools = tmp_path / "tools"
     write_tool(tools, "get_weather.py", "out = {}")
-    message = needs_session(write(tmp_path, agent("weather", tools=[tool])), tools, "Weather?")
-    assert "$.tools[0]: ServerTool 'get_weather' has requires_confirmation: true" in message
+    # An agent may never call it: it runs without a session, and a call it makes ends the run then
+    # (tests/engine/test_reference_readings.py).
+    assert may_wait(write(tmp_path, agent("weather", tools=[tool]))) == ()
     f = FlowDoc("confirm")
     s = f.start(["city"])
     t = f.tool_node("ask", tool)
@@ -91,16 +92,14 @@ def test_requires_confirmation_needs_a_session_wherever_it_is(tmp_path):
     f.control(s, t)
     f.control(t, e)
     message = needs_session(f.write(tmp_path / "flow.json"), tools)
-    assert "$.nodes[1].tool: ServerTool 'get_weather' has requires_confirmation: true" in message
+    assert "$.nodes[1].tool: ServerTool 'get_weather' of ToolNode 'ask' has requires_confirmation: true" in message
     # false, or not written, is what heddle does: run the tool.
     assert may_wait(write(tmp_path, agent(tools=[{**tool, "requires_confirmation": False}]))) == ()
 
 
-def test_human_in_the_loop_inside_a_flow_needs_a_session_a_top_level_agent_runs(tmp_path):
-    message = needs_session(agent_node_flow(tmp_path, agent(human_in_the_loop=True)))
-    assert ("$.nodes[1].agent: Agent 'helper' has human_in_the_loop: true inside a flow (it may stop to ask the user, "
-            "and the flow waits for the reply)") in message
-    for allowed in (agent(human_in_the_loop=False), agent()):
+def test_human_in_the_loop_inside_a_flow_may_wait_but_is_not_refused_before_it_does(tmp_path):
+    # It may give its outputs without asking anyone: refused only when it does ask (test_reference_readings.py).
+    for allowed in (agent(human_in_the_loop=True), agent(human_in_the_loop=False), agent()):
         assert check_doc(agent_node_flow(tmp_path, allowed)) == (0, "")
         assert may_wait(agent_node_flow(tmp_path, allowed)) == ()
     top = write(tmp_path, agent(human_in_the_loop=True))
@@ -125,12 +124,19 @@ def test_a_specialisation_decides_human_in_the_loop(tmp_path):
                 "agent_specialization_parameters": {"component_type": "AgentSpecializationParameters", "id": "p",
                                                     "name": "p", "human_in_the_loop": override}}
 
-    assert "$.nodes[1].agent: SpecializedAgent 'special' has human_in_the_loop: true" in needs_session(
-        agent_node_flow(tmp_path, specialised(True, None)))
-    assert "SpecializedAgent 'special' has human_in_the_loop" in needs_session(
-        agent_node_flow(tmp_path, specialised(False, True)))
+    from heddle.spec.waits import wait_points
+
+    def possible(doc: dict[str, Any]) -> list[str]:
+        # What would be refused inside parallel work: where the agent may wait.
+        flow = {"component_type": "ParallelFlowNode", "id": "par", "name": "par", "subflows": [
+            {"component_type": "Flow", "id": "f", "name": "f", "nodes": [{"component_type": "AgentNode", "id": "n",
+                                                                          "name": "n", "agent": doc}]}]}
+        return wait_points(flow)[1]
+
+    assert "SpecializedAgent 'special' has human_in_the_loop: true" in possible(specialised(True, None))[0]
+    assert "SpecializedAgent 'special' has human_in_the_loop: true" in possible(specialised(False, True))[0]
+    assert possible(specialised(True, False)) == []
     assert check_doc(agent_node_flow(tmp_path, specialised(True, False))) == (0, "")
-    assert may_wait(agent_node_flow(tmp_path, specialised(True, False))) == ()
 
 
 def test_a_client_tool_needs_a_session_in_a_tool_node_and_when_an_agent_calls_it(tmp_path):
@@ -232,12 +238,18 @@ def test_one_name_for_two_tools_is_refused(tmp_path):
 
 def test_the_cli_refuses_in_one_line(tmp_path, capsys):
     tool = {**server_tool("get_weather", ["city"]), "requires_confirmation": True}
-    doc = write(tmp_path, agent("weather", tools=[tool]))
+    f = FlowDoc("confirm")
+    s = f.start(["city"])
+    t = f.tool_node("ask", tool)
+    e = f.end()
+    f.control(s, t)
+    f.control(t, e)
+    doc = f.write(tmp_path / "flow.json")
     # The document is otherwise runnable (its tool is in the tools folder): what is refused is running
     # it without a session.
     write_script(tmp_path / "tools", "get_weather", 'print("{}")')
     # The command's entry function in this process (a one-line refusal from a process: test_run.py's).
-    proc = heddle_here(capsys, "run", doc, "--tools-dir", tmp_path / "tools", "--message", "Weather in Paris?")
+    proc = heddle_here(capsys, "run", doc, "--tools-dir", tmp_path / "tools", "--input", '{"city": "Paris"}')
     assert proc.returncode == 2 and proc.stdout == ""
     line = error_line(proc)
     assert "requires_confirmation: true" in line and "--session NAME" in line and str(doc) in line

@@ -59,7 +59,7 @@ def test_input_that_is_not_a_json_object_is_refused(tmp_path: Path, capsys: pyte
 def test_missing_flow_input_is_named(tmp_path: Path) -> None:
     flow, tools = chain(tmp_path)
     code, line = refusal(flow, tools, {"a": 1})
-    assert code == 1 and "the flow needs input 'b'" in line
+    assert code == 2 and "the flow needs input 'b'" in line
 
 
 def test_tool_declared_inputs_filter_and_defaults_fill(tmp_path: Path) -> None:

@@ -15,12 +15,13 @@ import json
 import re
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from heddle.canonical import fingerprint
 from heddle.engine import events as ev
 from heddle.engine.journal import Answer
 from heddle.engine.run import RunOutcome
@@ -28,6 +29,7 @@ from heddle.errors import (
     DocumentError,
     NeedsSessionError,
     RunError,
+    SessionAlreadyAnswered,
     SessionConflict,
     SessionError,
     SessionTooLarge,
@@ -36,7 +38,7 @@ from heddle.errors import (
 from heddle.runs import execute, from_document
 from heddle.sessions.record import decode
 from heddle.sessions.store import MAX_SESSION_BYTES
-from heddle.sessions.turn import SessionUse, flow_digest
+from heddle.sessions.turn import SessionUse, Turn, flow_digest, run_turn
 from heddle.settings import RunSettings
 from tests.support.flows import FlowDoc, llm_config, prop, server_tool, write_tool
 from tests.support.inproc import URL, served_model
@@ -139,7 +141,8 @@ def test_each_kind_of_wait_stops_there_and_resumes_exactly_there(tmp_path: Path,
     # The resumed step replays `count` from the journal: no event says it ran again.
     assert not [e for e in second.events if isinstance(e, ev.NodeStart) and e.node == "count"]
     record = decode("chat", store.sessions["chat"].data, store="memory")
-    assert (record.status, record.turns, store.sessions["chat"].version) == ("idle", 1, 2)
+    # Version 2 claimed the answer before anything ran; 3 is the finished turn.
+    assert (record.status, record.turns, store.sessions["chat"].version) == ("idle", 1, 3)
 
 
 def confirm_agent(tmp_path: Path) -> tuple[Path, Path, Path]:
@@ -162,7 +165,8 @@ def test_an_approved_call_runs_once_and_the_model_is_not_asked_again_for_the_tur
     store = MemStore()
     first = step(doc, store, tools=tools, message="stamp the form", script=[CALL])
     assert first.outcome.waiting is not None and first.outcome.waiting.as_json() == {
-        "kind": "approval", "node": first.outcome.waiting.node, "tool": "stamp", "arguments": {"text": "form"}}
+        "kind": "approval", "node": first.outcome.waiting.node, "tool": "stamp", "arguments": {"text": "form"},
+        "fingerprint": fingerprint({"text": "form"})}
     assert len(first.requests) == 1 and ran(log) == []
     second = step(doc, store, tools=tools, answer={"approve": True}, script=[{"content": "Stamped."}])
     assert second.outcome.outputs == {"result": "Stamped."}
@@ -170,6 +174,62 @@ def test_an_approved_call_runs_once_and_the_model_is_not_asked_again_for_the_tur
     sent = second.requests[0]["body"]["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool"]
     assert sent[1]["content"] == "stamp the form" and "form stamped" in sent[-1]["content"]
+
+
+def test_an_approval_is_bound_to_the_arguments_shown_and_a_call_with_others_never_runs(tmp_path: Path) -> None:
+    doc, tools, log = confirm_agent(tmp_path)
+    store = MemStore()
+    first = step(doc, store, tools=tools, message="stamp the form", script=[CALL])
+    assert first.outcome.waiting is not None and first.outcome.waiting.fingerprint == fingerprint({"text": "form"})
+    # The record edited behind heddle's back (this store seals nothing): the wait still shows "form", the
+    # model's recorded call the run replays now asks for "FORGED".
+    stored = store.sessions["chat"]
+    record = json.loads(stored.data)
+    journal = record["pending"]["journal"]
+    journal["entries"] = json.loads(json.dumps(journal["entries"]).replace("form", "FORGED"))
+    assert "FORGED" in json.dumps(journal) and record["pending"]["waiting_for"]["arguments"] == {"text": "form"}
+    store.sessions["chat"] = replace(stored, data=json.dumps(record).encode())
+    with pytest.raises(SessionError, match=r"other than those the answer was given for.*it is not run"):
+        step(doc, store, tools=tools, answer={"approve": True}, script=[{"content": "Stamped."}])
+    assert ran(log) == []
+
+    # An answer that names another call than the one waiting is refused before anything runs.
+    again = MemStore()
+    step(doc, again, tools=tools, message="stamp the form", script=[CALL])
+    before, writes = (again.get("chat").version, again.get("chat").data), again.writes
+    with pytest.raises(SessionConflict, match="the answer was given for another call, and nothing ran"):
+        step(doc, again, tools=tools, answer={"approve": True, "fingerprint": fingerprint({"text": "other"})})
+    assert unchanged(again, "chat", before, writes) and ran(log) == []
+    done = step(doc, again, tools=tools, answer={"approve": True, "fingerprint": fingerprint({"text": "form"})},
+                script=[{"content": "Stamped."}])
+    assert done.outcome.outputs == {"result": "Stamped."} and ran(log) == ["stamp"]
+
+
+def test_an_answer_taken_is_never_taken_again_even_after_its_run_was_stopped(tmp_path: Path) -> None:
+    doc, tools, log = waiting_flow(tmp_path, "approval")
+    store = MemStore()
+    assert step(doc, store, tools=tools, inputs={"x": "a"}).outcome.waiting is not None
+    record = decode("chat", store.sessions["chat"].data, store="memory")
+
+    async def stopped(turn: Turn) -> RunOutcome:
+        raise asyncio.CancelledError  # the process stops (a crash, a kill) once the answer is taken
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(run_turn(SessionUse(store, "chat", answer=Answer("approval", approved=True)),
+                             digest=record.digest, document=record.document, inputs={}, inputs_given=False,
+                             message=None, run=stopped))
+    taken = decode("chat", store.sessions["chat"].data, store="memory")
+    assert taken.status == "interrupted" and taken.pending is not None and taken.pending.answered is not None
+    # Another answer while it is taken (its run may still be going on) is refused, and runs nothing.
+    for answer in ({"approve": True}, {"deny": "no"}):
+        with pytest.raises(SessionAlreadyAnswered, match=r"was already answered .* this one ran nothing"):
+            step(doc, store, tools=tools, answer=answer)
+    # --resume goes on from there, and asks again rather than take the same answer a second time.
+    resumed = step(doc, store, tools=tools, resume=True)
+    assert resumed.outcome.waiting is not None and resumed.outcome.waiting.tool == "stamp"
+    assert ran(log) == ["count"]
+    assert step(doc, store, tools=tools, answer={"approve": True}).outcome.outputs["stamped"] == "a! stamped"
+    assert ran(log) == ["count", "stamp"]
 
 
 def test_a_denied_call_never_runs_and_the_model_is_told_why(tmp_path: Path) -> None:
@@ -314,13 +374,14 @@ def test_without_a_session_a_document_that_may_wait_is_refused_before_anything_r
         asyncio.run(execute(from_document(doc, RunSettings(), tools_dir=tools, inputs={"x": "a"})))
     assert "InputMessageNode 'ask' waits for the user's message" in str(err.value)
     assert "--session NAME" in str(err.value) and err.value.exit_code == 2
+    # An agent that may call a tool requiring confirmation runs; its call ends the run, naming --session.
     agent, tools, log = confirm_agent(tmp_path / "agent")
     with served_model([CALL]) as model:
         with pytest.raises(NeedsSessionError) as err:
             asyncio.run(execute(from_document(agent, RunSettings(), tools_dir=tools), message="stamp it",
                                 transport=model.transport))
-        assert model.requests() == []
-    assert "ServerTool 'stamp' has requires_confirmation: true" in str(err.value)
+        assert len(model.requests()) == 1
+    assert "waits for an approval" in str(err.value) and "--session NAME" in str(err.value)
     assert ran(log) == []
 
 
@@ -396,8 +457,8 @@ def test_a_durable_run_checkpoints_each_node_and_resumes_after_the_last_that_fin
     assert resumed.outcome.outputs == {"c": "x123"}
     assert ran(log) == ["one", "two", "three"]  # nodes one and two did not run again
     assert [e.node for e in resumed.events if isinstance(e, ev.NodeStart)] == ["three", "end"]
-    # The checkpoint after `three`, then the turn's record.
-    assert len(written) == 2 and decode("chat", written[-1], store="memory").pending is None
+    # The resume claimed before anything ran, the checkpoint after `three`, then the turn's record.
+    assert len(written) == 3 and decode("chat", written[-1], store="memory").pending is None
 
 
 def test_parallel_branches_of_a_durable_run_checkpoint_one_at_a_time(tmp_path: Path) -> None:
@@ -497,7 +558,8 @@ def test_the_librarys_session_arguments_are_checked_before_anything_runs(tmp_pat
     assert ran(log) == [] and not (tmp_path / "sessions.db").exists() and not (tmp_path / "dir").exists()
     waiting = heddle.run(doc, tools_dir=tools, inputs={"x": "a"}, session="s", settings=db)
     assert (waiting.session, waiting.waiting) == ("s", {"kind": "approval", "node": "ask", "tool": "stamp",
-                                                        "arguments": {"counted": "a!"}})
+                                                        "arguments": {"counted": "a!"},
+                                                        "fingerprint": fingerprint({"counted": "a!"})})
     assert waiting.state == {} and isinstance(waiting.events[-1], heddle.Waiting)
     done = heddle.run(doc, tools_dir=tools, session="s", answer={"approve": True}, settings=db)
     assert done.waiting is None and done.outputs == {"counted": "a!", "stamped": "a! stamped"}

@@ -181,9 +181,9 @@ def test_cli_durations_with_a_unit_and_plain_seconds_behave_the_same(tmp_path, c
     f.control(t, e)
     flow = f.write(tmp_path / "f.json")
     expected = "error: tool 'nap': timed out after 0.3 s and was killed (raise --tool-timeout if it needs longer)"
-    with_unit = heddle("run", flow, "-t", tools, "--input", '{"x": 1}', "--tool-timeout", "300ms")
+    with_unit = heddle("run", flow, "-t", tools, "--input", '{"x": "1"}', "--tool-timeout", "300ms")
     # The plain number through the same entry function in this process (the one above is a process).
-    plain = heddle_here(capsys, "run", flow, "-t", tools, "--input", '{"x": 1}', "--tool-timeout", "0.3")
+    plain = heddle_here(capsys, "run", flow, "-t", tools, "--input", '{"x": "1"}', "--tool-timeout", "0.3")
     assert (with_unit.returncode, error_line(with_unit)) == (plain.returncode, error_line(plain)) == (1, expected)
     assert "note:" not in with_unit.stderr
     assert ("note: --tool-timeout 0.3: a plain number is read as seconds, which is deprecated; write it with its "

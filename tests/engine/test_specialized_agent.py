@@ -94,7 +94,6 @@ def test_in_an_agent_node(tmp_path):
 @pytest.mark.parametrize(("change", "expected"), [
     (lambda d: d["agent_specialization_parameters"]["additional_tools"].append(server_tool("lookup", ["q"])),
      "both have a tool named 'lookup'"),
-    (lambda d: d.update(system_prompt="mine"), "system_prompt come from its agent"),
     (lambda d: d["agent_specialization_parameters"].update(inputs=[prop("animal", "integer")]),
      "input 'animal' is string in its agent and integer"),
 ])
@@ -106,3 +105,15 @@ def test_what_a_specialisation_cannot_say(tmp_path, change, expected):
     with pytest.raises(DocumentError) as err:
         load_flow(write(tmp_path / "agent.json", doc))
     assert expected in str(err.value) and "SpecializedAgent 'newsletter agent'" in str(err.value)
+
+
+def test_a_field_of_its_agent_written_on_the_specialisation_is_not_read(tmp_path):
+    # pyagentspec 26.3.1 drops it (a SpecializedAgent has no system_prompt of its own): the agent's is used.
+    from heddle.spec import load_flow
+    from heddle.spec.roots import document_root
+
+    doc = specialized()
+    doc["system_prompt"] = "mine"
+    flow = load_flow(write(tmp_path / "agent.json", doc))
+    assert "SpecializedAgent 'newsletter agent' has field 'system_prompt'" in " ".join(document_root(flow).warnings)
+    assert "mine" not in json.dumps(flow.model_dump(mode="json"))

@@ -25,7 +25,7 @@ found = {}
 assert run_app(app, ["run", "--help"]) == 0
 found["run --help"] = sorted(m for m in ("pydantic", "jsonschema", "httpx") if m in sys.modules)
 assert run_app(app, ["run", sys.argv[1], "--tools-dir", sys.argv[2], "--input", '{"n": 1}']) == 0
-found["run"] = sorted(m for m in ("jsonschema", "httpx", "typer._adapters") if m in sys.modules)
+found["run"] = sorted(m for m in ("jsonschema", "httpx", "typer._adapters", "opentelemetry") if m in sys.modules)
 print(json.dumps(found))
 """
 

@@ -13,7 +13,7 @@ import pytest
 from tests.support.cli import error_line
 from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc, llm_config, server_tool, write_tool
-from tests.support.inproc import check_doc, refusal, run_doc
+from tests.support.inproc import check_doc, run_doc
 
 
 def _tool_flow(tmp_path: Path) -> Path:
@@ -69,7 +69,7 @@ def test_an_edge_by_a_branch_the_node_does_not_have_is_named(tmp_path: Path) -> 
             "(its branches: sweet, default)") in error
 
 
-def test_a_default_branch_without_an_edge_is_a_warning_and_fails_only_when_taken(tmp_path: Path) -> None:
+def test_a_default_branch_without_an_edge_is_a_warning_and_ends_the_flow_when_taken(tmp_path: Path) -> None:
     flow = _routed(tmp_path, [("a", "sweet")])
     assert check_doc(flow) == (0, "")
     from heddle.engine import events as ev
@@ -77,16 +77,16 @@ def test_a_default_branch_without_an_edge_is_a_warning_and_fails_only_when_taken
     events: list[ev.Event] = []
     assert run_doc(flow, inputs={"kind": "fruit"}, events=events)["kind"] == "fruit"
     warnings = [e.message for e in events if isinstance(e, ev.Warning)]
-    expected = ("BranchingNode 'router' can take branch 'default' but no control edge leaves by it: a value "
-                "its mapping does not list will fail the run there")
+    expected = ("BranchingNode 'router' can take branch 'default' but no control edge leaves by it: the flow ends "
+                "there if it takes it, with the outputs it has (their defaults for the rest)")
     assert warnings == [expected]
     from heddle.spec import load_flow
     from heddle.validation import validation_report
 
     report = validation_report(load_flow(flow), tools=None, source=str(flow))
     assert report["valid"] is True and report["warnings"] == [expected]
-    code, error = refusal(flow, inputs={"kind": "stone"})
-    assert code == 1 and "BranchingNode 'router' chose branch 'default' but no control edge leaves by it" in error
+    # As the reference runtime ends it: the flow ends normally with the outputs it has.
+    assert run_doc(flow, inputs={"kind": "stone"})["kind"] == "stone"
 
 
 def test_an_input_message_node_is_valid_and_the_other_problems_are_named(tmp_path: Path) -> None:
@@ -109,15 +109,18 @@ def test_an_input_message_node_is_valid_and_the_other_problems_are_named(tmp_pat
 def test_a_component_type_the_reader_does_not_have_is_refused_with_its_reason(tmp_path: Path) -> None:
     f = FlowDoc()
     s = f.start(["q"])
-    api = f._node("ApiNode", "weather", ["q"], ["weather"], url="https://example.test/{{q}}", http_method="GET")
+    oci = {"component_type": "OciAgent", "id": "oci", "name": "weather", "agent_endpoint_id": "ocid1.x",
+           "client_config": {"component_type": "OciClientConfigWithApiKey", "id": "c", "name": "c",
+                             "service_endpoint": "https://example.test", "auth_profile": "DEFAULT",
+                             "auth_file_location": "~/.oci/config"}}
+    api = f._node("AgentNode", "weather", ["q"], ["weather"], agent=oci)
     e = f.end(["weather"])
     f.control(s, api)
     f.control(api, e)
     code, error = check_doc(f.write(tmp_path / "f.json"))
     assert code == 2
-    assert error.endswith("$.nodes[1]: ApiNode 'weather' cannot run in heddle: heddle does not make HTTP calls from "
-                          "a node; what would run it: a ToolNode whose tool is a RemoteTool makes the same request; "
-                          "or a plugin that declares this node type (--plugin MANIFEST)")
+    assert error.endswith("$.nodes[1].agent: OciAgent 'weather' cannot run in heddle: it is an agent hosted by OCI "
+                          "Generative AI Agents, which heddle does not call; what would run it: a later heddle")
     assert "\n" not in error
 
 

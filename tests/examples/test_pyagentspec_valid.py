@@ -1,16 +1,16 @@
 """heddle's own documents (`heddle init`'s starter, every flow in examples/) are valid Agent Spec for
 pyagentspec 26.3.1, the specification's own reader.
 
-pyagentspec is never a dependency: it is installed into a scratch virtualenv once per machine
-(under $XDG_CACHE_HOME/heddle-tests, keyed by its version and the interpreter's) and run there as
-a subprocess. Where it cannot be installed (no package index), the test skips and says why.
+pyagentspec is never a dependency: it is installed into a scratch virtualenv once per checkout
+(under pytest's cache folder, .pytest_cache/heddle-tests, keyed by its version and the
+interpreter's; never the user's own cache) and run there as a subprocess. Where it cannot be
+installed (no package index), the test skips and says why.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -50,16 +50,15 @@ print(json.dumps(out))
 
 
 def _cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "heddle-tests"
+    return REPO / ".pytest_cache" / "heddle-tests"
 
 
-def _pyagentspec_python() -> Path:
-    """The scratch virtualenv's python with pyagentspec installed: made once, then reused; skips the
-    test with pip's own words when the package cannot be installed."""
+def _pyagentspec_python(version: str = VERSION) -> Path:
+    """The scratch virtualenv's python with pyagentspec `version` installed: made once, then reused;
+    skips the test with pip's own words when the package cannot be installed."""
     root = _cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    venv = root / f"pyagentspec-{VERSION}-py{sys.version_info.major}.{sys.version_info.minor}"
+    venv = root / f"pyagentspec-{version}-py{sys.version_info.major}.{sys.version_info.minor}"
     python = venv / "bin" / "python"
     done = venv / ".installed"
     # Two test workers may get here at once: one installs, the other waits for it.
@@ -74,19 +73,19 @@ def _pyagentspec_python() -> Path:
             subprocess.run([sys.executable, "-m", "venv", str(staging)], check=True, capture_output=True)
             pip = subprocess.run(
                 [str(staging / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                 "--retries", "0", "--timeout", "15", f"pyagentspec=={VERSION}"],
+                 "--retries", "0", "--timeout", "15", f"pyagentspec=={version}"],
                 check=False, capture_output=True, text=True, timeout=100, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             shutil.rmtree(staging, ignore_errors=True)
-            pytest.skip(f"pyagentspec {VERSION} could not be installed: pip found no index within 100 s")
+            pytest.skip(f"pyagentspec {version} could not be installed: pip found no index within 100 s")
         if pip.returncode != 0:
             shutil.rmtree(staging, ignore_errors=True)
             said = [line for line in pip.stderr.splitlines() if line.strip() and "WARNING: Location" not in line]
-            pytest.skip(f"pyagentspec {VERSION} could not be installed: {said[-1] if said else 'pip failed'}")
+            pytest.skip(f"pyagentspec {version} could not be installed: {said[-1] if said else 'pip failed'}")
         # The venv's scripts name the folder it was made in; only its python is used (`python -m`,
         # `python -c`), which finds its packages relative to itself wherever the folder is.
         staging.rename(venv)
-        done.write_text(VERSION, encoding="utf-8")
+        done.write_text(version, encoding="utf-8")
     return python
 
 
@@ -112,3 +111,37 @@ def test_the_starter_and_every_example_are_valid_agent_spec(tmp_path: Path) -> N
     problems = {name: found[str(path)] for name, path in docs.items() if found[str(path)]}
     assert problems == {}, json.dumps(problems, indent=2)
     assert len(docs) >= 6  # the starter, the three examples and the plugin examples but one
+
+
+def test_the_version_table_is_pyagentspec_s() -> None:
+    # heddle/spec/agentspec_versions.json (the first version of each type and field, which heddle
+    # refuses a document for predating, as pyagentspec does) is what the installed release prints.
+    python = _pyagentspec_python()
+    script = REPO / "scripts" / "agentspec_versions.py"
+    proc = subprocess.run([str(python), str(script)], check=False, capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    table = json.loads((REPO / "heddle" / "spec" / "agentspec_versions.json").read_text(encoding="utf-8"))
+    assert table["pyagentspec"] == VERSION
+    assert json.loads(proc.stdout) == table
+
+
+def test_heddle_validate_agrees_with_pyagentspec_on_every_example() -> None:
+    # Valid for `heddle validate` (with the example's tools folder) exactly where pyagentspec 26.3.1
+    # loads it; the plugin-typed example is refused by both (neither has its plugin here).
+    from tests.support.inproc import check_doc
+
+    python = _pyagentspec_python()
+    flows = sorted(EXAMPLES.rglob("flow.yaml"))
+    proc = subprocess.run([str(python), "-c", CHECK, *map(str, flows)], check=False, capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    verdicts = {}
+    for flow in flows:
+        tools = flow.parent / "tools"
+        code, line = check_doc(flow, tools if tools.is_dir() else None)
+        verdicts[flow.relative_to(EXAMPLES).as_posix()] = (not found[str(flow)], code == 0, line)
+    disagree = {name: v for name, v in verdicts.items() if v[0] != v[1]}
+    assert disagree == {}, json.dumps(disagree, indent=2)
+    assert not verdicts["plugins/custom-node/flow.yaml"][0]

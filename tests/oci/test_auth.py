@@ -41,10 +41,18 @@ def test_docker_config_and_environment_credentials(tmp_path: Path) -> None:
     assert other is not None and other.username == "bo"
     assert find_credentials("empty.example.com", env) is None
     assert find_credentials("nowhere.example.com", env) is None
-    # The environment variables win over the file, for any registry.
-    both = {**env, "HEDDLE_REGISTRY_USERNAME": "ci", "HEDDLE_REGISTRY_PASSWORD": "tok"}
+    # The environment variables win over the file, for the registry HEDDLE_REGISTRY names alone.
+    both = {**env, "HEDDLE_REGISTRY_USERNAME": "ci", "HEDDLE_REGISTRY_PASSWORD": "tok",
+            "HEDDLE_REGISTRY": "REG.example.com"}
     from_env = find_credentials("reg.example.com", both)
     assert from_env is not None and (from_env.username, from_env.password) == ("ci", "tok")
+    kept = find_credentials("other.example.com", both)  # another registry gets its own, from the file
+    assert kept is not None and kept.username == "bo"
+    assert find_credentials("nowhere.example.com", both) is None
+    for registry in ("", "https://reg.example.com", "reg.example.com/v2"):
+        with pytest.raises(RegistryError, match="HEDDLE_REGISTRY") as refused:
+            find_credentials("reg.example.com", {**both, "HEDDLE_REGISTRY": registry})
+        assert "tok" not in refused.value.message
     with pytest.raises(RegistryError, match="HEDDLE_REGISTRY_USERNAME is set but HEDDLE_REGISTRY_PASSWORD is not"):
         find_credentials("reg.example.com", {**env, "HEDDLE_REGISTRY_USERNAME": "ci"})
     bad = _config(tmp_path / "bad", {"auths": {"reg.example.com": {"auth": "not base64!"}}})
@@ -96,7 +104,8 @@ def _registry(realm: str, seen: list[httpx.Request]) -> httpx.MockTransport:
 
 def test_a_bearer_challenge_is_answered_with_a_token_from_its_realm(tmp_path: Path) -> None:
     seen: list[httpx.Request] = []
-    env = {"HEDDLE_REGISTRY_USERNAME": "ann", "HEDDLE_REGISTRY_PASSWORD": "pw", "HOME": str(tmp_path)}
+    env = {"HEDDLE_REGISTRY_USERNAME": "ann", "HEDDLE_REGISTRY_PASSWORD": "pw", "HEDDLE_REGISTRY": "reg.example.com",
+           "HOME": str(tmp_path)}
     resolved = resolve("oci://reg.example.com/team/app:v1", environ=env, cache_dir=tmp_path / "c",
                        transport=_registry("https://auth.example.com/token", seen))
     assert resolved.size == 3 and resolved.layer_digest == DIGEST
@@ -111,7 +120,8 @@ def test_a_bearer_challenge_is_answered_with_a_token_from_its_realm(tmp_path: Pa
 
 def test_no_credentials_go_to_a_plain_http_realm_elsewhere(tmp_path: Path) -> None:
     seen: list[httpx.Request] = []
-    env = {"HEDDLE_REGISTRY_USERNAME": "ann", "HEDDLE_REGISTRY_PASSWORD": "pw", "HOME": str(tmp_path)}
+    env = {"HEDDLE_REGISTRY_USERNAME": "ann", "HEDDLE_REGISTRY_PASSWORD": "pw", "HEDDLE_REGISTRY": "reg.example.com",
+           "HOME": str(tmp_path)}
     with pytest.raises(RegistryError) as caught:
         resolve("oci://reg.example.com/team/app:v1", environ=env, cache_dir=tmp_path / "c",
                 transport=_registry("http://auth.example.com/token", seen))
@@ -135,7 +145,7 @@ def test_a_redirect_keeps_the_scheme_rule_and_drops_credentials(tmp_path: Path) 
             return httpx.Response(307, headers={"Location": target})
         return httpx.Response(200, content=b"abc")
 
-    env = {"HEDDLE_REGISTRY_USERNAME": "ann", "HEDDLE_REGISTRY_PASSWORD": "pw"}
+    env = {"HEDDLE_REGISTRY_USERNAME": "ann", "HEDDLE_REGISTRY_PASSWORD": "pw", "HEDDLE_REGISTRY": "reg.example.com"}
     with Registry(parse_oci("oci://reg.example.com/app:v1"), environ=env,
                   transport=httpx.MockTransport(handle)) as registry:
         with registry.blob("good") as response:
@@ -143,6 +153,37 @@ def test_a_redirect_keeps_the_scheme_rule_and_drops_credentials(tmp_path: Path) 
         assert seen[-1].url.host == "blobs.example.net" and "authorization" not in seen[-1].headers
         with pytest.raises(RegistryError, match=r"is plain HTTP to blobs\.example\.net"), registry.blob("bad"):
             pass
+
+
+def test_credentials_answer_no_challenge_from_elsewhere(tmp_path: Path) -> None:
+    """A redirect to a host that asks, and a realm on plain HTTP elsewhere: neither hears the password."""
+    env = {"HEDDLE_REGISTRY_USERNAME": "ann", "HEDDLE_REGISTRY_PASSWORD": "pw", "HEDDLE_REGISTRY": "reg.example.com",
+           "HOME": str(tmp_path)}
+    seen: list[httpx.Request] = []
+
+    def redirected(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.host == "reg.example.com":
+            return httpx.Response(307, headers={"Location": "https://evil.example.net/v2/team/app/manifests/v1"})
+        return httpx.Response(401, headers={"WWW-Authenticate": 'Bearer realm="https://evil.example.net/token"'})
+
+    with pytest.raises(RegistryError, match=r"evil\.example\.net, where reg\.example\.com redirected heddle, asks "
+                                            r"for credentials; heddle sends reg\.example\.com's to reg\.example\.com "
+                                            r"alone"):
+        resolve("oci://reg.example.com/team/app:v1", environ=env, cache_dir=tmp_path / "c",
+                transport=httpx.MockTransport(redirected))
+    assert [r.url.host for r in seen] == ["reg.example.com", "evil.example.net"]
+    assert all("authorization" not in r.headers for r in seen)
+    # With --plain-http a realm may be plain HTTP, but then only on the registry's own host.
+    seen.clear()
+    with pytest.raises(RegistryError, match=r"token service auth\.example\.com is plain HTTP on another host"):
+        resolve("oci://reg.example.com/team/app:v1", environ=env, cache_dir=tmp_path / "c", plain_http=True,
+                transport=_registry("http://auth.example.com/token", seen))
+    assert [r.url.host for r in seen] == ["reg.example.com"]
+    seen.clear()
+    resolved = resolve("oci://reg.example.com/team/app:v1", environ=env, cache_dir=tmp_path / "c", plain_http=True,
+                       transport=_registry("http://reg.example.com:8080/token", seen))
+    assert resolved.size == 3 and [r.url.port for r in seen] == [None, 8080, None]
 
 
 def test_a_manifest_that_is_not_the_digest_asked_for_is_refused(tmp_path: Path) -> None:

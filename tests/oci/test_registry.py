@@ -64,7 +64,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HEDDLE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("HEDDLE_TRUST_DIR", str(tmp_path / "trust"))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    for name in ("DOCKER_CONFIG", "HEDDLE_REGISTRY_USERNAME", "HEDDLE_REGISTRY_PASSWORD"):
+    for name in ("DOCKER_CONFIG", "HEDDLE_REGISTRY_USERNAME", "HEDDLE_REGISTRY_PASSWORD", "HEDDLE_REGISTRY"):
         monkeypatch.delenv(name, raising=False)
     return tmp_path
 
@@ -209,6 +209,7 @@ def test_credentials_from_the_docker_config_and_the_environment(auth_registry: R
     assert "asks for credentials and none were found" in caught.value.message and "docker login" in caught.value.message
     monkeypatch.setenv("HEDDLE_REGISTRY_USERNAME", str(auth_registry.username))
     monkeypatch.setenv("HEDDLE_REGISTRY_PASSWORD", str(auth_registry.password))
+    monkeypatch.setenv("HEDDLE_REGISTRY", auth_registry.address)
     pushed = oci.push(bundle, ref)
     monkeypatch.setenv("HEDDLE_REGISTRY_PASSWORD", "wrong")
     with pytest.raises(RegistryError, match="refused the credentials from HEDDLE_REGISTRY_USERNAME"):
@@ -268,7 +269,7 @@ def test_a_url_reference_is_downloaded_to_the_cache_then_verified(file_server: s
     proc = heddle_here(capsys, "verify", url, "--trust", sealed.keypair.pub_path, "--json")
     assert proc.returncode == 0, proc.stderr
     verdict = json.loads(proc.stdout)
-    assert verdict["ok"] and verdict["bundle"] == url and verdict["digest"] == peek(bundle).digest
+    assert verdict["ok"] and verdict["bundle"] == url and verdict["digest"] == f"sha256:{peek(bundle).digest}"
     assert oci.fetch(url, offline=True).read_bytes() == bundle.read_bytes()
     listed = [e for e in json.loads(heddle_here(capsys, "cache", "ls", "--json").stdout) if e["kind"] == "pulled"]
     assert [(e["source"], e["reference"], e["digest"]) for e in listed] == [

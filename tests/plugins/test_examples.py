@@ -156,6 +156,6 @@ def test_an_encoder_renders_the_run_as_markdown(tmp_path, capsys):
                                       root / "plugin" / "plugin.json", "--plugin",
                                       EXAMPLES / "markdown-encoder" / "plugin" / "plugin.json",
                                       "--protocol", "markdown", "--input", '{"txt": "typo"}')
-    assert rc == 1 and failed_out.rstrip().endswith(
+    assert rc == 2 and failed_out.rstrip().endswith(
         "**The run failed:** the flow needs input 'text' (declared by StartNode 'start'); pass it with --input "
         "'{\"text\": ...}'")

@@ -245,3 +245,41 @@ def test_a_plugin_that_dies_at_start_says_why(tmp_path):
                                         "ImportError: no module named magic")
 
     asyncio.run(main())
+
+
+LOUD = '''
+import os, sys
+
+@plugin.node("Work")
+def work(call):
+    # A stderr line past the host's cap, then a crash whose message must still be read.
+    sys.stderr.write("x" * (1 << 20) + "\\n")
+    sys.stderr.flush()
+    if call.input.get("how") == "crash":
+        sys.stderr.write("boom: after the long line\\n")
+        sys.stderr.flush()
+        os._exit(3)
+    return {"pid": os.getpid()}
+'''
+
+
+def test_a_stderr_line_past_the_cap_is_dropped_and_reading_goes_on(tmp_path):
+    manifest = load_manifest(make_plugin(tmp_path / "p", name="worker", components=[node_type("Work")], code=LOUD,
+                                         capabilities=()))
+    home = tmp_path / "home"
+    home.mkdir()
+
+    async def main():
+        proc = PluginProcess("worker", lambda: plan_launch(manifest, home=home, policy=SandboxPolicy()),
+                             timeout=10.0, capabilities=frozenset(), max_line=64 * 1024)
+        try:
+            # Its stderr is still read: the plugin is not left blocked on a full pipe.
+            assert (await execute(proc))["output"]["pid"] == proc.pid
+            with pytest.raises(PluginError) as caught:
+                await execute(proc, how="crash")
+            assert "boom: after the long line" in caught.value.message
+            assert "(a line longer than 65536 bytes)" in caught.value.message
+        finally:
+            await proc.close()
+
+    asyncio.run(main())

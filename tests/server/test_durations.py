@@ -29,7 +29,15 @@ def test_a_duration_with_a_unit_and_plain_milliseconds_are_the_same_setting(caps
     assert plain.given == {"timeout", "tool_timeout"}
     assert len(notes) == 4
     assert ("note: --timeout 500: a plain number is read as milliseconds, which is deprecated; "
-            "write it with its unit: --timeout 500ms") in notes
+            "write it with its unit: --timeout 500ms to keep this meaning, or --timeout 8m20s for seconds") in notes
+
+
+def test_the_note_for_a_plain_number_meant_as_seconds_does_not_only_suggest_milliseconds(capsys):
+    config = _config("--drain-timeout", "30")
+    assert config.drain_timeout == 0.03  # today's unit is kept
+    note = capsys.readouterr().err.strip()
+    assert note == ("note: --drain-timeout 30: a plain number is read as milliseconds, which is deprecated; write "
+                    "it with its unit: --drain-timeout 30ms to keep this meaning, or --drain-timeout 30s for seconds")
 
 
 def test_what_was_not_given_keeps_the_tables_default():

@@ -6,6 +6,7 @@ real `heddle-server --pull-interval`."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from heddle.server.served_bundle import open_served
 from heddle.server.service import Service
 from tests.server.flows import one_tool_flow
 from tests.server.support import metric
-from tests.support.flows import write_script
+from tests.support.flows import FlowDoc, write_script
 
 DEADLINE_S = 20.0
 
@@ -59,12 +60,20 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> Bundles:
     for name, version, key, held in (("v1", 1, mine, True), ("v2", 2, mine, False), ("untrusted", 3, theirs, False)):
         tools = root / f"tools-{name}"
         write_script(tools, "answer", _tool(version, gate if held else None))
-        flow = one_tool_flow("agent", "answer", outputs=("v",)).write(root / f"{name}.json")
+        flow = _same_agent(one_tool_flow("agent", "answer", outputs=("v",)), root / f"{name}.json")
         # An rw mount: opening seeds it into a temporary data folder, the resource a swap must keep
         # until the last run on the old bundle ends.
         made[name] = heddle.seal(flow, tools_dir=tools, input={"x": 0}, sign_key=key.private_path,
                                  mounts=[f"{seed}:state:rw"], output=root / f"{name}.heddle").path
     return Bundles(made["v1"], made["v2"], made["untrusted"], mine.public_path, gate, seed)
+
+
+def _same_agent(doc: FlowDoc, path: Path, flow_id: str = "agent-flow") -> Path:
+    """The flow written with a fixed id: each version of one agent keeps its id, as a followed tag needs."""
+    document = doc.document()
+    document["id"] = flow_id
+    path.write_text(json.dumps(document), encoding="utf-8")
+    return path
 
 
 @dataclass
@@ -183,3 +192,41 @@ def test_pull_interval_follows_only_a_tag(bundle: str | None, says: str) -> None
     with pytest.raises(UsageError, match="--pull-interval") as caught:
         check_config(ServerConfig(bundle=bundle, pull_interval=1.0))
     assert says in caught.value.message
+
+
+def test_an_older_bundle_is_refused_and_a_failed_download_is_tried_again(
+        tmp_path: Path, bundles: Bundles, monkeypatch: pytest.MonkeyPatch) -> None:
+    from heddle.format.errors import ContentMismatchError
+
+    monkeypatch.setenv("HEDDLE_CACHE_DIR", str(tmp_path / "cache"))
+    trust = TrustPolicy.from_names((bundles.pub,), allow_unsigned=False)
+    config = ServerConfig(bundle=str(bundles.v1), trust=(bundles.pub,))
+    service = Service(config, sealed=open_served(config, trust).runnable)
+    tag = FakeTag({"sha256:v1": bundles.v1, "sha256:v2": bundles.v2})
+    failures = {"sha256:v2": 1}
+
+    def make(path: Path, digest: str) -> Edition:
+        if failures.get(digest):
+            failures[digest] -= 1
+            raise ContentMismatchError(f"{digest}: the downloaded bytes hash to something else")
+        return open_edition(config, trust, service, path, digest)
+
+    tag.make = make
+    service.follower = Follower(service, tag, interval=0.01, digest="sha256:v1")
+    follower = service.follower
+
+    async def main() -> None:
+        follower.start()
+        tag.now = "sha256:v2"  # signed after v1: served once a download is whole
+        await poll(lambda: _no(follower.digest == "sha256:v2"), "v2 was never served after a failed download")
+        assert tag.pulls == ["sha256:v2", "sha256:v2"] and follower.last_error is None
+        tag.now = "sha256:v1"  # put back on the tag: older than what is served
+        await poll(lambda: _no(follower.last_refusal is not None), "the rollback was never refused")
+        refusal = follower.last_refusal
+        assert refusal is not None and refusal.kind == "downgrade" and refusal.digest == "sha256:v1"
+        assert "not signed after" in refusal.reason and follower.digest == "sha256:v2"
+        follower.stop()
+        await follower.wait_stopped()
+        await service.aclose()
+
+    asyncio.run(main())

@@ -88,6 +88,8 @@ def test_malformed_requests_are_400_naming_the_field(served):
         (b'{"flow": "a: *x"}', "YAML"),
         (b'{"flow": 7}', "must be a flow document"),
         (b'{"flowPath": "echo.json", "inputs": {"x": "\\ud800"}}', "lone surrogate"),
+        (b'{"flowPath": "echo.json", "inputs": {"x": NaN}}', "NaN is not allowed"),
+        (b'{"flowPath": "echo.json", "inputs": {"x": -1e999}}', "-1e999 is not a finite number"),
         (b"\xff\xfe", "not UTF-8"),
         (b'{"flowPath": "echo.json", "tools": []}', "does not run code sent in requests"),
         (b'{"flowPath": "echo.json", "toolsDir": "/bin"}', "'toolsDir' is not accepted"),

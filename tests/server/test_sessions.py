@@ -13,13 +13,14 @@ from typing import Any
 
 import httpx
 
+from heddle.canonical import fingerprint
 from heddle.server.app import build_app
 from heddle.server.config import ServerConfig
 from heddle.server.service import Service
 from heddle.settings import RunSettings
 from tests.server.flows import one_tool_flow, write_tools
 from tests.server.support import sse_frames
-from tests.support.flows import FlowDoc
+from tests.support.flows import FlowDoc, server_tool
 
 MARKDOWN = Path(__file__).resolve().parents[2] / "examples" / "plugins" / "markdown-encoder" / "plugin" / "plugin.json"
 
@@ -43,7 +44,7 @@ def asking_flow(name: str = "ask", question: str = "What now?") -> dict[str, Any
 def serve(tmp_path: Path, test: Callable[[Client], Awaitable[None]], *, sessions: bool = True,
           **config: Any) -> None:
     settings = RunSettings(session_store="sqlite", session_db=tmp_path / "sessions.db",
-                           plugins=config.pop("plugins", ())) if sessions else RunSettings()
+                           plugins=config.pop("plugins", ()), **config.pop("run", {})) if sessions else RunSettings()
     service = Service(ServerConfig(settings=settings, **config))
 
     async def main() -> None:
@@ -239,7 +240,8 @@ def test_a_session_over_the_size_cap_is_refused_with_413_and_left_as_it_was(tmp_
         assert (status, type_) == (413, "session_too_large") and "over the cap" in message
         assert (await client.get(f"/v1/sessions/{sid}")).json() == before
 
-    serve(tmp_path, test, tools_dir=tmp_path / "tools")
+    # The tool's answer is over 16 MiB too: let the server take it, so that the session is what is refused.
+    serve(tmp_path, test, tools_dir=tmp_path / "tools", run={"max_tool_stdout_bytes": 32 * 2**20})
 
 
 def test_an_encoder_renders_the_wait_and_is_told_the_run_waits(tmp_path: Path) -> None:
@@ -257,3 +259,128 @@ def test_an_encoder_renders_the_wait_and_is_told_the_run_waits(tmp_path: Path) -
         assert response.status_code == 400 and json.loads(response.text)["error"]["type"] == "session_error"
 
     serve(tmp_path, test, plugins=(MARKDOWN,))
+
+
+def paying_flow(log: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """start(amount) -> ToolNode pay (requires_confirmation) -> end: the document and its tool, which logs
+    each amount it pays."""
+    f = FlowDoc("pay")
+    start = f.start([{"title": "amount", "type": "integer"}])
+    pay = f.tool_node("pay", {**server_tool("pay", [{"title": "amount", "type": "integer"}],
+                                            [{"title": "paid", "type": "integer"}]), "requires_confirmation": True})
+    end = f.end([{"title": "paid", "type": "integer"}])
+    f.control(start, pay)
+    f.control(pay, end)
+    tool = (f"#!/bin/sh\nread -r args\necho \"$args\" >> {log}\n"
+            'echo "{\\"paid\\": $(echo "$args" | tr -dc 0-9)}"\n')
+    return f.document(), {"pay": tool}
+
+
+def test_a_denial_over_http_is_final_and_no_500(tmp_path: Path) -> None:
+    log = tmp_path / "paid.log"
+    doc, tools = paying_flow(log)
+    write_tools(tmp_path / "tools", tools)
+
+    async def test(client: Client) -> None:
+        sid = await new_session(client)
+        waiting = await client.post("/v1/runs", json={"flow": doc, "session": sid, "inputs": {"amount": 3}})
+        assert waiting.json()["waiting_for"]["fingerprint"] == fingerprint({"amount": 3}), waiting.text
+        denied = await client.post("/v1/runs", json={"flow": doc, "session": sid, "answer": {"deny": "no"}})
+        status, type_, message = error(denied)
+        assert (status, type_) == (422, "call_denied") and "denied the call to tool 'pay': no" in message
+        summary = (await client.get(f"/v1/sessions/{sid}")).json()
+        assert summary["status"] == "idle" and "waiting_for" not in summary
+        status, type_, message = error(await client.post("/v1/runs", json={"flow": doc, "session": sid,
+                                                                            "answer": {"approve": True}}))
+        assert (status, type_) == (400, "session_error") and "waits for nothing" in message
+        # Streamed, the denial is the stream's error, with its own type.
+        sid = await new_session(client)
+        await client.post("/v1/runs", json={"flow": doc, "session": sid, "inputs": {"amount": 4}})
+        streamed = await client.post("/v1/runs?stream=true", json={"flow": doc, "session": sid,
+                                                                   "answer": {"deny": "no"}})
+        assert streamed.status_code != 500 and "call_denied" in streamed.text, streamed.text
+        assert not log.exists()
+
+    serve(tmp_path, test, tools_dir=tmp_path / "tools")
+
+
+def test_an_answer_over_http_is_bound_to_the_fingerprint_it_carries(tmp_path: Path) -> None:
+    log = tmp_path / "paid.log"
+    doc, tools = paying_flow(log)
+    write_tools(tmp_path / "tools", tools)
+
+    async def test(client: Client) -> None:
+        sid = await new_session(client)
+        waiting = (await client.post("/v1/runs", json={"flow": doc, "session": sid,
+                                                       "inputs": {"amount": 1}})).json()["waiting_for"]
+        assert waiting == {"kind": "approval", "node": "pay", "tool": "pay", "arguments": {"amount": 1},
+                           "fingerprint": fingerprint({"amount": 1})}
+        other = {"approve": True, "fingerprint": fingerprint({"amount": 1000000})}
+        status, _, message = error(await client.post("/v1/runs", json={"flow": doc, "session": sid,
+                                                                        "answer": other}))
+        assert status == 409 and "another call" in message and not log.exists()
+        assert (await client.get(f"/v1/sessions/{sid}")).json()["status"] == "waiting"
+        status, _, message = error(await client.post("/v1/runs", json={
+            "flow": doc, "session": sid, "answer": {"message": "hi", "fingerprint": waiting["fingerprint"]}}))
+        assert status == 400 and "fingerprint" in message
+        done = await client.post("/v1/runs", json={"flow": doc, "session": sid, "answer": {
+            "approve": True, "fingerprint": waiting["fingerprint"]}})
+        assert done.status_code == 200 and done.json()["outputs"] == {"paid": 1}, done.text
+        assert log.read_text().count("\n") == 1
+
+    serve(tmp_path, test, tools_dir=tmp_path / "tools")
+
+
+def test_sessions_are_capped_in_number_and_expire_when_idle(tmp_path: Path) -> None:
+    import sqlite3
+
+    async def test(client: Client) -> None:
+        first, second = await new_session(client), await new_session(client)
+        status, type_, message = error(await client.post("/v1/sessions"))
+        assert (status, type_) == (507, "too_many_sessions") and "--max-sessions 2" in message
+        assert (await client.get("/v1/capabilities")).status_code == 200
+        # `first` left unused for longer than --session-idle-timeout.
+        with sqlite3.connect(tmp_path / "sessions.db") as conn:
+            conn.execute("UPDATE heddle_sessions SET updated = updated - 7200 WHERE id = ?", (first,))
+        for response in (await client.get(f"/v1/sessions/{first}"),
+                         await client.post("/v1/runs", json={"flow": asking_flow(), "session": first})):
+            assert error(response)[:2] == (404, "session_not_found"), response.text
+        with sqlite3.connect(tmp_path / "sessions.db") as conn:
+            assert [r[0] for r in conn.execute("SELECT id FROM heddle_sessions")] == [second]  # removed
+        third = await new_session(client)  # room again
+        assert (await client.get(f"/v1/sessions/{third}")).status_code == 200
+        with sqlite3.connect(tmp_path / "sessions.db") as conn:
+            conn.execute("UPDATE heddle_sessions SET updated = updated - 7200 WHERE id = ?", (second,))
+        await new_session(client)  # the expired one is swept to make room
+        with sqlite3.connect(tmp_path / "sessions.db") as conn:
+            assert second not in [r[0] for r in conn.execute("SELECT id FROM heddle_sessions")]
+
+    serve(tmp_path, test, max_sessions=2, session_idle_timeout=3600.0)
+
+
+def test_a_record_edited_in_the_store_is_refused_over_http_and_nothing_runs(tmp_path: Path) -> None:
+    import sqlite3
+
+    log = tmp_path / "paid.log"
+    doc, tools = paying_flow(log)
+    write_tools(tmp_path / "tools", tools)
+
+    async def test(client: Client) -> None:
+        sid = await new_session(client)
+        await client.post("/v1/runs", json={"flow": doc, "session": sid, "inputs": {"amount": 1}})
+        with sqlite3.connect(tmp_path / "sessions.db") as conn:
+            (data,) = conn.execute("SELECT data FROM heddle_sessions WHERE id = ?", (sid,)).fetchone()
+            forged = bytes(data).replace(b'"amount":1}', b'"amount":1000000}').replace(
+                fingerprint({"amount": 1}).encode(), fingerprint({"amount": 1000000}).encode())
+            conn.execute("UPDATE heddle_sessions SET data = ? WHERE id = ?", (forged, sid))
+        for response in (await client.get(f"/v1/sessions/{sid}"),
+                         await client.post("/v1/runs", json={"flow": doc, "session": sid,
+                                                             "answer": {"approve": True}})):
+            status, type_, message = error(response)
+            assert (status, type_) == (500, "session_unreadable"), response.text
+            assert f"session {sid!r}" in message and "fails its authentication" in message
+            assert f"DELETE /v1/sessions/{sid}" in message and str(tmp_path) not in message
+        assert not log.exists()
+        assert (await client.delete(f"/v1/sessions/{sid}")).status_code == 204
+
+    serve(tmp_path, test, tools_dir=tmp_path / "tools")

@@ -17,6 +17,8 @@ from tests.support.flows import FlowDoc, llm_config
 from tests.support.postgres import fresh_schema
 from tests.support.threaded_model import threaded_model
 
+KEYED = {"HEDDLE_SESSION_KEY": "replicas-share-this-key-" * 2}
+
 
 def asking_flow() -> dict[str, Any]:
     f = FlowDoc("ask")
@@ -41,7 +43,7 @@ def test_two_servers_on_one_postgres_store_carry_one_conversation(tmp_path: Path
     with threaded_model(script) as model:
         args = ("--session-store", dsn, "--allow-net", "127.0.0.1")
         with ThreadPoolExecutor(2) as pool:  # the two start-ups overlap
-            a, b = pool.map(lambda name: start_server(tmp_path / name, *args), ["a", "b"])
+            a, b = pool.map(lambda name: start_server(tmp_path / name, *args, env=KEYED), ["a", "b"])
         try:
             with a.client() as on_a, b.client() as on_b:
                 # A flow that waits: opened and run on A, answered on B.
@@ -86,12 +88,22 @@ def test_the_session_flags_and_a_store_that_cannot_be_reached(tmp_path: Path,
     shown = subprocess.run([str(SERVER), "--help"], capture_output=True, text=True, env=env_with(None), timeout=30,
                            check=False)
     assert shown.returncode == 0
-    for flag in ("--session-store", "--session-db", "--session-dir"):
+    for flag in ("--session-store", "--session-db", "--session-dir", "--session-key", "HEDDLE_SESSION_KEY"):
         assert flag in shown.stdout
     assert "--durable" not in shown.stdout
 
     gone = tmp_path / "no-such-folder"
+    # A store shared by replicas has no default key: refused at start, naming where to give one.
     proc = run_server_to_exit(tmp_path, "--session-store", f"postgresql://heddle:s3cret@/heddle?host={gone}")
+    assert proc.returncode == 2 and "listening" not in proc.stdout
+    (line,) = proc.stderr.strip().splitlines()
+    assert "--session-key FILE" in line and "HEDDLE_SESSION_KEY" in line and "s3cret" not in line
+    short = run_server_to_exit(tmp_path, "--session-store", f"postgresql://heddle:s3cret@/heddle?host={gone}",
+                               env={"HEDDLE_SESSION_KEY": "short"})
+    assert short.returncode == 2 and "fewer than 32" in short.stderr
+
+    proc = run_server_to_exit(tmp_path, "--session-store", f"postgresql://heddle:s3cret@/heddle?host={gone}",
+                              env=KEYED)
     assert proc.returncode != 0 and "listening" not in proc.stdout
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: postgres ") and str(gone) in lines[0], proc.stderr
@@ -107,3 +119,49 @@ def test_the_session_flags_and_a_store_that_cannot_be_reached(tmp_path: Path,
     assert proc.stderr.strip() == ("error: --session-db applies only to --session-store sqlite, and this server has "
                                    "no --session-store (sessions are off); give --session-store sqlite or drop "
                                    "--session-db")
+
+
+def test_of_concurrent_approvals_to_a_real_server_exactly_one_runs_the_call(tmp_path: Path) -> None:
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    from tests.server.flows import write_tools
+
+    log, gate = tmp_path / "paid.log", tmp_path / "gate"
+    f = FlowDoc("pay")
+    start = f.start([{"title": "amount", "type": "integer"}])
+    pay = f.tool_node("pay", {"component_type": "ServerTool", "id": "pay-tool", "name": "pay",
+                              "inputs": [{"title": "amount", "type": "integer"}],
+                              "outputs": [{"title": "paid", "type": "integer"}], "requires_confirmation": True})
+    end = f.end([{"title": "paid", "type": "integer"}])
+    f.control(start, pay)
+    f.control(pay, end)
+    doc = f.document()
+    # The tool that pays logs the payment, then holds its answer until the gate opens.
+    write_tools(tmp_path / "tools", {"pay": f"#!/bin/sh\ncat >/dev/null\necho paid >> {log}\n"
+                                            f"while [ ! -e {gate} ]; do sleep 0.01; done\necho '{{\"paid\": 1}}'\n"})
+    server = start_server(tmp_path / "server", "--session-store", "sqlite", "--session-db", tmp_path / "s.db",
+                          "--tools-dir", tmp_path / "tools", "--max-concurrent", "8")
+    try:
+        with server.client(timeout=60) as client:
+            sid = client.post("/v1/sessions").json()["session"]
+            waiting = client.post("/v1/runs", json={"flow": doc, "session": sid, "inputs": {"amount": 1}})
+            assert waiting.json()["status"] == "waiting", waiting.text
+            answer = {"flow": doc, "session": sid, "answer": {"approve": True}}
+            with ThreadPoolExecutor(4) as pool:
+                futures = [pool.submit(client.post, "/v1/runs", json=answer) for _ in range(4)]
+                pending = set(futures)
+                while len(pending) > 1:  # the winner's tool holds until the gate opens
+                    done, pending = wait(pending, timeout=60, return_when=FIRST_COMPLETED)
+                    assert done, "the losing answers should have been refused by now; more than one runs the call"
+                    assert pending, "every answer ended: the winner's tool cannot have held"
+                refused = [f.result() for f in futures if f not in pending]
+                gate.touch()
+                (won,) = [f.result() for f in pending]
+            assert won.status_code == 200 and won.json()["outputs"] == {"paid": 1}, won.text
+            for response in refused:
+                assert response.status_code == 409, response.text
+                assert response.json()["error"]["type"] == "already_answered"
+            assert log.read_text() == "paid\n"
+    finally:
+        assert server.stop() == 0
+    assert "Traceback" not in server.stderr()

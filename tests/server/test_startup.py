@@ -104,7 +104,7 @@ def test_a_port_in_use_is_refused(tmp_path: Path) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         proc = run_server_to_exit(tmp_path, "--port", port)
-    assert proc.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in error_lines(proc)[0]
+    assert proc.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in error_lines(proc)[0]
 
 
 def test_a_non_loopback_host_warns(tmp_path: Path) -> None:

@@ -10,11 +10,16 @@ from typing import Any
 STORE_PLUGIN = Path(__file__).parent / "store_plugin" / "plugin.json"
 
 
+# The session key every store of these tests is sealed with (the operator's, for Postgres and plugins).
+SESSION_KEY = "k3y-" * 10
+
+
 def store_options(where: dict[str, str]) -> dict[str, Any]:
     """open_store's keyword arguments for `where` (what the tests say about a store, as JSON can)."""
+    key = {"environ": {"HEDDLE_SESSION_KEY": SESSION_KEY}}
     if "plugin" in where:
         from heddle.plugin_host.host import PluginHost
 
         config = json.dumps({"path": where["path"]})
-        return {"plugins": PluginHost.load([where["plugin"]], config_specs=[f"SqliteSessions={config}"])}
-    return {key: Path(value) for key, value in where.items()}
+        return {"plugins": PluginHost.load([where["plugin"]], config_specs=[f"SqliteSessions={config}"]), **key}
+    return {**{k: Path(value) for k, value in where.items()}, **key}

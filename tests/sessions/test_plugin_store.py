@@ -16,7 +16,9 @@ from heddle.plugin_host.host import PluginHost
 from heddle.plugin_host.manifest import load_manifest
 from heddle.sessions.open import open_store
 from heddle.sessions.store import SessionStore
-from tests.sessions.support import STORE_PLUGIN
+from tests.sessions.support import SESSION_KEY, STORE_PLUGIN
+
+KEYED = {"HEDDLE_SESSION_KEY": SESSION_KEY}
 
 # Speaks the protocol by hand, so it can answer what heddle.plugin never would.
 _LIAR = textwrap.dedent('''\
@@ -60,7 +62,7 @@ def _liar(tmp_path: Path) -> Path:
 
 def _open_liar(tmp_path: Path, mode: str) -> SessionStore:
     host = PluginHost.load([_liar(tmp_path)], config_specs=[f'LiarStore={{"mode": "{mode}"}}'])
-    return open_store("plugin:LiarStore", plugins=host)
+    return open_store("plugin:LiarStore", plugins=host, environ=KEYED)
 
 
 def test_a_store_that_cannot_open_is_one_line_naming_the_plugin(tmp_path: Path) -> None:
@@ -90,17 +92,17 @@ def test_a_store_is_named_by_its_type_or_its_plugin(tmp_path: Path) -> None:
     config = json.dumps({"path": str(tmp_path / "s.db")})
     host = PluginHost.load([STORE_PLUGIN], config_specs=[f"SqliteSessions={config}"])
     for spec in ("plugin:SqliteSessions", "plugin:sqlite-sessions"):
-        store = open_store(spec, plugins=host)
+        store = open_store(spec, plugins=host, environ=KEYED)
         assert store.name == "plugin sqlite-sessions (SqliteSessions)"
         store.close()
     with pytest.raises(UsageError, match=r"no loaded plugin has a store 'Nope'; the loaded store components are: "
                                          r"SqliteSessions \(plugin sqlite-sessions\)"):
-        open_store("plugin:Nope", plugins=host)
+        open_store("plugin:Nope", plugins=host, environ=KEYED)
     with pytest.raises(UsageError, match="load one with --plugin MANIFEST"):
-        open_store("plugin:Nope")
+        open_store("plugin:Nope", environ=KEYED)
     # the settings its schema requires are checked before anything starts
     with pytest.raises(PluginLoadError, match="'path' is a required property"):
-        open_store("plugin:SqliteSessions", plugins=[load_manifest(STORE_PLUGIN)])
+        open_store("plugin:SqliteSessions", plugins=[load_manifest(STORE_PLUGIN)], environ=KEYED)
 
 
 def test_a_store_component_has_no_fields_of_other_kinds(tmp_path: Path) -> None:

@@ -25,10 +25,11 @@ from heddle.errors import (
 )
 from heddle.sessions.open import check_session_id, new_session_id, open_store
 from heddle.sessions.store import MAX_SESSION_BYTES, SessionStore
-from tests.sessions.support import STORE_PLUGIN, store_options
+from tests.sessions.support import SESSION_KEY, STORE_PLUGIN, store_options
 from tests.support.postgres import fresh_schema
 
 KINDS = ["sqlite", "file", "postgres", "plugin"]
+KEYED = {"HEDDLE_SESSION_KEY": SESSION_KEY}
 
 
 def _where(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[str, dict[str, str]]:
@@ -117,6 +118,18 @@ def test_missing_session(store: SessionStore) -> None:
         store.replace("nobody-here", b"{}", version=1)
     assert store.name in str(caught.value) and "'nobody-here'" in str(caught.value)
     assert store.list() == []
+
+
+def test_the_index_lists_ids_and_last_writes_without_records(store: SessionStore) -> None:
+    assert store.index() == []
+    store.create("one", b'{"n":1}')
+    second = store.create("two", b'{"n":2}')
+    store.replace("one", b'{"n":3}', version=1)
+    index = dict(store.index())
+    assert set(index) == {"one", "two"} and index["two"] == second.updated
+    assert index["one"] == store.get("one").updated  # type: ignore[union-attr]
+    store.delete("one")
+    assert [sid for sid, _ in store.index()] == ["two"]
 
 
 def test_over_the_size_cap_nothing_is_written(store: SessionStore) -> None:
@@ -262,21 +275,22 @@ def _free_port() -> int:
 def test_an_unreachable_postgres_is_one_line_naming_it_without_the_password() -> None:
     dsn = f"postgresql://alice:s3cret-pw@127.0.0.1:{_free_port()}/sessions?connect_timeout=5"
     with pytest.raises(StoreUnavailable) as caught:
-        open_store(dsn)
+        open_store(dsn, environ=KEYED)
     message = str(caught.value)
     assert "\n" not in message and "s3cret-pw" not in message
     assert message.startswith("postgres postgresql://alice:***@127.0.0.1:") and "cannot connect" in message
     # libpq quotes a DSN it cannot parse: the password is taken out of that too
     with pytest.raises(StoreUnavailable) as caught:
-        open_store("postgresql://alice:s3cret-pw@[::1/sessions")
+        open_store("postgresql://alice:s3cret-pw@[::1/sessions", environ=KEYED)
     assert "s3cret-pw" not in str(caught.value) and "is not a valid Postgres DSN" in str(caught.value)
 
 
 def test_an_unusable_sqlite_path_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "plain").write_text("not a folder")
-    with pytest.raises(StoreUnavailable) as caught:
+    with pytest.raises(UsageError) as refused:
         open_store("sqlite", db=tmp_path / "plain" / "sessions.db")
-    assert str(caught.value).startswith(f"sqlite {tmp_path / 'plain' / 'sessions.db'}: ")
+    assert str(refused.value) == (f"folder of the sessions file {tmp_path / 'plain'}: {tmp_path / 'plain'} is a file, "
+                                  "not a folder; point --session-db at a folder")
     (tmp_path / "junk.db").write_bytes(b"this is not sqlite, it is long enough to be read as a header" * 20)
     with pytest.raises(StoreUnavailable, match=r"junk\.db"):
         open_store("sqlite", db=tmp_path / "junk.db")
@@ -337,7 +351,9 @@ def test_file_store_layout_is_readable_and_private(tmp_path: Path) -> None:
     assert sorted(p.name for p in folder.iterdir()) == ["chat.json", "chat.lock"]  # no temporary file is left
     assert _mode(folder / "chat.json") == 0o600 and _mode(folder / "chat.lock") == 0o600
     held = json.loads((folder / "chat.json").read_text())
-    assert held["id"] == "chat" and held["version"] == 2 and held["record"] == {"messages": ["hi"]}
+    # The record as written, sealed (heddle.sessions.seal).
+    assert held["id"] == "chat" and held["version"] == 2 and held["record"]["record"] == {"messages": ["hi"]}
+    assert held["record"]["mac"].startswith("hmac-sha256:")
     assert isinstance(held["updated"], float)
     store.delete("chat")
     assert list(folder.iterdir()) == []
@@ -423,7 +439,7 @@ def test_two_postgres_stores_set_up_one_new_table_at_once(postgres_dsn: str) -> 
 def test_postgres_reads_survive_a_dropped_connection(postgres_dsn: str) -> None:
     import psycopg
 
-    store = open_store(fresh_schema(postgres_dsn))
+    store = open_store(fresh_schema(postgres_dsn), environ=KEYED)
     store.create("kept", b'{"k":1}')
     with psycopg.connect(postgres_dsn, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "

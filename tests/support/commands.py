@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,6 +14,8 @@ from typing import Any
 from tests.support.flows import FlowDoc, server_tool
 
 DATE = shutil.which("date") or "/usr/bin/date"
+SORT = next((f"{d}/sort" for d in ("/usr/local/bin", "/usr/bin", "/bin") if os.access(f"{d}/sort", os.X_OK)),
+            "/usr/bin/sort")
 
 
 @functools.cache
@@ -47,6 +50,28 @@ def day_flow(path: Path) -> Path:
                        [{"title": "stdout", "type": "string"}, {"title": "exit_code", "type": "integer"}])
     node = f.tool_node("day", tool)
     end = f.end(["stdout"])
+    f.control(start, node)
+    f.control(node, end)
+    return f.write(path)
+
+
+def sort_entry(argv: list[str], prop: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`sort` over one path: given `--output=FILE` instead, sort would write FILE."""
+    return {"name": "sort_file", "description": "Sorts the lines of a file.",
+            "input_schema": {"type": "object", "properties": {"path": prop or {"type": "string"}},
+                             "required": ["path"]},
+            "executable": "sort", "version_probe": ["--version"], "expected_version": version_of(SORT),
+            "argv": argv, "timeout_seconds": 10, "working_directory": "workspace", "adapter_version": "1",
+            "output": "text"}
+
+
+def sort_flow(path: Path) -> Path:
+    """One ToolNode calling `sort_file` with the input `path`."""
+    f = FlowDoc("sorter")
+    start = f.start(["path"])
+    outputs = [{"title": "exit_code", "type": "integer"}, "stdout"]
+    node = f.tool_node("sort", server_tool("sort_file", ["path"], outputs))
+    end = f.end(outputs)
     f.control(start, node)
     f.control(node, end)
     return f.write(path)

@@ -49,7 +49,7 @@ def llm_config(url: str, *, name: str = "scripted", api_key: str | None = None,
 
 
 class FlowDoc:
-    def __init__(self, name: str = "test-flow", *, version: str = "26.1.0", use_refs: bool = True) -> None:
+    def __init__(self, name: str = "test-flow", *, version: str = "26.3.1", use_refs: bool = True) -> None:
         self.name = name
         self.version = version
         self.use_refs = use_refs

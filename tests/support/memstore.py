@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from heddle.sessions.store import Stored, check_size, conflict, exists, not_found
+from heddle.sessions.store import Index, Stored, check_size, conflict, exists, not_found
 
 
 class MemStore:
@@ -63,6 +63,10 @@ class MemStore:
     def list(self) -> list[Stored]:
         with self._lock:
             return sorted(self.sessions.values(), key=lambda s: s.updated, reverse=True)
+
+    def index(self) -> Index:
+        with self._lock:
+            return [(s.id, s.updated) for s in self.sessions.values()]
 
     def close(self) -> None:
         pass

@@ -29,6 +29,9 @@ SUPERUSER = "heddle"
 # The socket's file is named after a port; with no TCP listener the number binds nothing.
 SOCKET_PORT = 5432
 START_SECONDS = 60.0
+# The temporary folder as the suite found it, before tests/conftest.py points TMPDIR at a folder of
+# the test session: the postgres user must reach the cluster's folder, and pytest's are root's alone.
+_TEMP_ROOT = tempfile.gettempdir()
 
 
 def _bindir() -> Path | None:
@@ -74,7 +77,7 @@ def throwaway_cluster() -> Iterator[str]:
         pytest.skip("Postgres is not installed (no initdb on PATH, from pg_config or in /usr/lib/postgresql); "
                     "scripts/test installs it, or: apt-get install postgresql")
     as_user = _unprivileged()
-    root = Path(tempfile.mkdtemp(prefix="heddle-pg-"))  # short: a unix socket path has ~100 bytes
+    root = Path(tempfile.mkdtemp(prefix="heddle-pg-", dir=_TEMP_ROOT))  # short: a unix socket path has ~100 bytes
     data, sock, log = root / "data", root / "sock", root / "log"
     sock.mkdir()
     if as_user:
