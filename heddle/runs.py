@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from heddle.engine.events import Event
     from heddle.engine.journal import Answer
     from heddle.engine.options import RunOptions
-    from heddle.engine.run import RunOutcome
+    from heddle.engine.run import PreparedRun, RunOutcome
     from heddle.engine.seams import Plugins, Rendering
     from heddle.engine.tracing import Tracing
     from heddle.plugin_host.host import PluginHost
@@ -154,7 +154,8 @@ async def execute(loaded: Loaded, *, message: str | None = None, on_event: Event
     the input it started with)."""
     from heddle.engine import events as ev
     from heddle.engine.options import with_egress
-    from heddle.engine.run import prepare_run, refuse_waits_without_session, run_prepared
+    from heddle.engine.run import prepare_run
+
     settings = loaded.settings
     sink = on_event or ev.ignore
     try:
@@ -170,23 +171,40 @@ async def execute(loaded: Loaded, *, message: str | None = None, on_event: Event
                                tracing=_tracing(loaded))
         if inputs_given:
             check_inputs(loaded.flow, loaded.inputs)
-        if session is None:
-            # After the document's own checks (what is wrong with it comes first), before anything runs.
-            refuse_waits_without_session(loaded.flow, source=loaded.source or None)
-            return await run_prepared(prepared, loaded.inputs, on_event=sink, rendering=rendering,
-                                      transport=transport, message=message)
-        from heddle.sessions.turn import Turn, flow_digest, run_turn
+        if prepared.tracing is not None and "TRACEPARENT" in os.environ:
+            # The process that started this one named its span: the run's spans are its children, as
+            # the OTEL_* variables that turned tracing on are read from the same environment.
+            from heddle.engine.tracing import continued
 
-        async def one(turn: Turn) -> RunOutcome:
-            return await run_prepared(prepared, turn.inputs, on_event=sink, rendering=rendering, transport=transport,
-                                      message=turn.message, journal=turn.journal, conversation=turn.conversation)
-
-        done = await run_turn(session, digest=loaded.digest or flow_digest(loaded.flow), document=loaded.source,
-                              inputs=loaded.inputs, inputs_given=inputs_given, message=message, run=one)
-        return done.outcome
+            with continued({"traceparent": os.environ["TRACEPARENT"]}):
+                return await _run(loaded, prepared, session, sink=sink, rendering=rendering, transport=transport,
+                                  message=message, inputs_given=inputs_given)
+        return await _run(loaded, prepared, session, sink=sink, rendering=rendering, transport=transport,
+                          message=message, inputs_given=inputs_given)
     finally:
         if loaded.host is not None:
             await loaded.host.aclose()
+
+
+async def _run(loaded: Loaded, prepared: PreparedRun, session: SessionUse | None, *, sink: EventSink,
+               rendering: Rendering | None, transport: httpx.AsyncBaseTransport | None, message: str | None,
+               inputs_given: bool) -> RunOutcome:
+    from heddle.engine.run import refuse_waits_without_session, run_prepared
+
+    if session is None:
+        # After the document's own checks (what is wrong with it comes first), before anything runs.
+        refuse_waits_without_session(loaded.flow, source=loaded.source or None)
+        return await run_prepared(prepared, loaded.inputs, on_event=sink, rendering=rendering,
+                                  transport=transport, message=message)
+    from heddle.sessions.turn import Turn, flow_digest, run_turn
+
+    async def one(turn: Turn) -> RunOutcome:
+        return await run_prepared(prepared, turn.inputs, on_event=sink, rendering=rendering, transport=transport,
+                                  message=turn.message, journal=turn.journal, conversation=turn.conversation)
+
+    done = await run_turn(session, digest=loaded.digest or flow_digest(loaded.flow), document=loaded.source,
+                          inputs=loaded.inputs, inputs_given=inputs_given, message=message, run=one)
+    return done.outcome
 
 
 def _tracing(loaded: Loaded) -> Tracing | None:

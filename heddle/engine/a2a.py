@@ -265,11 +265,13 @@ async def run_a2a_agent(ctx: RunContext, node: c.AgentNode, agent: c.A2AAgent) -
     transport = _capped(inner, options.max_response_bytes,
                         f"raise {options.surface.flag('max_response_bytes')} if it needs more")
     from heddle.bounded import ACCEPT_ENCODING
+    from heddle.engine.tracing import REQUEST_HOOKS
 
     async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(agent.connection_config.timeout),
                                  headers={"Accept-Encoding": ACCEPT_ENCODING, **_headers(agent)},
                                  follow_redirects=False, trust_env=False,
-                                 event_hooks={"request": [options.egress.hook(agent.name, httpx.ConnectError)]}
+                                 event_hooks={"request": [options.egress.hook(agent.name, httpx.ConnectError),
+                                                          *REQUEST_HOOKS["request"]]}
                                  if options.egress is not None else None) as http:
         remote = _Remote(ctx, agent, _client(agent, http))
         reply = await _exchange(ctx, remote, top.text, context_id, None)

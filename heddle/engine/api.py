@@ -133,8 +133,11 @@ async def _call(ctx: RunContext, node: c.ApiNode, inputs: dict[str, Any]) -> dic
     def fail(message: str, overrun: bool) -> Exception:
         return (NodeOverrun if overrun else RunError)(f"{_label(node)}: {message}")
 
+    from heddle.engine.tracing import REQUEST_HOOKS
+
     async with httpx.AsyncClient(follow_redirects=False, timeout=httpx.Timeout(options.tool_timeout),
-                                 transport=LazyTLSTransport(), headers={"Accept-Encoding": ACCEPT_ENCODING}) as client:
+                                 transport=LazyTLSTransport(), event_hooks=dict(REQUEST_HOOKS),
+                                 headers={"Accept-Encoding": ACCEPT_ENCODING}) as client:
         answer = await send_asking_again(client, outgoing, allow_list=node.url_allow_list,
                                          max_bytes=options.max_response_bytes, surface=options.surface, fail=fail,
                                          timeout=options.tool_timeout,

@@ -153,6 +153,43 @@ def test_a_run_exports_genai_spans(tmp_path: Path, receiver: Receiver, echo_api:
     assert SECRET_WORD not in json.dumps(spans) and "five" not in json.dumps(spans)
 
 
+def test_an_api_node_and_its_request_are_in_the_runs_trace(tmp_path: Path, receiver: Receiver,
+                                                            echo_api: Any) -> None:
+    api, seen = echo_api
+    f = FlowDoc("called")
+    s = f.start([])
+    a = f._node("ApiNode", "call", [], [prop("ok")], url=api + "/thing", http_method="GET")
+    e = f.end([prop("ok")])
+    f.control(s, a)
+    f.control(a, e)
+    state = _run_inputs(f.write(tmp_path / "flow.json"), {})
+    assert state["ok"] == "yes"
+    (root,) = receiver.wait_for("invoke_agent called")
+    assert seen[-1]["traceparent"].startswith(f"00-{root['trace_id']}-")
+
+
+def test_a_run_started_with_a_traceparent_is_a_child_of_that_span(tmp_path: Path, receiver: Receiver,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    trace_id, span_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    monkeypatch.setenv("TRACEPARENT", f"00-{trace_id}-{span_id}-01")
+    f = FlowDoc("child")
+    s = f.start([prop("x")])
+    e = f.end([prop("x")])
+    f.control(s, e)
+    f.data(s, "x", e, "x")
+    assert _run_inputs(f.write(tmp_path / "flow.json"), {"x": "y"})["x"] == "y"
+    (root,) = receiver.wait_for("invoke_agent child")
+    assert (root["trace_id"], root["parent_span_id"]) == (trace_id, span_id)
+
+
+def _run_inputs(flow: Path, inputs: dict[str, Any]) -> dict[str, Any]:
+    from heddle.runs import execute, from_document
+
+    loaded = from_document(flow, RunSettings(), inputs=inputs)
+    outcome = asyncio.run(execute(loaded, on_event=lambda event: None))
+    return outcome.state
+
+
 def test_content_is_captured_only_when_asked(tmp_path: Path, receiver: Receiver, echo_api: Any) -> None:
     api, _ = echo_api
     flow, tools = _flow(tmp_path, api)
