@@ -35,26 +35,12 @@ def llm_config_types() -> frozenset[str]:
 
 
 def _configs(document: Any, *, skip_metadata: bool) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(JSON path, config) for every llm config in a parsed document, in document order.
+    """(JSON path, config) for every llm config in a parsed document, in document order."""
+    from heddle.spec.fields import components_of
 
-    A stack, not recursion: a document from a bundle may nest as deep as it likes; and each
-    container once, since YAML aliases (and resolved references) share them."""
     types = llm_config_types()
-    stack: list[tuple[str, Any]] = [("$", document)]
-    seen: set[int] = set()
-    while stack:
-        path, node = stack.pop()
-        if isinstance(node, (dict, list)):
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-        if isinstance(node, dict):
-            if node.get("component_type") in types:
-                yield path, node
-            stack.extend((f"{path}.{key}", value) for key, value in reversed(node.items())
-                         if not (skip_metadata and key == "metadata"))
-        elif isinstance(node, list):
-            stack.extend((f"{path}[{i}]", item) for i, item in reversed(list(enumerate(node))))
+    return ((path, node) for path, node in components_of(document, skip_metadata=skip_metadata)
+            if node.get("component_type") in types)
 
 
 def _label(config: dict[str, Any], path: str) -> str:

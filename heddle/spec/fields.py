@@ -12,6 +12,7 @@ the fields heddle's own model of a type reads are defined too.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 # Every component's: its identity, and what a serialised document adds to one.
@@ -192,23 +193,30 @@ def unread_fields(document: Any) -> list[str]:
     return found
 
 
-def _components_fields(document: Any) -> list[tuple[str, dict[str, Any], str]]:
-    """(path, component, field) for every field of every component of `document`, each component once."""
-    found: list[tuple[str, dict[str, Any], str]] = []
-    seen: set[int] = set()
+def components_of(document: Any, *, skip_metadata: bool = True) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(JSON path, component) of every component of a parsed document, in document order.
+
+    A stack, not recursion: a document from a bundle may nest as deep as it likes; and each
+    container once, since YAML aliases (and resolved references) share them."""
     stack: list[tuple[str, Any]] = [("$", document)]
+    seen: set[int] = set()
     while stack:
         path, node = stack.pop()
-        if isinstance(node, list):
-            stack.extend((f"{path}[{i}]", item) for i, item in reversed(list(enumerate(node))))
-            continue
-        if not isinstance(node, dict) or id(node) in seen:
+        if not isinstance(node, (dict, list)) or id(node) in seen:
             continue
         seen.add(id(node))
-        if isinstance(node.get("component_type"), str):
-            found.extend((path, node, field) for field in node)
-        stack.extend((f"{path}.{field}", node[field]) for field in reversed(list(node)) if field != "metadata")
-    return found
+        if isinstance(node, dict):
+            if isinstance(node.get("component_type"), str):
+                yield path, node
+            stack.extend((f"{path}.{key}", value) for key, value in reversed(node.items())
+                         if not (skip_metadata and key == "metadata"))
+        else:
+            stack.extend((f"{path}[{i}]", item) for i, item in reversed(list(enumerate(node))))
+
+
+def _components_fields(document: Any) -> list[tuple[str, dict[str, Any], str]]:
+    """(path, component, field) for every field of every component of `document`, each component once."""
+    return [(path, node, field) for path, node in components_of(document) for field in node]
 
 
 def read_fields(component_type: str, component: dict[str, Any]) -> list[str]:

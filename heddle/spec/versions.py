@@ -15,10 +15,12 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+
+from heddle.spec.fields import components_of
 
 Version = tuple[int, int, int]
 
@@ -72,23 +74,6 @@ def spelled(version: Version) -> str:
     return ".".join(str(part) for part in version)
 
 
-def _components(document: Any) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(JSON path, component) of every component, in document order; each container once."""
-    stack: list[tuple[str, Any]] = [("$", document)]
-    seen: set[int] = set()
-    while stack:
-        path, node = stack.pop()
-        if not isinstance(node, (dict, list)) or id(node) in seen:
-            continue
-        seen.add(id(node))
-        if isinstance(node, dict):
-            if isinstance(node.get("component_type"), str):
-                yield path, node
-            stack.extend((f"{path}.{key}", value) for key, value in reversed(node.items()) if key != "metadata")
-        else:
-            stack.extend((f"{path}[{i}]", item) for i, item in reversed(list(enumerate(node))))
-
-
 def newer_features(document: Any, declared_text: str, *, source: str) -> list[str]:
     """A problem for each component type of the (resolved) document, and each field it gives a value
     other than its default, that its declared version predates: pyagentspec refuses the document."""
@@ -97,7 +82,7 @@ def newer_features(document: Any, declared_text: str, *, source: str) -> list[st
         return []
     problems: list[str] = []
     named: set[str] = set()
-    for path, component in _components(document):
+    for path, component in components_of(document):
         ctype = component["component_type"]
         introduced = INTRODUCED.get(ctype)
         if introduced is not None and introduced > declared:
