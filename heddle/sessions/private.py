@@ -18,10 +18,20 @@ def make_private_dirs(directory: Path, *, what: str, setting: str) -> None:
     make_private_dir(directory, what=what, setting=setting)
 
 
-def data_home() -> Path:
-    """$XDG_DATA_HOME, or ~/.local/share; a relative $XDG_DATA_HOME is ignored, as the XDG base
-    directory specification says."""
-    value = os.environ.get("XDG_DATA_HOME", "")
+def _xdg_home(variable: str, *default: str) -> Path:
+    """$`variable`, or ~/`default`; a relative value is ignored, as the XDG base directory
+    specification says."""
+    value = os.environ.get(variable, "")
     if value and os.path.isabs(value):
         return Path(value)
-    return Path.home() / ".local" / "share"
+    return Path.home().joinpath(*default)
+
+
+def data_home() -> Path:
+    """$XDG_DATA_HOME, or ~/.local/share."""
+    return _xdg_home("XDG_DATA_HOME", ".local", "share")
+
+
+def config_home() -> Path:
+    """$XDG_CONFIG_HOME, or ~/.config."""
+    return _xdg_home("XDG_CONFIG_HOME", ".config")

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from heddle.errors import SessionUnreadable, UsageError
 from heddle.secret_env import SESSION_KEY as ENV_SESSION_KEY
+from heddle.sessions.private import config_home
 from heddle.sessions.store import MAX_SESSION_BYTES, Index, SessionStore, Stored, check_size
 
 KEY_FILE = "session.key"
@@ -40,15 +41,6 @@ MIN_KEY_BYTES = 32
 _MAX_KEY_BYTES = 4096
 _SEALED = re.compile(rb'\{"mac":"hmac-sha256:([0-9a-f]{64})","record":')
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def config_home() -> Path:
-    """$XDG_CONFIG_HOME, or ~/.config; a relative $XDG_CONFIG_HOME is ignored, as the XDG base
-    directory specification says."""
-    value = os.environ.get("XDG_CONFIG_HOME", "")
-    if value and os.path.isabs(value):
-        return Path(value)
-    return Path.home() / ".config"
 
 
 def default_key_file() -> Path:
