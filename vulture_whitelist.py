@@ -19,20 +19,20 @@ USED = (
     _.disconnected,  # heddle/server/connections.py
 
     # pydantic: the model's configuration, a document field kept as written, a field validator
-    _.model_config,  # heddle/spec/components.py
-    _.branch_name,  # heddle/spec/components.py
-    _._none_is_empty,  # heddle/spec/components.py
-    _._check_output_message,  # heddle/spec/components.py
+    _.model_config,  # heddle/agentspec/components.py
+    _.branch_name,  # heddle/agentspec/components.py
+    _._none_is_empty,  # heddle/agentspec/components.py
+    _._check_output_message,  # heddle/agentspec/components.py
     # document fields: read from the raw mapping (refusals, specialisation) or kept as written
-    _.api_spec_uri,  # heddle/spec/components.py (RemoteTool: describes the API; never fetched)
-    _.requires_confirmation,  # heddle/spec/refusals.py reads it from the document
-    _.configuration,  # heddle/spec/refusals.py (BuiltinTool)
-    _.executor_name,  # heddle/spec/refusals.py (BuiltinTool)
-    _.tool_version,  # heddle/spec/refusals.py (BuiltinTool)
-    _.additional_instructions,  # heddle/spec/specialized.py
-    _.additional_tools,  # heddle/spec/specialized.py
-    _.human_in_the_loop,  # heddle/spec/refusals.py, heddle/spec/specialized.py
-    _.agent_specialization_parameters,  # heddle/spec/specialized.py
+    _.api_spec_uri,  # heddle/agentspec/components.py (RemoteTool: describes the API; never fetched)
+    _.requires_confirmation,  # heddle/agentspec/refusals.py reads it from the document
+    _.configuration,  # heddle/agentspec/refusals.py (BuiltinTool)
+    _.executor_name,  # heddle/agentspec/refusals.py (BuiltinTool)
+    _.tool_version,  # heddle/agentspec/refusals.py (BuiltinTool)
+    _.additional_instructions,  # heddle/agentspec/specialized.py
+    _.additional_tools,  # heddle/agentspec/specialized.py
+    _.human_in_the_loop,  # heddle/agentspec/refusals.py, heddle/agentspec/specialized.py
+    _.agent_specialization_parameters,  # heddle/agentspec/specialized.py
 
     # dataclass fields: part of the record a caller gets back
     _.signer,  # heddle/format/pack.py (PackResult)
@@ -71,7 +71,7 @@ USED = (
     _.__dir__,  # heddle/__init__.py
     # asyncio's Transport API, kept by the coalescing transport so no write can pass its buffer
     _.writelines,  # heddle/server/connections.py
-    # set through pydantic's __setattr__, read from the model's private store (heddle/spec/roots.py)
+    # set through pydantic's __setattr__, read from the model's private store (heddle/agentspec/roots.py)
     _._root,
     # FileStat's fields: rows are compared whole (heddle/format/snapshot.py), never read by name
     _.dev,

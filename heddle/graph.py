@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from heddle.spec.components import (
+from heddle.agentspec.components import (
     ControlFlowEdge,
     EndNode,
     Flow,
@@ -47,7 +47,7 @@ class FlowGraph:
     def next_edge(self, node: Node, branch: str | None) -> ControlFlowEdge | None:
         """The edge the node leaves by after taking `branch`; None when no edge leaves by it (the
         flow then ends there)."""
-        from heddle.spec.components import CAUGHT_EXCEPTION_BRANCH
+        from heddle.agentspec.components import CAUGHT_EXCEPTION_BRANCH
 
         edges = self.edges_from.get(node_key(node), [])
         if branch is not None:
@@ -81,7 +81,7 @@ def _label(node: Node) -> str:
 
 def subflows(node: Node) -> list[tuple[str, Flow]]:
     """The flows a node runs, each with the label its problems are reported under."""
-    from heddle.spec import components as c
+    from heddle.agentspec import components as c
 
     if isinstance(node, (FlowNode, c.MapNode, c.ParallelMapNode, c.CatchExceptionNode)):
         return [(_label(node), node.subflow)]
@@ -94,7 +94,7 @@ ENDS_THERE = "the flow ends there if it takes it, with the outputs it has (their
 
 
 def _check_catch(node: Node, edges: list[ControlFlowEdge], prefix: str, warnings: list[str] | None) -> None:
-    from heddle.spec import components as c
+    from heddle.agentspec import components as c
 
     caught = any(e.from_branch == c.CAUGHT_EXCEPTION_BRANCH for e in edges)
     if isinstance(node, c.CatchExceptionNode) and not caught and warnings is not None:
@@ -108,7 +108,7 @@ def _check_branches(node: Node, edges: list[ControlFlowEdge], prefix: str,
     """Edges leaving `node` by a branch it does not have, or two by one branch: the reference
     runtime refuses both, though the specification's reader does not. A branch that no edge leaves
     by is a warning: the specification allows it, and taking it ends the flow."""
-    from heddle.spec.components import CAUGHT_EXCEPTION_BRANCH, PluginNode
+    from heddle.agentspec.components import CAUGHT_EXCEPTION_BRANCH, PluginNode
 
     problems: list[str] = []
     by_branch: dict[str, list[str]] = {}
@@ -157,9 +157,9 @@ def _bad_model_url(url: str) -> bool:
 
 
 def _refused_nodes(flow: Flow, prefix: str) -> list[str]:
-    """The nodes of types heddle reads but does not run (heddle.spec.catalog says why, and what would)."""
-    from heddle.spec.catalog import refusal_message
-    from heddle.spec.components import PluginNode
+    """The nodes of types heddle reads but does not run (heddle.agentspec.catalog says why, and what would)."""
+    from heddle.agentspec.catalog import refusal_message
+    from heddle.agentspec.components import PluginNode
 
     found = []
     for i, node in enumerate(flow.nodes):
@@ -248,13 +248,13 @@ def check_flow(
             elif (unusable := _not_executable(name, tools[name], tools_dir)) is not None:
                 problems.append(prefix + unusable)
     if where == "flow":
-        from heddle.spec.refusals import flow_refusals, plugin_tools
+        from heddle.agentspec.refusals import flow_refusals, plugin_tools
 
         problems.extend(flow_refusals(flow, plugin_tools=plugin_tools(tools, tools_dir)))
-        from heddle.spec.env_reads import secret_reads
+        from heddle.agentspec.env_reads import secret_reads
 
         problems.extend(secret_reads(flow))
-        from heddle.spec.messages import message_problems
+        from heddle.agentspec.messages import message_problems
 
         problems.extend(message_problems(flow, warnings))
         from heddle.engine.tool_output import truncate_problems
@@ -274,7 +274,7 @@ def check_flow(
 
 def referenced_tools(flow: Flow) -> dict[str, ServerTool]:
     """Every ServerTool the flow (and its subflows) names, by name."""
-    from heddle.spec.components import AgentNode, ToolNode, agents_of
+    from heddle.agentspec.components import AgentNode, ToolNode, agents_of
 
     found: dict[str, ServerTool] = {}
     for node in flow.nodes:
@@ -294,7 +294,7 @@ def referenced_tools(flow: Flow) -> dict[str, ServerTool]:
 
 def llm_configs(flow: Flow) -> Iterator[tuple[str, LlmConfig]]:
     """(node label, llm config) for every model the flow and its subflows call, plugin nodes included."""
-    from heddle.spec.components import MULTI_AGENT, Agent, AgentNode, LlmNode, PluginNode
+    from heddle.agentspec.components import MULTI_AGENT, Agent, AgentNode, LlmNode, PluginNode
 
     for node in flow.nodes:
         if isinstance(node, LlmNode):

@@ -21,6 +21,8 @@ from heddle.errors import UsageError
 if TYPE_CHECKING:
     import httpx
 
+    from heddle.agentspec.components import Flow
+    from heddle.agentspec.document import Components
     from heddle.bundle.runnable import SealedRun
     from heddle.bundle.verified import Bundle
     from heddle.engine.events import Event
@@ -33,8 +35,6 @@ if TYPE_CHECKING:
     from heddle.sessions.store import SessionStore
     from heddle.sessions.turn import SessionUse
     from heddle.settings import RunSettings
-    from heddle.spec.components import Flow
-    from heddle.spec.document import Components
     from heddle.tools.commands import CommandSet
 
 StrPath = str | os.PathLike[str]
@@ -100,7 +100,7 @@ def from_bundle(sealed: SealedRun, settings: RunSettings, *, given: Collection[s
                          "and secrets sealed in it; seal it again to change them")
     settings = settle(settings, sealed.manifest.proposals, given=given, mounts=sealed.mounts, plugins=sealed.plugins)
     if settings.strict:
-        from heddle.spec.document import check_strict
+        from heddle.agentspec.document import check_strict
 
         check_strict(sealed.flow)
     host = (load_plugins or _plugin_host)(settings)
@@ -118,7 +118,7 @@ def from_document(path: Path, settings: RunSettings, *, tools_dir: Path | None =
                   load_plugins: PluginLoader | None = None, commands: Path | None = None) -> Loaded:
     """A document's run, with the tools of `tools_dir` and, when given, shared components from a second file
     and the commands of a commands file (heddle.tools.commands)."""
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
     from heddle.tools.registry import discover_tools
 
     declared = None
@@ -347,9 +347,9 @@ async def arun(
     """
     import asyncio
 
+    from heddle.agentspec.roots import check_message
     from heddle.bundle.verified import Bundle
     from heddle.settings import RunSettings
-    from heddle.spec.roots import check_message
 
     settings = settings if settings is not None else RunSettings()
     if not isinstance(settings, RunSettings):

@@ -2,7 +2,7 @@
 
 heddle reads them for itself (the server's bearer token and its default model key, the
 passphrase of a signing key, the registry credentials, the session store and its key). No tool or plugin
-process gets them, with or without `--safe`, and no document reads them as `$NAME` (heddle.spec.env_reads):
+process gets them, with or without `--safe`, and no document reads them as `$NAME` (heddle.agentspec.env_reads):
 a tool is the code a bundle brought, a document names the hosts it talks to, and these belong to whoever
 runs heddle.
 This module imports nothing of heddle's at import time, so the server, the bundle code and the

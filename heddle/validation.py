@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from heddle.spec.components import Flow
+    from heddle.agentspec.components import Flow
 
 
 def validation_report(flow: Flow, *, tools: Mapping[str, Path] | None, source: str,
@@ -28,7 +28,7 @@ def validation_report(flow: Flow, *, tools: Mapping[str, Path] | None, source: s
     kinds: dict[str, int] = {}
     for node in flow.nodes:
         kinds[node.component_type] = kinds.get(node.component_type, 0) + 1
-    from heddle.spec.roots import document_root
+    from heddle.agentspec.roots import document_root
 
     return {
         "source": source,
@@ -42,6 +42,6 @@ def validation_report(flow: Flow, *, tools: Mapping[str, Path] | None, source: s
         "valid": not problems,
         "problems": problems,
         "warnings": warnings,
-        # Where a run may stop to wait for a person (heddle.spec.waits): such a document runs only in a session.
+        # Where a run may stop to wait for a person (heddle.agentspec.waits): such a document runs only in a session.
         "waits": list(document_root(flow).waits),
     }

@@ -10,10 +10,10 @@ is called. The engine (heddle.engine.run) wires by the same rules at run time.
 
 from __future__ import annotations
 
+from heddle.agentspec import components as c
+from heddle.agentspec import io
 from heddle.engine.templates import placeholders
 from heddle.graph import FlowGraph, node_key
-from heddle.spec import components as c
-from heddle.spec import io
 
 
 def _label(node: c.Node) -> str:

@@ -1,7 +1,7 @@
-"""Print heddle/spec/agentspec_versions.json from the pyagentspec installed beside the python that runs it:
+"""Print heddle/agentspec/agentspec_versions.json from the pyagentspec installed beside the python that runs it:
 the first Agent Spec version of each component type and of each field, as pyagentspec dates them.
 
-    python scripts/agentspec_versions.py > heddle/spec/agentspec_versions.json   # a python with pyagentspec
+    python scripts/agentspec_versions.py > heddle/agentspec/agentspec_versions.json   # a python with pyagentspec
 
 A type's version is its `min_agentspec_version`; a field's is the first version whose serialization
 keeps it (`_versioned_model_fields_to_exclude`), with its default: pyagentspec refuses a document that

@@ -48,7 +48,7 @@ bring (`inspect`, `subprocess`, `platform`, `datetime`...); the slim distributio
 `typer-slim` is now an empty package that requires `typer`, and the last typer that used click \
 itself (0.24) imports rich. A run cannot go under what typer, asyncio and pydantic cost together \
 (their row), to which it adds the document models' classes and the validators of the kinds the \
-document holds (`heddle.spec.components`), pydantic's plugin loader (about 38 ms: importing \
+document holds (`heddle.agentspec.components`), pydantic's plugin loader (about 38 ms: importing \
 `importlib.metadata` and reading every installed distribution's entry points at the first validator, \
 which only an environment variable of pydantic's turns off, one heddle leaves to its users), and \
 heddle's own modules; an AgentNode run adds httpx, httpcore and anyio. Each tool call is a fork of \
@@ -215,8 +215,8 @@ def _imports(argv: list[str], env: dict[str, str], *, beyond: list[str] | None =
     groups: dict[str, float] = {}
     for module, ms in own_times(argv).items():
         top = module.split(".")[0]
-        if module == "heddle.spec.components":
-            key = "heddle.spec.components (the document models)"
+        if module == "heddle.agentspec.components":
+            key = "heddle.agentspec.components (the document models)"
         elif top == "heddle":
             key = "heddle's other modules"
         elif top in sys.stdlib_module_names or top.startswith("_") or top == "org":

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 from heddle.errors import UsageError
 
 if TYPE_CHECKING:
+    from heddle.agentspec import components as c
     from heddle.egress import Rule, SecretSpec
-    from heddle.spec import components as c
 
 
 def network_components(flow: c.Flow) -> Iterator[tuple[str, str, str]]:
     """(name, url, label) for each component of `flow` that sends requests over the network."""
-    from heddle.spec import components as c
-    from heddle.spec.walk import components
+    from heddle.agentspec import components as c
+    from heddle.agentspec.walk import components
 
     seen: set[int] = set()
     for where, item in components(flow):

@@ -15,8 +15,8 @@ from heddle.errors import DocumentError
 from heddle.format.errors import MalformedBundleError
 
 if TYPE_CHECKING:
+    from heddle.agentspec.components import Flow
     from heddle.format.manifest import Manifest
-    from heddle.spec.components import Flow
     from heddle.tools.commands import CommandSet
 
 
@@ -34,7 +34,7 @@ def load_sealed_flow(flow_path: Path, fmt: str | None = None, node_types: Iterab
                      components: Path | None = None) -> Flow:
     """The sealed flow document (with its sealed components file, when it has one); one that does
     not load makes the bundle malformed."""
-    from heddle.spec.document import load_components, load_flow
+    from heddle.agentspec.document import load_components, load_flow
 
     try:
         shared = None

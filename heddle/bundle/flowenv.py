@@ -28,7 +28,7 @@ _FROM_ENV = ("api_key", "url")  # the fields of an llm config the engine reads f
 
 def llm_config_types() -> frozenset[str]:
     """The component types of an llm config, from the models the engine runs."""
-    from heddle.spec.components import LlmConfig
+    from heddle.agentspec.components import LlmConfig
 
     union = get_args(LlmConfig)[0]
     return frozenset(cls.model_fields["component_type"].default for cls in get_args(union)) | {GEMINI_AUTH}
@@ -36,7 +36,7 @@ def llm_config_types() -> frozenset[str]:
 
 def _configs(document: Any, *, skip_metadata: bool) -> Iterator[tuple[str, dict[str, Any]]]:
     """(JSON path, config) for every llm config in a parsed document, in document order."""
-    from heddle.spec.fields import components_of
+    from heddle.agentspec.fields import components_of
 
     types = llm_config_types()
     return ((path, node) for path, node in components_of(document, skip_metadata=skip_metadata)
@@ -66,7 +66,7 @@ def _literal(value: Any) -> bool:
 def _reference(value: Any) -> str | None:
     """The id a `{"$component_ref": ID}` value names (as pyagentspec exports a sensitive field, its
     value given apart from the document), else None."""
-    from heddle.spec.references import REF
+    from heddle.agentspec.references import REF
 
     ref = value.get(REF) if isinstance(value, dict) and set(value) == {REF} else None
     return ref if isinstance(ref, str) else None
@@ -74,7 +74,7 @@ def _reference(value: Any) -> str | None:
 
 def _tables(document: Any, where: str) -> dict[str, tuple[str, Any]]:
     """{id: (where it is written, value)} for every `$referenced_components` entry of a parsed document."""
-    from heddle.spec.references import REFS
+    from heddle.agentspec.references import REFS
 
     found: dict[str, tuple[str, Any]] = {}
     stack: list[tuple[str, Any]] = [("$", document)]
@@ -125,8 +125,8 @@ def refuse_literal_keys(flow: Path, fmt: str | None = None, *, what: str = "flow
                         components: Path | None = None) -> None:
     """Refuse to seal a flow (or its components file) that carries a model key, naming each llm config that does.
     `components`, the flow's components file, is where a key the flow gives by `$component_ref` may be."""
+    from heddle.agentspec.document import _parse_text, detect_format
     from heddle.errors import DocumentError
-    from heddle.spec.document import _parse_text, detect_format
 
     def parse(path: Path, fmt: str | None, what: str) -> Any:
         try:
@@ -164,8 +164,8 @@ def env_reads(document: Any, components: Any = None) -> list[EnvRead]:
 
     References are resolved first (against the parsed components file too, when there is one),
     so a config defined but never used is not listed."""
-    from heddle.spec.document import parse_components
-    from heddle.spec.references import resolve_references
+    from heddle.agentspec.document import parse_components
+    from heddle.agentspec.references import resolve_references
 
     shared = parse_components(components, source="the sealed components file") if components is not None else None
     resolved = resolve_references(document, source="the sealed flow", components=shared.table if shared else None,
@@ -216,11 +216,11 @@ class _Collect:
 def sealed_flow_reads(bundle: Path) -> list[EnvRead]:
     """The variables the flow sealed in `bundle` reads. Nothing is trusted or unpacked: the
     flow's bytes are read from the archive and checked against the manifest's sha256."""
+    from heddle.agentspec.document import _parse_text, detect_format
     from heddle.errors import DocumentError
     from heddle.format.archive import read_head
     from heddle.format.limits import DEFAULT_LIMITS
     from heddle.format.verify import open_file, sealed_manifest, walk_payload
-    from heddle.spec.document import _parse_text, detect_format
 
     what = str(bundle)
     data = bytearray()

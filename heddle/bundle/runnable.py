@@ -15,10 +15,10 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from heddle.agentspec.components import Flow
     from heddle.format.manifest import Manifest
     from heddle.format.progress import Progress
     from heddle.format.trust import TrustPolicy
-    from heddle.spec.components import Flow
     from heddle.tools.commands import CommandSet
     from heddle.workspace.mounts import Mount
 

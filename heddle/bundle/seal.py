@@ -133,6 +133,8 @@ def seal(
     through the proxy without holding them. Raises a
     `heddle.HeddleError` naming what is wrong; nothing is written then.
     """
+    from heddle.agentspec import load_flow
+    from heddle.agentspec.roots import document_root
     from heddle.bundle.fingerprints import fingerprints_of
     from heddle.bundle.plan import ToolSpec, make_plan
     from heddle.errors import GraphError
@@ -142,8 +144,6 @@ def seal(
     from heddle.graph import check_flow
     from heddle.plugin_host.carried import read_carried
     from heddle.settings import LEVEL
-    from heddle.spec import load_flow
-    from heddle.spec.roots import document_root
     from heddle.tools.commands import read_commands
     from heddle.tools.registry import discover_tools
     from heddle.workspace.mounts import check_mounts

@@ -17,11 +17,11 @@ from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 if TYPE_CHECKING:
+    from heddle.agentspec.components import Flow
     from heddle.bundle.runnable import SealedRun
     from heddle.format.manifest import Manifest
     from heddle.format.progress import Progress
     from heddle.format.trust import TrustPolicy
-    from heddle.spec.components import Flow
 
 StrPath = str | os.PathLike[str]
 

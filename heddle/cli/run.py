@@ -291,7 +291,7 @@ def _print_result(outcome: Any, *, outputs: bool, protocol: str | None, messages
     import json
 
     if protocol is None:
-        from heddle.spec.messages import with_messages
+        from heddle.agentspec.messages import with_messages
 
         printed = with_messages(outcome.outputs, messages) if outputs else outcome.state
         sys.stdout.write(printable_json(json.dumps(printed, ensure_ascii=False)) + "\n")
@@ -350,7 +350,7 @@ def _run_in_session(loaded: Any, store: Any, session: str, *, message: str | Non
 def _message(flow: Any, message: str | None, source: str, *, ask: bool = True) -> str | None:
     """The user's message for an agent document: --message, else asked for on a terminal (unless
     --no-input)."""
-    from heddle.spec.roots import check_message, document_root
+    from heddle.agentspec.roots import check_message, document_root
 
     if message is None and ask and document_root(flow).conversational and sys.stdin.isatty():
         from heddle.cli.waiting import read_line
@@ -420,12 +420,12 @@ def validate(
         tools: dict[str, Path] | None = sealed.tools
         flow, source = sealed.flow, f"{resolved.name} (sealed {sealed.digest})"
         if settings.strict:
-            from heddle.spec.document import check_strict
+            from heddle.agentspec.document import check_strict
 
             check_strict(flow)
         declared = sealed.commands
     else:
-        from heddle.spec import load_flow
+        from heddle.agentspec import load_flow
         from heddle.tools.commands import read_commands
         from heddle.tools.registry import discover_tools
 
@@ -435,9 +435,9 @@ def validate(
                          strict=settings.strict)
         tools = discover_tools(tools_dir) if tools_dir is not None else None
         source = str(path)
+    from heddle.agentspec.roots import document_root
     from heddle.cli.output import warn
     from heddle.runs import discover_apart
-    from heddle.spec.roots import document_root
 
     discover_apart(host, settings)  # --discover-tools: the tools the plugins list join theirs
     for warning in (*document_root(flow).warnings, *(declared.warnings if declared is not None else ())):
@@ -555,7 +555,7 @@ def bundle(
     host = _load_plugins(settings, require_settings=False)
     if settings.strict:
         # Refused here as every --strict run of it would be; the bundle seals the document as written.
-        from heddle.spec import load_flow
+        from heddle.agentspec import load_flow
 
         load_flow(flow, fmt=format, node_types=host.node_types() if host else (), components=components, strict=True)
     # Only a limit given here is proposed; "unlimited" is a proposal too.

@@ -27,10 +27,10 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from heddle.agentspec import components as c
 from heddle.engine.journal import WaitingFor
 from heddle.errors import RunError, UsageError
 from heddle.secret_env import header_from_env
-from heddle.spec import components as c
 
 if TYPE_CHECKING:
     import httpx

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from heddle.agentspec import components as c
 from heddle.engine import events as ev
 from heddle.engine import structured
 from heddle.engine.context import RunContext
@@ -18,7 +19,6 @@ from heddle.engine.templates import render
 from heddle.engine.tool_output import limits_of, tool_message
 from heddle.errors import LimitError, NeedsSessionError, ToolError
 from heddle.safeparse import loads_json
-from heddle.spec import components as c
 
 if TYPE_CHECKING:
     from heddle.model.turn import ToolCall
@@ -33,7 +33,7 @@ def answer_shape(node: c.AgentNode) -> structured.Shape | None:
     """How the agent's final answer gives its declared outputs, when they call for structured
     generation (several outputs, or one that is not a string); None when the answer is plain text.
     `result`, the answer itself, may be left out of the JSON object."""
-    from heddle.spec import io
+    from heddle.agentspec import io
 
     outputs = io.outputs_of(node) or []
     if not structured.is_structured(outputs):
@@ -47,7 +47,7 @@ def answer_outputs(answer: str, node: c.AgentNode) -> dict[str, Any]:
 
     With structured outputs an answer that does not fit raises structured.AnswerMismatch.
     """
-    from heddle.spec import io
+    from heddle.agentspec import io
 
     shape = answer_shape(node)
     if shape is not None:
@@ -66,7 +66,7 @@ def answer_outputs(answer: str, node: c.AgentNode) -> dict[str, Any]:
 
 
 async def run_agent(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) -> dict[str, Any]:
-    from heddle.spec import io
+    from heddle.agentspec import io
     from heddle.tools.schema import function_definition
 
     if isinstance(node.agent, c.MULTI_AGENT):

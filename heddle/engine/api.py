@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 from heddle.errors import NodeOverrun, RunError, ToolError, UsageError
 
 if TYPE_CHECKING:
+    from heddle.agentspec import components as c
     from heddle.engine.context import RunContext
     from heddle.engine.seams import Outcome
-    from heddle.spec import components as c
     from heddle.tools.remote import Answer
 
 DEFAULT_OUTPUT = "response"

@@ -14,11 +14,11 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from heddle.agentspec import components as c
 from heddle.engine.context import RunContext
 from heddle.engine.journal import Journal
 from heddle.engine.seams import Outcome
 from heddle.errors import LimitError, RunError
-from heddle.spec import components as c
 
 if TYPE_CHECKING:
     from heddle.engine.run import FlowRun

@@ -19,12 +19,12 @@ from heddle.errors import LimitError, ModelError, ToolError
 if TYPE_CHECKING:
     from typing import Any
 
+    from heddle.agentspec import components as c
     from heddle.engine.conversation import Conversation
     from heddle.engine.journal import Answer, Journal, WaitingFor
     from heddle.engine.tracing import Tracing
     from heddle.model.client import ModelClient, ModelEndpoint
     from heddle.model.turn import AssistantTurn
-    from heddle.spec import components as c
     from heddle.tools.provided import DocumentTools
     from heddle.workspace.workspace import Workspaces
 
@@ -34,7 +34,7 @@ class TopMessage:
     """The run's user message, for the one node it is addressed to (the document's top-level agent);
     `answer` is that agent's final answer once it has given one."""
 
-    node: Any  # the AgentNode (a heddle.spec.components node), compared by identity
+    node: Any  # the AgentNode (a heddle.agentspec.components node), compared by identity
     text: str
     answer: str | None = None
 
@@ -54,7 +54,7 @@ class RunContext:
     document_tools: DocumentTools = field(default_factory=lambda: _no_document_tools())
     # The user's message to an agent document's top-level agent (`--message`), and its answer.
     message: TopMessage | None = None
-    # What the run has shown the person running it (OutputMessageNode messages), in order: heddle.spec.messages
+    # What the run has shown the person running it (OutputMessageNode messages), in order: heddle.agentspec.messages
     shown: list[str] = field(default_factory=list)
     # A run in a session keeps a journal, so that it can stop to wait for a person and resume exactly
     # there (heddle.engine.journal); None outside a session, where nothing may wait.
@@ -69,7 +69,7 @@ class RunContext:
     tracing: Tracing | None = None
 
     def show(self, text: str, node: str) -> None:
-        """Show `text` to the person running the flow, as the agent's message (heddle.spec.messages)."""
+        """Show `text` to the person running the flow, as the agent's message (heddle.agentspec.messages)."""
         self.shown.append(text)
         self.live_shown.append(text)
         self.emit(ev.Message(node=node, text=text))

@@ -31,6 +31,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from heddle.agentspec import components as c
 from heddle.engine import events as ev
 from heddle.engine import structured
 from heddle.engine.agent import (
@@ -48,7 +49,6 @@ from heddle.engine.templates import render
 from heddle.engine.tool_output import limits_of, tool_message
 from heddle.errors import LimitError, NeedsSessionError, RunError, SessionError
 from heddle.safeparse import loads_json
-from heddle.spec import components as c
 
 if TYPE_CHECKING:
     from heddle.engine.context import RunContext
@@ -144,7 +144,7 @@ class _Turn:
         """How the answer gives outputs: the group's, to the user; the agent's own, to another agent."""
         if with_user:
             return answer_shape(self.node)
-        from heddle.spec import io
+        from heddle.agentspec import io
 
         outputs = io.agent_outputs(agent)
         return structured.shape(outputs, optional=frozenset({"result"})) if structured.is_structured(outputs) else None

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from heddle.agentspec import components as c
 from heddle.engine import events as ev
 from heddle.engine.context import RunContext
 from heddle.engine.seams import ModelRequest, Outcome, ToolRequest
 from heddle.engine.templates import as_text, render
 from heddle.errors import MissingInputError, RunError, ToolInputError
-from heddle.spec import components as c
 
 
 async def start_node(ctx: RunContext, node: c.StartNode, inputs: dict[str, Any]) -> Outcome:
-    from heddle.spec.io import declared_values
+    from heddle.agentspec.io import declared_values
 
     out, missing = declared_values(node.inputs or node.outputs, inputs)
     if missing:
@@ -59,8 +59,8 @@ async def tool_node(ctx: RunContext, node: c.ToolNode, inputs: dict[str, Any]) -
 
 
 async def llm_node(ctx: RunContext, node: c.LlmNode, inputs: dict[str, Any]) -> Outcome:
+    from heddle.agentspec import io
     from heddle.engine import structured
-    from heddle.spec import io
 
     prompt = render(node.prompt_template, inputs)
     outputs = io.outputs_of(node) or []
@@ -101,7 +101,7 @@ async def agent_node(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any])
 
 
 async def branching_node(ctx: RunContext, node: c.BranchingNode, inputs: dict[str, Any]) -> Outcome:
-    from heddle.spec import io
+    from heddle.agentspec import io
 
     key = io.titles(io.inputs_of(node))[0]
     value = inputs.get(key)
@@ -112,8 +112,8 @@ async def branching_node(ctx: RunContext, node: c.BranchingNode, inputs: dict[st
 
 
 async def flow_node(ctx: RunContext, node: c.FlowNode, inputs: dict[str, Any]) -> Outcome:
+    from heddle.agentspec import io
     from heddle.engine.run import run_flow
-    from heddle.spec import io
 
     titles = io.titles(io.flow_inputs(node.subflow))
     walked = await run_flow(ctx, node.subflow, {t: inputs[t] for t in titles if t in inputs})
@@ -122,14 +122,14 @@ async def flow_node(ctx: RunContext, node: c.FlowNode, inputs: dict[str, Any]) -
 
 
 async def output_message_node(ctx: RunContext, node: c.OutputMessageNode, inputs: dict[str, Any]) -> Outcome:
-    # Shown, not returned: the node has no outputs (heddle.spec.messages).
+    # Shown, not returned: the node has no outputs (heddle.agentspec.messages).
     ctx.show(render(node.message, inputs), node.name)
     return {}, None
 
 
 async def input_message_node(ctx: RunContext, node: c.InputMessageNode, inputs: dict[str, Any]) -> Outcome:
+    from heddle.agentspec import io
     from heddle.engine.journal import WaitingFor
-    from heddle.spec import io
 
     prompt = render(node.message, inputs) if node.message else None
     answer = ctx.wait(WaitingFor("message", node.name, prompt=prompt))

@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from heddle.agentspec import components as c
 from heddle.engine.transforms import CONVERSATION
 from heddle.errors import RunError
-from heddle.spec import components as c
 
 if TYPE_CHECKING:
     from heddle.engine.journal import Journal

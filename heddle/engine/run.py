@@ -1,7 +1,7 @@
 """Running a flow: checks before anything runs, then the walk from StartNode to an EndNode.
 
 Values move as the Agent Spec reference says. A node reads its own inputs (declared or inferred,
-heddle.spec.io): in a flow with data edges, each input takes the value of the edge whose source
+heddle.agentspec.io): in a flow with data edges, each input takes the value of the edge whose source
 ran last, else its default (an input no edge reaches and that has no default takes the latest
 output of its name, as heddle's own flows have long done); in a flow whose `data_flow_connections`
 is null, each input takes the latest output of its name. The inputs of the EndNode reached are
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from heddle.agentspec import components as c
+from heddle.agentspec import io
 from heddle.engine import events as ev
 from heddle.engine.context import RunContext
 from heddle.engine.journal import Journal, Suspended, WaitingFor
@@ -32,8 +34,6 @@ from heddle.engine.options import RunOptions
 from heddle.engine.seams import NO_PLUGINS, NodeStep, Outcome, Plugins, Rendering
 from heddle.errors import GraphError, HeddleError, LimitError, NeedsSessionError, RunError, UsageError
 from heddle.graph import FlowGraph, check_flow, llm_configs, node_key, referenced_tools
-from heddle.spec import components as c
-from heddle.spec import io
 
 if TYPE_CHECKING:
     import httpx
@@ -85,7 +85,7 @@ def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | No
 
     `plugins` (a heddle.plugin_host.PluginHost) adds its node types, tools, files and seams.
     """
-    from heddle.spec.roots import document_root
+    from heddle.agentspec.roots import document_root
     from heddle.tools.provided import kinds
     from heddle.workspace.mounts import check_mounts
     from heddle.workspace.sandbox import check_policy
@@ -343,7 +343,7 @@ async def _within(options: RunOptions, work: Coroutine[Any, Any, T]) -> T:
 @dataclass(frozen=True)
 class RunOutcome:
     """How a run ended: the flat final state `heddle run` prints, the flow's outputs alone, and the
-    messages it showed the person running it, in order (heddle.spec.messages)."""
+    messages it showed the person running it, in order (heddle.agentspec.messages)."""
 
     state: dict[str, Any]
     outputs: dict[str, Any]
@@ -354,9 +354,9 @@ class RunOutcome:
 
 
 def refuse_waits_without_session(flow: c.Flow, *, source: str | None = None) -> None:
-    """NeedsSessionError when `flow` may wait for a person (heddle.spec.waits), naming the first place
+    """NeedsSessionError when `flow` may wait for a person (heddle.agentspec.waits), naming the first place
     and `source` (the document's file, or the bundle) when the caller knows it."""
-    from heddle.spec.roots import document_root
+    from heddle.agentspec.roots import document_root
 
     waits = document_root(flow).waits
     if waits:
@@ -380,8 +380,8 @@ async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *, on_even
     returning the outcome with `waiting` set, and resumes from what the journal holds;
     `conversation` is the session's conversation so far, which the run continues and updates.
     """
+    from heddle.agentspec.roots import check_message, message_target
     from heddle.engine.context import TopMessage
-    from heddle.spec.roots import check_message, message_target
     from heddle.tools.provided import open_document_tools
     from heddle.workspace.workspace import Workspaces
 

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any, Protocol, Self
 from heddle.errors import UsageError
 
 if TYPE_CHECKING:
+    from heddle.agentspec import components as c
     from heddle.engine import events as ev
     from heddle.engine.context import RunContext
     from heddle.engine.options import RunOptions
     from heddle.model.client import ModelEndpoint
     from heddle.model.turn import AssistantTurn
-    from heddle.spec import components as c
     from heddle.workspace.workspace import Workspace
 
 # What a node produced, and the branch it leaves by (None: its only one).

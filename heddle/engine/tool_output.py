@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from heddle.errors import RunError
 
 if TYPE_CHECKING:
+    from heddle.agentspec import components as c
     from heddle.engine.context import RunContext
-    from heddle.spec import components as c
     from heddle.workspace.workspace import Workspace
 
 FOLDER = (".heddle", "tool-output")  # inside the workspace
@@ -54,8 +54,8 @@ def truncate_of(tool: c.Component) -> int | None:
 
 def truncate_problems(flow: c.Flow) -> list[str]:
     """One line for each tool of the document whose `metadata.truncate` is not a positive whole number."""
-    from heddle.spec import components as c
-    from heddle.spec.walk import document_components
+    from heddle.agentspec import components as c
+    from heddle.agentspec.walk import document_components
 
     problems = []
     for where, component in document_components(flow):

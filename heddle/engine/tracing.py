@@ -49,10 +49,10 @@ from heddle.errors import UsageError
 if TYPE_CHECKING:
     import httpx
 
+    from heddle.agentspec import components as c
     from heddle.engine import events as ev
     from heddle.engine.context import RunContext
     from heddle.model.turn import AssistantTurn
-    from heddle.spec import components as c
 
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 # What `pip install` gives the tracer: the extra that carries the SDK and the OTLP/HTTP exporter.

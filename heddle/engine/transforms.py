@@ -36,10 +36,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from heddle.agentspec import components as c
 from heddle.engine.seams import ModelRequest
 from heddle.engine.templates import render
 from heddle.safeparse import loads_json
-from heddle.spec import components as c
 
 if TYPE_CHECKING:
     from heddle.engine.context import RunContext

@@ -31,7 +31,7 @@ from heddle.safeparse import loads_json
 from heddle.secret_env import is_secret, secret_read
 
 if TYPE_CHECKING:
-    from heddle.spec.components import RetryPolicy
+    from heddle.agentspec.components import RetryPolicy
 
 __all__ = [
     "AssistantTurn",

@@ -16,8 +16,8 @@ from heddle.errors import UsageError
 from heddle.secret_env import is_secret, secret_read
 
 if TYPE_CHECKING:
+    from heddle.agentspec.components import LlmConfig
     from heddle.model.client import ModelEndpoint
-    from heddle.spec.components import LlmConfig
 
 FLAG = "--model-url"
 
@@ -89,8 +89,8 @@ def _overrides(configs: Sequence[LlmConfig], model_urls: Mapping[str, str]) -> d
 
 def flow_endpoints(configs: Sequence[tuple[str, LlmConfig]], model_urls: Mapping[str, str]) -> dict[int, ModelEndpoint]:
     """{id(config): endpoint} for the (label, config) pairs of a flow (heddle.graph.llm_configs)."""
+    from heddle.agentspec.components import GEMINI_API_KEY_VARIABLE, GeminiConfig, written_api_key
     from heddle.model.client import ModelEndpoint, resolve_api_key
-    from heddle.spec.components import GEMINI_API_KEY_VARIABLE, GeminiConfig, written_api_key
 
     overrides = _overrides([cfg for _, cfg in configs], model_urls)
     endpoints: dict[int, ModelEndpoint] = {}

@@ -13,10 +13,10 @@ from heddle.plugin_host.events import LOG_LEVELS, PluginEvent, PluginLog
 from heddle.plugin_host.process import CallbackError, Handler
 
 if TYPE_CHECKING:
+    from heddle.agentspec import components as c
     from heddle.engine.context import RunContext
     from heddle.model.client import ModelEndpoint
     from heddle.plugin_host.middleware import PluginRun
-    from heddle.spec import components as c
     from heddle.workspace.workspace import Workspace
 
 
@@ -31,7 +31,7 @@ class Scope:
 
 def endpoint_of(ctx: RunContext, node: c.Node) -> ModelEndpoint | None:
     """The model endpoint a node talks to, if it has one."""
-    from heddle.spec import components as c
+    from heddle.agentspec import components as c
 
     if isinstance(node, c.AgentNode):
         # A Swarm's or a ManagerWorkers' agents each have their own model: the node has no one endpoint.

@@ -24,12 +24,12 @@ from heddle.plugin_host.manifest import CAPABILITIES, Component, Phase, PluginMa
 from heddle.settings import RunSettings
 
 if TYPE_CHECKING:
+    from heddle.agentspec import components as c
     from heddle.engine.context import RunContext
     from heddle.engine.options import RunOptions
     from heddle.engine.seams import Rendering
     from heddle.plugin_host.middleware import PluginRun
     from heddle.plugin_host.process import PluginProcess
-    from heddle.spec import components as c
 
 # Written once, with the run settings.
 DEFAULT_TIMEOUT_S: float = RunSettings.plugin_timeout
@@ -140,8 +140,8 @@ class PluginHost:
     def check_flow(self, flow: c.Flow) -> list[str]:
         """Problems with the plugin nodes of `flow` (and its subflows): branches without an edge,
         edges leaving by a branch the node type does not have."""
+        from heddle.agentspec import components as c
         from heddle.graph import FlowGraph, node_key, subflows
-        from heddle.spec import components as c
 
         problems: list[str] = []
 

@@ -333,7 +333,7 @@ def _check_json_schema(schema: Any, source: str, where: str) -> None:
 
 
 def _component(plugin: str, i: int, raw: dict[str, Any], source: str) -> Component:
-    from heddle.spec.components import KNOWN_COMPONENT_TYPES
+    from heddle.agentspec.components import KNOWN_COMPONENT_TYPES
 
     where = f"components[{i}]"
     ctype = raw["componentType"]

@@ -40,13 +40,13 @@ from heddle.plugin_host.seams import Verdict, parse_verdict
 from heddle.plugin_host.turns import turn_from_json, turn_to_json
 
 if TYPE_CHECKING:
+    from heddle.agentspec import components as c
     from heddle.engine.context import RunContext
     from heddle.model.client import ModelEndpoint
     from heddle.model.turn import AssistantTurn
     from heddle.plugin_host.encoder import EncoderSink
     from heddle.plugin_host.host import PluginHost
     from heddle.plugin_host.process import PluginProcess
-    from heddle.spec import components as c
     from heddle.workspace.workspace import Workspace
 
 

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from heddle.agentspec import components as c
 from heddle.engine import events as ev
 from heddle.engine.seams import Outcome
 from heddle.errors import RunError
@@ -22,7 +23,6 @@ from heddle.plugin_host.callbacks import Scope, endpoint_of
 from heddle.plugin_host.errors import PluginError
 from heddle.plugin_host.manifest import Component
 from heddle.plugin_host.process import PluginCallError
-from heddle.spec import components as c
 
 if TYPE_CHECKING:
     from heddle.plugin_host.middleware import PluginRun
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 
 def _inputs(node: c.PluginNode, declared: list[dict[str, Any]], values: dict[str, Any]) -> dict[str, Any]:
-    from heddle.spec.io import declared_values
+    from heddle.agentspec.io import declared_values
 
     if not declared:
         return dict(values)

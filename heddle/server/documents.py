@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from heddle.errors import DocumentError, HeddleError
 
 if TYPE_CHECKING:
-    from heddle.spec.components import Flow
-    from heddle.spec.document import Format
+    from heddle.agentspec.components import Flow
+    from heddle.agentspec.document import Format
 
 
 def _load_yaml(text: str, source: str) -> Any:
@@ -33,7 +33,7 @@ def _load_yaml(text: str, source: str) -> Any:
 
 
 def _typed(data: Any, source: str, node_types: frozenset[str]) -> Flow:
-    from heddle.spec import parse_flow
+    from heddle.agentspec import parse_flow
 
     try:
         return parse_flow(data, source=source, node_types=node_types)
@@ -71,7 +71,7 @@ def flow_from_value(value: Any, *, source: str = "flow", node_types: frozenset[s
 def flow_from_text(text: str, name: str, *, node_types: frozenset[str] = frozenset()) -> Flow:
     """The `flowPath` document `name` from its text (read under the server's flows root), errors naming
     the path as the caller wrote it, not where it lives."""
-    from heddle.spec import load_flow_text
+    from heddle.agentspec import load_flow_text
 
     fmt: Format = "yaml" if Path(name).suffix.lower() in (".yaml", ".yml") else "json"
     source = f"flowPath {name}"

@@ -1,7 +1,7 @@
 """Request flows kept prepared, so that a flow sent again is not read and checked again.
 
 What a request's flow becomes before it runs is a function of its document and of what the
-server was started with: the typed flow (heddle.spec, the document reader's checks), its
+server was started with: the typed flow (heddle.agentspec, the document reader's checks), its
 preparation (heddle.engine.run.prepare_run: the graph, tool, plugin, sandbox and mount checks,
 the model endpoints with the keys the model policy gives them) and the model policy's plan for it
 (heddle.server.model_policy: what the document alone refuses, and which addresses to resolve).
@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from heddle.agentspec.components import Flow
     from heddle.engine.run import PreparedRun
     from heddle.server.model_policy import PolicyPlan
-    from heddle.spec.components import Flow
 
 MAX_ENTRIES = 32
 # Of document text: the typed flow and its preparation take some times more memory than this.

@@ -27,8 +27,8 @@ from heddle.errors import UsageError
 from heddle.server.errors import bad_request
 
 if TYPE_CHECKING:
+    from heddle.agentspec.components import Flow, LlmConfig
     from heddle.model.client import ModelEndpoint
-    from heddle.spec.components import Flow, LlmConfig
 
 RESOLVE_TIMEOUT_S = 5.0
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?\Z")
@@ -117,7 +117,7 @@ class ModelPolicy:
         network), in its order: the refusals the document alone
         decides, and the addresses to resolve. A function of the flow, so it can be kept with it; the
         addresses are resolved anew each time the plan is checked."""
-        from heddle.spec.components import written_api_key
+        from heddle.agentspec.components import written_api_key
 
         steps: list[Refusal | Address] = []
         for where, config in llm_configs(flow):
@@ -144,7 +144,7 @@ class ModelPolicy:
         """A request's RemoteTools and ApiNodes: the model URLs' rules for the host each names (its
         placeholders fill only path and query, and its redirects stay on that host), and no header
         read from this server's environment. False once a refusal ends the plan."""
-        from heddle.spec.components import env_reference
+        from heddle.agentspec.components import env_reference
         from heddle.tools.remote import http_requests
 
         for path, tool in http_requests(flow):
@@ -160,8 +160,8 @@ class ModelPolicy:
     def _plan_a2a(self, flow: Flow, steps: list[Refusal | Address]) -> None:
         """A request's A2AAgent: the model URLs' rules for its agent_url, no header read from this
         server's environment and no file of this server's read for its TLS."""
-        from heddle.spec.components import A2AAgent, env_reference
-        from heddle.spec.walk import of_type
+        from heddle.agentspec.components import A2AAgent, env_reference
+        from heddle.agentspec.walk import of_type
 
         for path, agent in of_type(flow, A2AAgent):
             where, config = f"A2AAgent {agent.name!r} at {path}", agent.connection_config
@@ -181,7 +181,7 @@ class ModelPolicy:
     def _plan_mcp(self, flow: Flow, steps: list[Refusal | Address]) -> bool:
         """MCP servers of a request's flow: never a program started here, and the model URLs' rules.
         False once a refusal ends the plan."""
-        from heddle.spec.components import StdioTransport, env_reference
+        from heddle.agentspec.components import StdioTransport, env_reference
         from heddle.tools.mcp import transports_of
 
         for where, transport in transports_of(flow):
@@ -225,7 +225,7 @@ class ModelPolicy:
 
     def assign_keys(self, flow: Flow, endpoints: dict[int, ModelEndpoint], *, from_request: bool) -> None:
         """Give the default endpoint its key; strip keys a request flow took from the environment."""
-        from heddle.spec.components import written_api_key
+        from heddle.agentspec.components import written_api_key
 
         for _, config in llm_configs(flow):
             endpoint = endpoints.get(id(config))

@@ -10,8 +10,8 @@ from heddle.server.errors import bad_request
 from heddle.server.request_code import RequestTool, parse_tools
 
 if TYPE_CHECKING:
+    from heddle.agentspec.components import Flow
     from heddle.engine.journal import Answer
-    from heddle.spec.components import Flow
 
 FIELDS = ("flow", "flowPath", "inputs", "message", "tools")
 SESSION_FIELDS = ("session", "answer", "resume")

@@ -172,7 +172,7 @@ class RunResponse:
             assert session is not None, "only a run in a session waits"
             return waiting_body(self.job.flow_name, session.session_id, outcome)
         body: dict[str, Any] = {"flow": self.job.flow_name, "state": outcome.state, "outputs": outcome.outputs}
-        if outcome.messages:  # what the run showed its person (heddle.spec.messages)
+        if outcome.messages:  # what the run showed its person (heddle.agentspec.messages)
             body["messages"] = list(outcome.messages)
         if session is not None:
             body["session"] = session.session_id

@@ -29,11 +29,11 @@ from heddle.settings import RunSettings
 from heddle.tools.command_run import with_commands
 
 if TYPE_CHECKING:
+    from heddle.agentspec.components import Flow
     from heddle.engine.run import PreparedRun
     from heddle.server.model_policy import PolicyPlan
     from heddle.sessions.store import SessionStore
     from heddle.sessions.turn import SessionUse
-    from heddle.spec.components import Flow
     from heddle.tools.commands import CommandSet
 
 T = TypeVar("T")
@@ -154,8 +154,8 @@ def open_sessions(config: ServerConfig, host: Any = None) -> SessionStore | None
 
 def check_run(flow: Flow, inputs: dict[str, Any], message: str | None, *, source: str) -> None:
     """What a run's message and inputs must be, checked before it starts (400 naming what is wrong)."""
+    from heddle.agentspec.roots import check_message
     from heddle.engine.inputs import input_problem
-    from heddle.spec.roots import check_message
 
     check_message(flow, message, named="request field 'message'", give="'message' in the request",
                   source=f"the {source}")
@@ -303,7 +303,7 @@ class Service:
     def _strict(self, flow: Flow) -> None:
         """Under --strict, a document with a field the specification does not define is refused."""
         if self.config.settings.strict:
-            from heddle.spec.document import check_strict
+            from heddle.agentspec.document import check_strict
 
             check_strict(flow)
 
@@ -399,7 +399,7 @@ class Service:
 
     def _refuse_waits(self, flow: Flow, source: str) -> None:
         """A document that may wait for a person, run without a session: refused before it starts."""
-        from heddle.spec.roots import document_root
+        from heddle.agentspec.roots import document_root
 
         waits = document_root(flow).waits
         if not waits:

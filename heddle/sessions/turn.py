@@ -22,9 +22,9 @@ from heddle.sessions.record import Pending, Record, decode
 from heddle.surface import CLI, Surface
 
 if TYPE_CHECKING:
+    from heddle.agentspec.components import Flow
     from heddle.engine.run import RunOutcome
     from heddle.sessions.store import SessionStore, Stored
-    from heddle.spec.components import Flow
 
 
 @dataclass(frozen=True)

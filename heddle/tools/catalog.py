@@ -24,9 +24,9 @@ from heddle.canonical import fingerprint
 from heddle.errors import UsageError
 
 if TYPE_CHECKING:
+    from heddle.agentspec import components as c
     from heddle.plugin_host.host import PluginHost
     from heddle.settings import RunSettings
-    from heddle.spec import components as c
 
 Source = Literal["tools-dir", "plugin", "command", "remote", "client", "mcp"]
 
@@ -121,8 +121,8 @@ def _declared(found: dict[str, ListedTool], flow: c.Flow) -> None:
 def _document_tools(found: dict[str, ListedTool], flow: c.Flow) -> list[str]:
     """The flow's own tools added to `found` (they answer before a command or the tools folder); the
     names of the MCP toolboxes whose tools only their server can list."""
-    from heddle.spec import components as c
-    from heddle.spec.walk import document_components
+    from heddle.agentspec import components as c
+    from heddle.agentspec.walk import document_components
     from heddle.tools.schema import input_schema
 
     sources: dict[type[c.Component], Source] = {c.RemoteTool: "remote", c.ClientTool: "client", c.MCPTool: "mcp"}

@@ -2,7 +2,7 @@
 client's result (heddle.engine.journal): the run resumes with it (`--tool-result JSON`, or
 `{"tool_result": ...}` over HTTP) as the tool's output. Runs in a session only: a ClientTool in a
 ToolNode is refused without one before the run starts, and an agent's call to one ends a run without
-one there (heddle.spec.waits).
+one there (heddle.agentspec.waits).
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 from heddle.tools.provided import DocumentTools
 
 if TYPE_CHECKING:
+    from heddle.agentspec import components as c
     from heddle.engine.context import RunContext
     from heddle.engine.seams import ToolRequest
-    from heddle.spec import components as c
 
 
 def client_tools(flow: c.Flow) -> list[tuple[str, c.ClientTool]]:
-    from heddle.spec import components as c
-    from heddle.spec.walk import of_type
+    from heddle.agentspec import components as c
+    from heddle.agentspec.walk import of_type
 
     return list(of_type(flow, c.ClientTool))
 

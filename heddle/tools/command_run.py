@@ -37,6 +37,7 @@ from heddle.errors import ToolError, ToolInputError
 from heddle.tools.commands import MULTI_CALL, Command, CommandSet, program_kind
 
 if TYPE_CHECKING:
+    from heddle.agentspec import components as c
     from heddle.engine import events as ev
     from heddle.engine.context import RunContext
     from heddle.engine.options import RunOptions
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
         RunSeams,
         ToolRequest,
     )
-    from heddle.spec import components as c
     from heddle.tools.process import Exited
     from heddle.workspace.workspace import Workspace
 
@@ -92,8 +92,8 @@ class CommandPlugins:
     """A run's Plugins with commands beside them (heddle.engine.seams.Plugins)."""
 
     def __init__(self, inner: Plugins, commands: CommandSet, flow: c.Flow) -> None:
-        from heddle.spec import components as c
-        from heddle.spec.walk import of_type
+        from heddle.agentspec import components as c
+        from heddle.agentspec.walk import of_type
 
         self.inner = inner
         self.commands = commands

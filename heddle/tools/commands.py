@@ -44,8 +44,8 @@ from heddle.canonical import fingerprint
 from heddle.errors import UsageError
 
 if TYPE_CHECKING:
+    from heddle.agentspec import components as c
     from heddle.egress import Rule
-    from heddle.spec import components as c
 
 FIELDS = ("name", "description", "input_schema", "executable", "version_probe", "expected_version", "argv",
           "timeout_seconds", "working_directory", "adapter_version", "output")
@@ -330,8 +330,8 @@ class CommandSet:
     def problems(self, flow: c.Flow) -> list[str]:
         """What `flow` says of the commands' names that cannot be run as it says: another kind of tool
         of a command's name, or a ServerTool whose inputs the command's input schema does not take."""
-        from heddle.spec import components as c
-        from heddle.spec.walk import document_components
+        from heddle.agentspec import components as c
+        from heddle.agentspec.walk import document_components
 
         kinds = (c.ServerTool, c.RemoteTool, c.ClientTool, c.BuiltinTool, c.MCPTool)
         found: list[str] = []

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from pydantic import BaseModel
 
+from heddle.agentspec import components as c
 from heddle.errors import Overrun, RunError, ToolError, ToolInputError, ToolOverrun, UsageError
 from heddle.safeparse import check_finite, loads_json
 from heddle.secret_env import header_from_env
-from heddle.spec import components as c
 from heddle.tools.provided import DocumentTools
 
 if TYPE_CHECKING:

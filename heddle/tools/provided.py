@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from heddle.agentspec import components as c
     from heddle.engine.context import RunContext
     from heddle.engine.seams import ProvidedTool
-    from heddle.spec import components as c
 
 
 class ToolKind(Protocol):
@@ -66,7 +66,7 @@ def kinds(flow: c.Flow) -> Sequence[ToolKind]:
     """The kinds of document tool `flow` has components of, found in one walk of it."""
     import importlib
 
-    from heddle.spec.walk import components
+    from heddle.agentspec.walk import components
 
     present = {type(component).__name__ for _, component in components(flow)}
     return tuple(importlib.import_module(name).KIND for name, types in _KIND_MODULES.items()

@@ -48,10 +48,10 @@ from heddle.tools.provided import DocumentTools
 if TYPE_CHECKING:
     import httpx
 
+    from heddle.agentspec import components as c
     from heddle.egress import EgressPolicy
     from heddle.engine.context import RunContext
     from heddle.engine.seams import ToolRequest
-    from heddle.spec import components as c
     from heddle.surface import Surface
 
     Spec = c.RemoteTool | c.ApiNode  # an HTTP request a document declares: a tool's, or a node's
@@ -153,7 +153,7 @@ class Allowed:
 
 
 def _header_problems(tool: Spec) -> Iterator[str]:
-    from heddle.spec.components import env_reference
+    from heddle.agentspec.components import env_reference
 
     for field, headers in (("headers", tool.headers), ("sensitive_headers", tool.sensitive_headers)):
         for name, value in headers.items():
@@ -573,16 +573,16 @@ async def _read_capped(response: httpx.Response, cap: int, surface: Surface, fai
 
 def remote_tools(root: c.Component) -> Iterator[tuple[str, c.RemoteTool]]:
     """(path, tool) for every RemoteTool of a document (its flows, nodes, agents), in document order."""
-    from heddle.spec import components as c
-    from heddle.spec.walk import of_type
+    from heddle.agentspec import components as c
+    from heddle.agentspec.walk import of_type
 
     yield from of_type(root, c.RemoteTool)
 
 
 def http_requests(root: c.Component) -> Iterator[tuple[str, Spec]]:
     """(path, component) for every request a document declares: its RemoteTools and ApiNodes."""
-    from heddle.spec import components as c
-    from heddle.spec.walk import document_components
+    from heddle.agentspec import components as c
+    from heddle.agentspec.walk import document_components
 
     for where, component in document_components(root):
         if isinstance(component, (c.RemoteTool, c.ApiNode)):
@@ -592,7 +592,7 @@ def http_requests(root: c.Component) -> Iterator[tuple[str, Spec]]:
 def header_secrets(tool: Spec, where: str) -> dict[str, str]:
     """The header values `tool` reads from the environment, by header name. Raises UsageError
     for a variable that is not set or is empty, naming it."""
-    from heddle.spec.components import env_reference
+    from heddle.agentspec.components import env_reference
 
     found: dict[str, str] = {}
     for source in (tool.headers, tool.sensitive_headers):
@@ -607,7 +607,7 @@ def header_secrets(tool: Spec, where: str) -> dict[str, str]:
 def header_env_reads(document: Any) -> Iterator[tuple[str, str]]:
     """(variable, what reads it) for each RemoteTool or ApiNode header of a resolved document (a mapping)
     that reads the environment, in document order; for `heddle doctor`, which reads no value."""
-    from heddle.spec.components import env_reference
+    from heddle.agentspec.components import env_reference
 
     stack: list[tuple[str, Any]] = [("$", document)]
     while stack:

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
-    from heddle.spec.components import RetryPolicy
+    from heddle.agentspec.components import RetryPolicy
 
 T = TypeVar("T")
 

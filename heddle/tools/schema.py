@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from heddle.canonical import fingerprint
 
 if TYPE_CHECKING:
-    from heddle.spec.components import WithIO
+    from heddle.agentspec.components import WithIO
 
 
 def input_schema(tool: WithIO) -> dict[str, Any]:

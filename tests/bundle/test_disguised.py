@@ -93,7 +93,7 @@ def test_the_rule_every_command_shares(sandbox, keypair):
 
 def test_a_fifo_a_folder_or_a_device_is_refused_without_blocking(sandbox, capsys):
     from heddle.format.verify import peek
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
 
     pipe_bundle, pipe_flow = sandbox / "pipe.heddle", sandbox / "pipe.yaml"
     os.mkfifo(pipe_bundle)

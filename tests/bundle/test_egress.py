@@ -235,7 +235,7 @@ def _run_with_egress(flow: Path, inputs: dict[str, Any], egress: dict[str, tuple
 
     from heddle.engine.options import with_egress
     from heddle.engine.run import prepare_run, run_prepared
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
 
     prepared = prepare_run(load_flow(flow), tools={}, tools_dir=None,
                            options=with_egress(RunSettings(tool_timeout=20).run_options(), egress))

@@ -1,5 +1,5 @@
 """Every field the specification defines for a component type heddle runs is honoured, or refused,
-naming it, when a document sets it: heddle.spec.fields' table says which, and these tests hold the
+naming it, when a document sets it: heddle.agentspec.fields' table says which, and these tests hold the
 table against pyagentspec 26.3.1's models (a field a release adds is noticed), against heddle's
 own models (an honoured field is read; a refused one is refused) and against docs/agentspec.md."""
 
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from heddle.spec import catalog
-from heddle.spec import components as c
-from heddle.spec.fields import COMMON, REFUSED_WHEN_SET, SPEC_FIELDS, _modelled, markdown_table, unread_fields
+from heddle.agentspec import catalog
+from heddle.agentspec import components as c
+from heddle.agentspec.fields import COMMON, REFUSED_WHEN_SET, SPEC_FIELDS, _modelled, markdown_table, unread_fields
 from tests.examples.test_pyagentspec_valid import _pyagentspec_python
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "agentspec.md"
@@ -48,7 +48,7 @@ def test_the_table_names_every_field_pyagentspec_defines_for_a_type_heddle_runs(
     differ = {t: {"pyagentspec": sorted(set(theirs[t]) - SPEC_FIELDS[t]), "heddle": sorted(SPEC_FIELDS[t] -
                                                                                             set(theirs[t]))}
               for t in RUNS if set(theirs[t]) != SPEC_FIELDS[t]}
-    assert differ == {}, ("pyagentspec's fields differ from heddle.spec.fields.SPEC_FIELDS; honour each new "
+    assert differ == {}, ("pyagentspec's fields differ from heddle.agentspec.fields.SPEC_FIELDS; honour each new "
                           f"field exactly or add it to REFUSED_WHEN_SET, and docs/agentspec.md's Fields: {differ}")
 
 
@@ -103,8 +103,8 @@ def test_a_refused_field_set_is_refused_naming_it(ctype: str, field: str) -> Non
 
 def test_docs_agentspec_lists_what_is_refused_when_set() -> None:
     text = DOC.read_text(encoding="utf-8")
-    table = text.split("<!-- fields table: python -m heddle.spec.fields -->\n", 1)[1].split("<!-- end of", 1)[0]
-    assert table == markdown_table(), "docs/agentspec.md's Fields table is stale: python -m heddle.spec.fields"
+    table = text.split("<!-- fields table: python -m heddle.agentspec.fields -->\n", 1)[1].split("<!-- end of", 1)[0]
+    assert table == markdown_table(), "docs/agentspec.md's Fields table is stale: python -m heddle.agentspec.fields"
 
 
 @pytest.mark.parametrize(("node", "refused"), [

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from heddle.spec import catalog
+from heddle.agentspec import catalog
 from tests.examples.test_pyagentspec_valid import _pyagentspec_python
 
 # The registry names the abstract bases too (Node, Tool, LlmConfig's own parents...): a document
@@ -66,5 +66,5 @@ def test_every_type_of_the_newest_pyagentspec_is_run_or_refused_by_name() -> Non
     missing = unplaced(found["types"])
     assert missing == [], (
         f"pyagentspec {found['version']} defines component types heddle's catalogue does not place: "
-        f"{', '.join(missing)}; add each to heddle/spec/catalog.py (run it, or refuse it with why and what would "
+        f"{', '.join(missing)}; add each to heddle/agentspec/catalog.py (run it, or refuse it with why and what would "
         "run it) and update docs/agentspec.md's table")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from heddle.spec import catalog
-from heddle.spec.components import KNOWN_COMPONENT_TYPES
+from heddle.agentspec import catalog
+from heddle.agentspec.components import KNOWN_COMPONENT_TYPES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "agentspec.md"
 _TABLE = re.compile(r"<!-- component table: [^>]*-->\n(.*?)<!-- end of component table -->", re.DOTALL)
@@ -32,4 +32,4 @@ def test_the_table_in_docs_is_the_catalogue() -> None:
     expected = catalog.markdown_table()
     assert found.group(1) == expected, (
         "docs/agentspec.md's component table is out of date; replace it with the output of "
-        "`python -m heddle.spec.catalog`:\n" + expected)
+        "`python -m heddle.agentspec.catalog`:\n" + expected)

@@ -259,7 +259,7 @@ def test_the_a2a_client_is_imported_only_to_talk_to_a_remote_agent(tmp_path: Pat
     doc = _doc(tmp_path / "remote.json", "http://127.0.0.1:9/")
     # the document read and checked, the engine that would run it loaded
     check = ("import sys\nimport heddle.engine.agent\nfrom heddle.graph import check_flow\n"
-             "from heddle.spec import load_flow\nassert check_flow(load_flow(sys.argv[1])) == []\n"
+             "from heddle.agentspec import load_flow\nassert check_flow(load_flow(sys.argv[1])) == []\n"
              "print('a2a' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", check, str(doc)], capture_output=True, text=True, timeout=60,
                           check=False)

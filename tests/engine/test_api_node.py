@@ -208,7 +208,7 @@ def test_the_answer_is_read_within_the_cap(tmp_path, api):
     ({"url_allow_list": ["https://elsewhere.example/"]}, "none of its url_allow_list entries allows"),
 ])
 def test_what_cannot_be_sent_as_written_is_refused_naming_it(tmp_path, fields, expected):
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
 
     node = {"url": fields.pop("url", "http://example.test/{{x}}"), **fields}
     outputs = node.pop("outputs", [prop("y")])
@@ -258,7 +258,7 @@ def test_a_flow_sent_to_the_server_meets_the_model_url_guard(tmp_path):
 
     from heddle.server.errors import ApiError
     from heddle.server.model_policy import ModelPolicy
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
 
     def check(policy: ModelPolicy, url: str, **fields: Any) -> None:
         flow = load_flow(api_flow(tmp_path, url, outputs=["x"], **fields))

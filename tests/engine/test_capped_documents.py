@@ -20,7 +20,7 @@ from heddle.safeparse import (
     loads_strict_json,
     read_regular,
 )
-from heddle.spec import load_flow_text, parse_flow
+from heddle.agentspec import load_flow_text, parse_flow
 from tests.support.cli import error_line, heddle
 from tests.support.cli_inproc_proc import heddle_here
 

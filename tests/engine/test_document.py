@@ -7,8 +7,8 @@ import json
 import pytest
 
 from heddle.errors import DocumentError
-from heddle.spec import load_flow, load_flow_text
-from heddle.spec.references import resolve_references
+from heddle.agentspec import load_flow, load_flow_text
+from heddle.agentspec.references import resolve_references
 from tests.support.cli import error_line, heddle, state_of
 from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc

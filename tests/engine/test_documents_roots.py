@@ -13,10 +13,10 @@ import pytest
 
 from heddle.errors import DocumentError, UsageError
 from heddle.settings import RunSettings
-from heddle.spec import load_flow
-from heddle.spec.components import EndNode
-from heddle.spec.roots import document_root
-from heddle.spec.versions import newer_features
+from heddle.agentspec import load_flow
+from heddle.agentspec.components import EndNode
+from heddle.agentspec.roots import document_root
+from heddle.agentspec.versions import newer_features
 from tests.support.flows import llm_config, prop, server_tool, write_tool
 from tests.support.inproc import URL, run_outcome, served_model
 

@@ -20,8 +20,8 @@ from heddle.errors import DocumentError
 from heddle.graph import llm_configs
 from heddle.model.endpoints import flow_endpoints
 from heddle.settings import RunSettings
-from heddle.spec import load_flow
-from heddle.spec.components import GEMINI_OPENAI_URL
+from heddle.agentspec import load_flow
+from heddle.agentspec.components import GEMINI_OPENAI_URL
 from tests.support.flows import prop
 from tests.support.inproc import URL, run_outcome, served_model
 

@@ -296,7 +296,7 @@ def test_stdio_server_runs_like_a_tool(tmp_path: Path, monkeypatch: pytest.Monke
 def test_what_heddle_cannot_run_is_refused_when_the_document_loads(tmp_path: Path, field: str, value: Any,
                                                                   expected: str) -> None:
     from heddle.errors import DocumentError
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
 
     if field in ("cwd",):
         transport: dict[str, Any] = _stdio(tmp_path / "server.py")
@@ -320,8 +320,8 @@ def test_what_heddle_cannot_run_is_refused_when_the_document_loads(tmp_path: Pat
 def test_requires_confirmation_needs_a_session_on_a_tool_node_and_is_asked_for_on_a_toolbox(tmp_path: Path) -> None:
     from heddle.errors import NeedsSessionError
     from heddle.runs import execute, from_document
-    from heddle.spec import load_flow
-    from heddle.spec.roots import document_root
+    from heddle.agentspec import load_flow
+    from heddle.agentspec.roots import document_root
 
     transport = {"component_type": "StreamableHTTPTransport", "id": "h", "name": "h", "url": "https://mcp.example/mcp"}
     f = FlowDoc("confirmed")
@@ -351,7 +351,7 @@ def test_requires_confirmation_needs_a_session_on_a_tool_node_and_is_asked_for_o
 def test_a_request_flow_may_not_start_a_stdio_server(tmp_path: Path) -> None:
     from heddle.server.errors import ApiError
     from heddle.server.model_policy import ModelPolicy
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
 
     flow = load_flow(_adder_flow(_stdio(tmp_path / "server.py")).write(tmp_path / "flow.json"))
     with pytest.raises(ApiError) as caught:

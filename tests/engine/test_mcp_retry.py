@@ -158,7 +158,7 @@ def test_a_toolbox_policy_holds_for_its_filter_and_each_call(tmp_path: Path) -> 
 ])
 def test_a_policy_the_specification_refuses_is_refused(tmp_path: Path, policy: dict[str, Any], expected: str) -> None:
     from heddle.errors import DocumentError
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
 
     with pytest.raises(DocumentError) as caught:
         load_flow(_flow(tmp_path, _transport(tmp_path, 1, 0), policy))
@@ -168,7 +168,7 @@ def test_a_policy_the_specification_refuses_is_refused(tmp_path: Path, policy: d
 def test_the_waits_follow_the_policy() -> None:
     import random
 
-    from heddle.spec.components import RetryPolicy
+    from heddle.agentspec.components import RetryPolicy
     from heddle.tools.retry import call_retry, recoverable_status, wait_before
 
     plain = RetryPolicy(initial_retry_delay=1, backoff_factor=2, max_retry_delay=5, jitter=None)

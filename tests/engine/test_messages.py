@@ -16,7 +16,7 @@ import heddle
 from heddle.engine import events as ev
 from heddle.errors import DocumentError
 from heddle.graph import check_flow
-from heddle.spec import load_flow
+from heddle.agentspec import load_flow
 from tests.support.cli import state_of
 from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc, llm_config, prop
@@ -129,7 +129,7 @@ def test_what_an_output_message_node_cannot_honour_is_refused_by_name(tmp_path: 
 def test_a_runtimes_own_message_field_is_not_read_and_is_named(tmp_path: Path, field: str) -> None:
     # The specification gives an OutputMessageNode only `message`: its reader drops the rest, so the
     # reference runtime shows the message as written; heddle too, naming the field (--strict refuses it).
-    from heddle.spec.roots import document_root
+    from heddle.agentspec.roots import document_root
 
     flow = greeting_flow(tmp_path)
     doc = json.loads(flow.read_text())

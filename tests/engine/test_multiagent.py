@@ -33,7 +33,7 @@ def run_turn(doc: Path, tools: Path | None, message: str, transport: Any, *, inp
              conversation: Conversation | None = None, events: list[ev.Event] | None = None) -> Any:
     from heddle.engine.options import RunOptions
     from heddle.engine.run import prepare_run, run_prepared
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
     from heddle.tools.registry import discover_tools
 
     prepared = prepare_run(load_flow(doc), tools=discover_tools(tools), tools_dir=tools, options=RunOptions())
@@ -57,7 +57,7 @@ def tool_names(request: dict[str, Any]) -> list[str]:
 
 def test_a_manager_asks_a_worker_on_its_own_model_and_answers_with_its_reply(tmp_path: Path) -> None:
     from heddle.graph import llm_configs
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
 
     tools = tmp_path / "tools"
     write_tool(tools, "refund.py", "out = {'status': 'refund RF-1 of ' + str(args['amount'])}")
@@ -189,7 +189,7 @@ def test_a_group_as_an_agent_node_takes_its_inputs_and_gives_its_outputs(tmp_pat
 
 
 def test_an_a2a_agent_or_a_group_in_a_group_is_refused_naming_why(tmp_path: Path) -> None:
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
 
     remote = {"component_type": "A2AAgent", "id": "far", "name": "far away", "agent_url": "http://example.test"}
     team = {"component_type": "ManagerWorkers", "id": "team", "name": "team",

@@ -490,7 +490,7 @@ def test_a_wait_reached_without_a_session_over_http_is_a_400_naming_session(tmp_
 ])
 def test_a_field_the_specification_defines_and_heddle_does_not_read_is_refused_unless_default(
         tmp_path: Path, field: str, value: Any, refused: bool) -> None:
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
 
     doc = tmp_path / "agent.json"
     doc.write_text(json.dumps({"component_type": "Agent", "agentspec_version": "26.1.0", "id": "a", "name": "a",

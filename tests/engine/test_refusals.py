@@ -44,7 +44,7 @@ def agent_node_flow(tmp_path: Path, the_agent: dict[str, Any]) -> Path:
 
 
 def refused(path: Path) -> str:
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
 
     with pytest.raises(DocumentError) as err:
         load_flow(path)
@@ -55,8 +55,8 @@ def refused(path: Path) -> str:
 
 def may_wait(path: Path) -> tuple[str, ...]:
     """Where the document at `path` may wait for a person, as heddle found when it read it."""
-    from heddle.spec import load_flow
-    from heddle.spec.roots import document_root
+    from heddle.agentspec import load_flow
+    from heddle.agentspec.roots import document_root
 
     return document_root(load_flow(path)).waits
 
@@ -111,7 +111,7 @@ def run_message(path: Path, message: str, transport: Any) -> Any:
     """One turn of an agent document, as `heddle run DOC --message TEXT` takes it."""
     from heddle.engine.options import RunOptions
     from heddle.engine.run import prepare_run, run_prepared
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
 
     prepared = prepare_run(load_flow(path), tools={}, tools_dir=None, options=RunOptions())
     return asyncio.run(run_prepared(prepared, {}, transport=transport, message=message))
@@ -124,7 +124,7 @@ def test_a_specialisation_decides_human_in_the_loop(tmp_path):
                 "agent_specialization_parameters": {"component_type": "AgentSpecializationParameters", "id": "p",
                                                     "name": "p", "human_in_the_loop": override}}
 
-    from heddle.spec.waits import wait_points
+    from heddle.agentspec.waits import wait_points
 
     def possible(doc: dict[str, Any]) -> list[str]:
         # What would be refused inside parallel work: where the agent may wait.

@@ -283,7 +283,7 @@ def test_an_agent_calls_it(tmp_path, stub):
 
 
 def _load(tmp_path: Path, tool: dict[str, Any]) -> Any:
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
 
     return load_flow(tool_flow(tmp_path, tool, inputs=["x"]))
 
@@ -309,7 +309,7 @@ def test_a_request_heddle_cannot_send_is_refused_when_read(tmp_path, fields, exp
 
 
 def test_inputs_are_inferred_and_the_allow_list_holds(tmp_path, stub, monkeypatch):
-    from heddle.spec.components import RemoteTool
+    from heddle.agentspec.components import RemoteTool
 
     tool = remote_tool("api", stub.base + "/echo/{{a}}", query_params={"b": "{{b}}"}, outputs=["e"])
     del tool["inputs"]
@@ -347,7 +347,7 @@ def test_the_cli_runs_it_and_validate_needs_no_executable(tmp_path, stub, capsys
 def test_request_flows_meet_the_model_url_guard(tmp_path):
     from heddle.server.errors import ApiError
     from heddle.server.model_policy import ModelPolicy
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
 
     def check(policy: ModelPolicy, url: str, **fields: Any) -> None:
         flow = load_flow(tool_flow(tmp_path, remote_tool("api", url, outputs=["x"], **fields)))

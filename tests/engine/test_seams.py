@@ -29,7 +29,7 @@ from heddle.engine.seams import (
     ToolStep,
 )
 from heddle.model.turn import AssistantTurn, ToolCall
-from heddle.spec import load_flow
+from heddle.agentspec import load_flow
 from heddle.tools.registry import discover_tools
 from tests.support.flows import FlowDoc, server_tool, write_tool
 

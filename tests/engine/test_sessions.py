@@ -386,7 +386,7 @@ def test_without_a_session_a_document_that_may_wait_is_refused_before_anything_r
 
 
 def test_a_wait_inside_a_parallel_subflow_is_refused_when_the_document_is_read(tmp_path: Path) -> None:
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
 
     sub = FlowDoc("branch")
     s = sub.start([], name="branch-start")

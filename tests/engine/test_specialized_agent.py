@@ -41,7 +41,7 @@ def tools_dir(tmp_path: Path) -> Path:
 def run_message(path: Path, tools: Path, inputs: dict[str, Any], message: str, transport: Any) -> Any:
     from heddle.engine.options import RunOptions
     from heddle.engine.run import prepare_run, run_prepared
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
     from heddle.tools.registry import discover_tools
 
     prepared = prepare_run(load_flow(path), tools=discover_tools(tools), tools_dir=tools, options=RunOptions())
@@ -61,7 +61,7 @@ def check_requests(sent: list[dict[str, Any]]) -> None:
 
 
 def test_a_top_level_specialized_agent_runs_as_its_specialised_agent(tmp_path):
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
 
     doc = write(tmp_path / "agent.json", specialized())
     flow = load_flow(doc)
@@ -98,7 +98,7 @@ def test_in_an_agent_node(tmp_path):
      "input 'animal' is string in its agent and integer"),
 ])
 def test_what_a_specialisation_cannot_say(tmp_path, change, expected):
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
 
     doc = specialized()
     change(doc)
@@ -109,8 +109,8 @@ def test_what_a_specialisation_cannot_say(tmp_path, change, expected):
 
 def test_a_field_of_its_agent_written_on_the_specialisation_is_not_read(tmp_path):
     # pyagentspec 26.3.1 drops it (a SpecializedAgent has no system_prompt of its own): the agent's is used.
-    from heddle.spec import load_flow
-    from heddle.spec.roots import document_root
+    from heddle.agentspec import load_flow
+    from heddle.agentspec.roots import document_root
 
     doc = specialized()
     doc["system_prompt"] = "mine"

@@ -44,7 +44,7 @@ def echo_flow(tmp_path: Path) -> tuple[Path, Path]:
 def test_run_checks_its_inputs_as_the_server_does(tmp_path: Path, capsys: Any) -> None:
     from heddle.server.errors import ApiError
     from heddle.server.service import check_run
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
 
     flow, tools = echo_flow(tmp_path)
     rc, out, err = heddle_inproc(capsys, "run", flow, "--tools-dir", tools, "--input", '{"text": 5}')

@@ -12,8 +12,8 @@ import pytest
 
 from heddle.engine.tool_output import MARKER, cut, file_stem, lines_cut, truncate_of
 from heddle.graph import check_flow
-from heddle.spec import load_flow
-from heddle.spec.components import ServerTool
+from heddle.agentspec import load_flow
+from heddle.agentspec.components import ServerTool
 from tests.support.cli import state_of
 from tests.support.cli_inproc import heddle_inproc
 from tests.support.cli_inproc_proc import heddle_here

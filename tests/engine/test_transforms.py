@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from heddle.errors import DocumentError
-from heddle.spec import load_flow
+from heddle.agentspec import load_flow
 from tests.engine.test_sessions import step
 from tests.support.flows import llm_config, server_tool, write_tool
 from tests.support.inproc import URL, run_outcome, served_model
@@ -159,7 +159,7 @@ def test_in_a_session_the_summary_cached_for_the_conversation_is_used_on_later_t
 
 def test_the_summaries_are_chunked_and_carried_from_one_chunk_to_the_next() -> None:
     from heddle.engine.transforms import summarize
-    from heddle.spec.components import MessageSummarizationTransform
+    from heddle.agentspec.components import MessageSummarizationTransform
 
     transform = MessageSummarizationTransform.model_validate(
         {"name": "t", "llm": summarizer(), "max_message_size": 8, "summarized_message_template": "[{{ summary }}]\n"})
@@ -330,7 +330,7 @@ def test_transforms_on_an_agent_of_a_group_are_refused(tmp_path: Path) -> None:
 
 def test_the_cache_expires_and_evicts_as_the_reference_datastore_does() -> None:
     from heddle.engine.transforms import Cache
-    from heddle.spec.components import MessageSummarizationTransform
+    from heddle.agentspec.components import MessageSummarizationTransform
 
     transform = MessageSummarizationTransform.model_validate(
         {"name": "t", "llm": summarizer(), "max_cache_size": 2, "max_cache_lifetime": 100})

@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from heddle.errors import DocumentError
-from heddle.spec import load_flow
+from heddle.agentspec import load_flow
 from tests.engine.test_sessions import step
 from tests.engine.test_transforms import MESSAGE_INSTRUCTIONS, agent, asked, prompt, summarizer, write
 from tests.support.inproc import check_doc

@@ -80,7 +80,7 @@ def test_a_default_branch_without_an_edge_is_a_warning_and_ends_the_flow_when_ta
     expected = ("BranchingNode 'router' can take branch 'default' but no control edge leaves by it: the flow ends "
                 "there if it takes it, with the outputs it has (their defaults for the rest)")
     assert warnings == [expected]
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
     from heddle.validation import validation_report
 
     report = validation_report(load_flow(flow), tools=None, source=str(flow))

@@ -114,7 +114,7 @@ def test_the_starter_and_every_example_are_valid_agent_spec(tmp_path: Path) -> N
 
 
 def test_the_version_table_is_pyagentspec_s() -> None:
-    # heddle/spec/agentspec_versions.json (the first version of each type and field, which heddle
+    # heddle/agentspec/agentspec_versions.json (the first version of each type and field, which heddle
     # refuses a document for predating, as pyagentspec does) is what the installed release prints.
     python = _pyagentspec_python()
     script = REPO / "scripts" / "agentspec_versions.py"

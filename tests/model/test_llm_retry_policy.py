@@ -15,7 +15,7 @@ import pytest
 
 from heddle.errors import ModelError, ModelOverrun
 from heddle.model.client import AssistantTurn, ModelClient, ModelEndpoint
-from heddle.spec.components import RetryPolicy
+from heddle.agentspec.components import RetryPolicy
 from tests.model.vendor import ANSWER, Vendor
 from tests.support.inproc import run_doc
 

@@ -79,7 +79,7 @@ def run_in_process(flow: Path, *, tools_dir: Path | None, plugins: list[Path], i
     from heddle.engine.run import prepare_run, run_prepared
     from heddle.engine.seams import Rendering
     from heddle.plugin_host import PluginHost
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
     from heddle.tools.registry import discover_tools
 
     events: list[dict[str, Any]] = []

@@ -16,7 +16,7 @@ from heddle.plugin import Plugin
 from heddle.plugin_host import PluginHost
 from heddle.plugin_host.errors import PluginError, PluginLoadError
 from heddle.plugin_host.manifest import discovered_tools, load_manifest
-from heddle.spec import load_flow
+from heddle.agentspec import load_flow
 from heddle.tools.catalog import catalog
 from heddle.tools.schema import input_fingerprint
 from tests.plugins.support import make_plugin
@@ -160,7 +160,7 @@ def test_the_flow_gives_its_tools_and_the_folder_s_programs_their_schemas(tmp_pa
 
 
 def _server_tool(document: dict[str, Any]) -> Any:
-    from heddle.spec.components import ServerTool
+    from heddle.agentspec.components import ServerTool
 
     return ServerTool.model_validate(document)
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from heddle import seal, secret_env
-from heddle.spec import env_reads
+from heddle.agentspec import env_reads
 from tests.server.support import run_server_to_exit
 from tests.support.cli import error_line, heddle
 from tests.support.cli_inproc import heddle_inproc

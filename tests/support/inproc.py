@@ -57,7 +57,7 @@ async def arun_outcome(flow: Path, tools_dir: Path | None = None, inputs: dict[s
                        components: Path | None = None) -> RunOutcome:
     """The final state and the outputs (what `heddle run` and `heddle run --outputs` print)."""
     from heddle.engine.run import prepare_run, run_prepared
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
     from heddle.tools.registry import discover_tools
 
     settings = settings or RunSettings()
@@ -113,7 +113,7 @@ def check_doc(flow: Path, tools_dir: Path | None = None) -> tuple[int, str]:
     from heddle.engine.options import RunOptions
     from heddle.engine.run import prepare_run
     from heddle.errors import HeddleError
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
     from heddle.tools.registry import discover_tools
 
     try:

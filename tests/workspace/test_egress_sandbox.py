@@ -149,7 +149,7 @@ def run_tool(tmp_path: Path, ops: list[list[Any]], egress: dict[str, tuple[str, 
              secrets: dict[str, Any] | None = None, **settings: Any) -> tuple[list[list[Any]], list[ev.Event]]:
     from heddle.engine.options import with_egress
     from heddle.engine.run import prepare_run, run_prepared
-    from heddle.spec import load_flow
+    from heddle.agentspec import load_flow
 
     tools = tmp_path / "tools"
     tools.mkdir(exist_ok=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from heddle.spec.fields import components_of
+from heddle.agentspec.fields import components_of
 
 Version = tuple[int, int, int]
 

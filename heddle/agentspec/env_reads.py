@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from pydantic import BaseModel
 
-from heddle.spec import components as c
+from heddle.agentspec import components as c
 
 
 def _label(component: c.Component, path: str) -> str:
@@ -25,7 +25,7 @@ def _label(component: c.Component, path: str) -> str:
 def env_reads(root: BaseModel) -> Iterator[tuple[str, str, str]]:
     """(component and its path, field, variable) for each value of the document read from the
     environment, in document order."""
-    from heddle.spec.walk import document_components
+    from heddle.agentspec.walk import document_components
 
     for path, component in document_components(root):
         fields: list[tuple[str, object]] = []

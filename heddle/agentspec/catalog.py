@@ -1,13 +1,13 @@
 """Every component type of the Agent Spec language (through version 26.3), and what heddle does with each.
 
 heddle runs exactly the types its reader has models for (`KNOWN_COMPONENT_TYPES` in
-heddle.spec.components): that tuple is the "runs" set, read from the code, so this catalogue cannot
+heddle.agentspec.components): that tuple is the "runs" set, read from the code, so this catalogue cannot
 claim a type the reader does not have. Every other type the specification defines is held here with
 why heddle does not run it and what would, so that a document naming one is refused with that reason
 (by the document reader, naming where in the document it is) rather than as merely "unknown", and
 docs/agentspec.md's table is checked against it.
 
-`python -m heddle.spec.catalog` prints that table.
+`python -m heddle.agentspec.catalog` prints that table.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ BY_TYPE: dict[str, Entry] = {e.component_type: e for e in ENTRIES}
 
 def _known() -> frozenset[str]:
     # Read at each call: the reader's set is the truth, whatever this module says.
-    from heddle.spec.components import KNOWN_COMPONENT_TYPES
+    from heddle.agentspec.components import KNOWN_COMPONENT_TYPES
 
     return frozenset(KNOWN_COMPONENT_TYPES)
 

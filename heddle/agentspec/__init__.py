@@ -3,6 +3,6 @@
 `load_flow(path)` is the one entry point most callers need.
 """
 
-from heddle.spec.document import load_flow, load_flow_text, parse_flow
+from heddle.agentspec.document import load_flow, load_flow_text, parse_flow
 
 __all__ = ["load_flow", "load_flow_text", "parse_flow"]

@@ -1,6 +1,6 @@
 """Reading a document: bytes -> mapping -> resolved mapping -> the typed `Flow` heddle runs.
 
-The top level may be a Flow, an Agent or a single node (heddle.spec.roots makes each a Flow), or a
+The top level may be a Flow, an Agent or a single node (heddle.agentspec.roots makes each a Flow), or a
 `$component_ref` to one; its shared components may come from a second file (`--components`).
 """
 
@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from heddle.agentspec.references import REFS, resolve_references
 from heddle.errors import DocumentError
-from heddle.spec.references import REFS, resolve_references
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
-    from heddle.spec.components import Flow
+    from heddle.agentspec.components import Flow
 
 Format = Literal["json", "yaml"]
 _FORMATS: dict[str, Format] = {"json": "json", "yaml": "yaml"}
@@ -76,7 +76,7 @@ def _parse_text(text: str, fmt: Format, source: str) -> Any:
 
 def _check_component_types(node: Any, source: str, path: str = "$",
                            node_types: frozenset[str] = frozenset()) -> None:
-    from heddle.spec.components import KNOWN_COMPONENT_TYPES
+    from heddle.agentspec.components import KNOWN_COMPONENT_TYPES
 
     if isinstance(node, list):
         for i, item in enumerate(node):
@@ -84,7 +84,7 @@ def _check_component_types(node: Any, source: str, path: str = "$",
     elif isinstance(node, dict):
         ctype = node.get("component_type")
         if ctype is not None and ctype not in KNOWN_COMPONENT_TYPES and ctype not in node_types:
-            from heddle.spec.catalog import refusal_message
+            from heddle.agentspec.catalog import refusal_message
 
             # A type the specification defines is refused with why, and what would run it.
             refused = refusal_message(str(ctype), name=node.get("name"), path=path)
@@ -124,7 +124,7 @@ def _describe_validation_error(exc: ValidationError, source: str) -> str:
 
 def declared_version(data: Mapping[str, Any], source: str) -> str | None:
     """The document's `agentspec_version` (or its former name, `air_version`), refused unless heddle reads it."""
-    from heddle.spec.versions import READS, parse_version, readable
+    from heddle.agentspec.versions import READS, parse_version, readable
 
     field = "agentspec_version" if "agentspec_version" in data else "air_version"
     value = data.get(field)
@@ -154,18 +154,18 @@ def parse_flow(data: Any, *, source: str = "<flow>", node_types: Iterable[str] =
                components: Components | None = None, strict: bool = False) -> Flow:
     """Turn a parsed document (dict) into the typed, reference-resolved `Flow` heddle runs.
 
-    The top level may be a Flow, an Agent or a node (heddle.spec.roots), or a `$component_ref` to
+    The top level may be a Flow, an Agent or a node (heddle.agentspec.roots), or a `$component_ref` to
     one. `node_types` are the node component types loaded plugins declare; any other unknown
     type is refused. `components` are shared components from a second file. A field the
-    specification does not define for its component is dropped with a warning (heddle.spec.fields),
+    specification does not define for its component is dropped with a warning (heddle.agentspec.fields),
     or refused when `strict`.
     """
     from pydantic import ValidationError
 
-    from heddle.spec.fields import describe, unread_fields
-    from heddle.spec.roots import build_root, document_root, remember
-    from heddle.spec.versions import newer_features
-    from heddle.spec.waits import wait_points
+    from heddle.agentspec.fields import describe, unread_fields
+    from heddle.agentspec.roots import build_root, document_root, remember
+    from heddle.agentspec.versions import newer_features
+    from heddle.agentspec.waits import wait_points
 
     if not isinstance(data, dict):
         raise DocumentError(f"{source}: the document must be an object: a component (a Flow, an Agent or a "
@@ -221,7 +221,7 @@ def _strict_refusal(undefined: list[str] | tuple[str, ...]) -> DocumentError:
 def check_strict(flow: Flow) -> None:
     """Under --strict, refuse a document read before (a bundle's) that writes fields the specification
     does not define."""
-    from heddle.spec.roots import document_root
+    from heddle.agentspec.roots import document_root
 
     undefined = document_root(flow).undefined
     if undefined:
@@ -231,7 +231,7 @@ def check_strict(flow: Flow) -> None:
 def _drop_undefined(resolved: Any) -> list[tuple[str, dict[str, Any], str]]:
     """Remove from `resolved`, as the specification's reader does, the fields no component's type
     defines; return where each was."""
-    from heddle.spec.fields import undefined_fields
+    from heddle.agentspec.fields import undefined_fields
 
     found = undefined_fields(resolved)
     for _, component, field in found:

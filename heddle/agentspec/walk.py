@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from heddle.spec import components as c
+from heddle.agentspec import components as c
 
 C = TypeVar("C", bound=c.Component)
 
@@ -55,8 +55,8 @@ def components(root: BaseModel, path: str = "$") -> Iterator[tuple[str, c.Compon
 
 def _document(root: BaseModel) -> BaseModel:
     """What the document's top level was, for a Flow heddle built around an agent or a node
-    (heddle.spec.roots): paths are the document's, `$` that agent or node."""
-    from heddle.spec.roots import document_root, message_target
+    (heddle.agentspec.roots): paths are the document's, `$` that agent or node."""
+    from heddle.agentspec.roots import document_root, message_target
 
     if not isinstance(root, c.Flow):
         return root

@@ -142,7 +142,7 @@ def markdown_table() -> str:
 def _modelled() -> dict[str, frozenset[str]]:
     """The fields heddle's own model of each type reads: the specification's, and any heddle defines
     beyond them (a RemoteTool's `timeout`)."""
-    from heddle.spec import components as c
+    from heddle.agentspec import components as c
 
     found: dict[str, frozenset[str]] = {}
     for value in vars(c).values():

@@ -11,8 +11,8 @@ fields is read and then ignored:
 
 These need the run's plugins (`flow_refusals`, with the graph checks). Where a document may wait
 for a person (requires_confirmation, human_in_the_loop, ClientTools, InputMessageNodes) is
-heddle.spec.waits; component types heddle does not read at all are refused with their reason by
-heddle.spec.catalog.
+heddle.agentspec.waits; component types heddle does not read at all are refused with their reason by
+heddle.agentspec.catalog.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from heddle.spec import components as c
+    from heddle.agentspec import components as c
 
 BUILTIN_TOOL = ("is a BuiltinTool, and heddle has no built-in tools of its own: a plugin that provides a tool "
                 "named {name!r} runs it (--plugin MANIFEST)")
@@ -30,8 +30,8 @@ BUILTIN_TOOL = ("is a BuiltinTool, and heddle has no built-in tools of its own: 
 def flow_refusals(flow: c.Flow, *, plugin_tools: Collection[str] = ()) -> list[str]:
     """What `flow` names that only the run's plugins could run, and tool names it gives two
     different tools (a call names its tool by name alone)."""
-    from heddle.spec import components as c
-    from heddle.spec.walk import document_components, of_type
+    from heddle.agentspec import components as c
+    from heddle.agentspec.walk import document_components, of_type
 
     problems: list[str] = []
     for where, tool in of_type(flow, c.BuiltinTool):

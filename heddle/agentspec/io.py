@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from heddle.agentspec import components as c
 from heddle.engine.templates import placeholders
-from heddle.spec import components as c
 
 Property = c.Property
 Infer = Callable[[Any], "list[Property] | None"]
@@ -185,7 +185,7 @@ def _flow_node_outputs(node: c.FlowNode) -> list[Property]:
 def _composite_inputs(node: c.MapNode | c.ParallelMapNode | c.ParallelFlowNode | c.CatchExceptionNode,
                       ) -> list[Property]:
     # MapNode: `iterated_<x>` per subflow input; ParallelFlowNode: the union of its subflows';
-    # CatchExceptionNode: its subflow's (heddle.spec.components infers them).
+    # CatchExceptionNode: its subflow's (heddle.agentspec.components infers them).
     return _declared_or(node.inputs, node.inferred_inputs())
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from heddle.errors import DocumentError, UsageError
 
 if TYPE_CHECKING:
-    from heddle.spec import components as c
+    from heddle.agentspec import components as c
 
 Kind = Literal["flow", "agent", "node"]
 
@@ -40,9 +40,9 @@ class DocumentRoot:
     message_node: str | None = None
     # Things the document does that it should not (a feature newer than its agentspec_version).
     warnings: tuple[str, ...] = ()
-    # Where a run of it surely stops to wait for a person (heddle.spec.waits): it then needs a session.
+    # Where a run of it surely stops to wait for a person (heddle.agentspec.waits): it then needs a session.
     waits: tuple[str, ...] = ()
-    # The fields it writes that the specification does not define, not read (heddle.spec.fields).
+    # The fields it writes that the specification does not define, not read (heddle.agentspec.fields).
     undefined: tuple[str, ...] = ()
 
     @property
@@ -130,8 +130,8 @@ def _props(props: Iterable[dict[str, Any]] | None) -> list[dict[str, Any]]:
 def _one_node_flow(node: c.Node, *, name: str, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]],
                    ident: str, description: str | None = None) -> c.Flow:
     """StartNode (giving `inputs`) -> node -> EndNode (taking `outputs`), one EndNode per branch."""
+    from heddle.agentspec import components as c
     from heddle.graph import node_key
-    from heddle.spec import components as c
 
     taken = {node_key(node)}
     start = c.StartNode(id=_unique(f"{ident}.start", taken), name="start", inputs=_props(inputs),
@@ -156,7 +156,7 @@ def _one_node_flow(node: c.Node, *, name: str, inputs: list[dict[str, Any]], out
 
 def agent_root(data: dict[str, Any], validate: Validate) -> Built:
     """An Agent at the top: one turn of it, as the only node of a flow."""
-    from heddle.spec import components as c
+    from heddle.agentspec import components as c
 
     return agent_flow(validate(c.Agent, data))
 
@@ -172,8 +172,8 @@ def agentic_root(model: Any) -> Builder:
 
 def agent_flow(agent: c.Agentic | c.A2AAgent) -> Built:
     """StartNode -> AgentNode(agent) -> EndNode, the message addressed to that AgentNode."""
-    from heddle.spec import components as c
-    from heddle.spec.io import agent_inputs, agent_outputs
+    from heddle.agentspec import components as c
+    from heddle.agentspec.io import agent_inputs, agent_outputs
 
     inputs, outputs = agent_inputs(agent), agent_outputs(agent)
     ident = agent.id or agent.name or "agent"
@@ -188,9 +188,9 @@ def node_root(data: dict[str, Any], validate: Validate) -> Built:
     """A single node at the top, run as a one-node flow."""
     from pydantic import TypeAdapter
 
+    from heddle.agentspec import components as c
+    from heddle.agentspec.io import inputs_of, outputs_of
     from heddle.graph import node_key
-    from heddle.spec import components as c
-    from heddle.spec.io import inputs_of, outputs_of
 
     node: c.Node = validate(TypeAdapter(c.Node), data)
     ident = node_key(node) or node.component_type
@@ -200,8 +200,8 @@ def node_root(data: dict[str, Any], validate: Validate) -> Built:
 
 
 def specialized_root(data: dict[str, Any], validate: Validate) -> Built:
-    """A SpecializedAgent at the top: it is an Agent (heddle.spec.components), run like one."""
-    from heddle.spec import components as c
+    """A SpecializedAgent at the top: it is an Agent (heddle.agentspec.components), run like one."""
+    from heddle.agentspec import components as c
 
     return agentic_root(c.SpecializedAgent)(data, validate)
 
@@ -209,7 +209,7 @@ def specialized_root(data: dict[str, Any], validate: Validate) -> Built:
 def multi_agent_root(data: dict[str, Any], validate: Validate) -> Built:
     """A Swarm or a ManagerWorkers at the top: one turn of its agents' conversation with the user, run
     as the agent of an AgentNode like an Agent (heddle.engine.multiagent)."""
-    from heddle.spec import components as c
+    from heddle.agentspec import components as c
 
     model = c.Swarm if data.get("component_type") == "Swarm" else c.ManagerWorkers
     return agent_flow(validate(model, data))
@@ -217,7 +217,7 @@ def multi_agent_root(data: dict[str, Any], validate: Validate) -> Built:
 
 def a2a_root(data: dict[str, Any], validate: Validate) -> Built:
     """An A2AAgent at the top: one turn of the conversation with the agent it reaches (heddle.engine.a2a)."""
-    from heddle.spec import components as c
+    from heddle.agentspec import components as c
 
     return agent_flow(validate(c.A2AAgent, data))
 
@@ -259,7 +259,7 @@ def _refusal(ctype: str, name: str, source: str) -> DocumentError:
 
 def build_root(data: dict[str, Any], *, source: str, node_types: frozenset[str], validate: Validate) -> c.Flow:
     """The Flow heddle runs for the resolved top-level component `data`, the root remembered on it."""
-    from heddle.spec import components as c
+    from heddle.agentspec import components as c
 
     ctype = data.get("component_type")
     raw_name = data.get("name")

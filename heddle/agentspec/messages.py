@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from heddle.spec import components as c
-from heddle.spec import io
-from heddle.spec.walk import components
+from heddle.agentspec import components as c
+from heddle.agentspec import io
+from heddle.agentspec.walk import components
 
 MESSAGES = "messages"
 

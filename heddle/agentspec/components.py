@@ -42,7 +42,7 @@ class Tagged:
     validator, with the errors pydantic gives for a tagged union, word for word: the tag found by
     `on` (a field name, or a function of the value) and, when none is found or it names no member,
     the union's own error. A member's errors keep their location beneath the union's, without the
-    tag pydantic puts between them (heddle.spec.document leaves it out of a document's error line).
+    tag pydantic puts between them (heddle.agentspec.document leaves it out of a document's error line).
     """
 
     def __init__(self, on: str | Callable[[Any], Any]) -> None:
@@ -176,7 +176,7 @@ class OpenAiConfig(LlmConfigBase):
 
 # Gemini is called through its OpenAI-compatible endpoint, which carries everything a GeminiConfig
 # with an AI Studio key asks (heddle.model.endpoints); Vertex AI's Google Cloud credentials are
-# refused by name (heddle.spec.catalog).
+# refused by name (heddle.agentspec.catalog).
 GEMINI_OPENAI_URL = "https://generativelanguage.googleapis.com/v1beta/openai"
 GEMINI_API_KEY_VARIABLE = "GEMINI_API_KEY"  # the reference runtime's key when auth gives none
 
@@ -242,13 +242,13 @@ def written_api_key(config: LlmConfigBase) -> str | None:
 
 class ServerTool(WithIO):
     component_type: Literal["ServerTool"] = "ServerTool"
-    requires_confirmation: bool = False  # each call waits for a person's approval (heddle.spec.waits)
+    requires_confirmation: bool = False  # each call waits for a person's approval (heddle.agentspec.waits)
 
 
 # --------------------------------------------------------------------------- remote, client and built-in tools
 # RemoteTool (heddle.tools.remote sends its request), ClientTool (the client runs it: offered to
 # an agent, a call needs a session, heddle.tools.client) and BuiltinTool (runs only when a plugin
-# provides a tool of its name, heddle.spec.refusals).
+# provides a tool of its name, heddle.agentspec.refusals).
 
 
 def _none_is_empty_dict(value: Any) -> Any:
@@ -442,7 +442,7 @@ class MCPTool(WithIO):
     component_type: Literal["MCPTool"] = "MCPTool"
     client_transport: ClientTransport
     retry_policy: RetryPolicy | None = None  # finding it in the listing, and each call (heddle.tools.retry)
-    requires_confirmation: bool = False  # each call waits for a person's approval (heddle.spec.waits)
+    requires_confirmation: bool = False  # each call waits for a person's approval (heddle.agentspec.waits)
 
     def declares_inputs(self) -> bool:
         """Whether the document gives the tool's inputs (else the server's listing does)."""
@@ -679,7 +679,7 @@ class SpecializedAgent(Agent):
         if written:
             raise ValueError(f"SpecializedAgent {data.get('name')!r}: {', '.join(written)} come from its agent and "
                              "agent_specialization_parameters; remove them from the SpecializedAgent")
-        from heddle.spec.specialized import specialised_fields
+        from heddle.agentspec.specialized import specialised_fields
 
         return {**data, **specialised_fields(base, params, name=str(data.get("name") or ""),
                                              inputs=data.get("inputs"), outputs=data.get("outputs"))}
@@ -741,7 +741,7 @@ class _AgentGroup(WithIO):
         return found
 
     def _check_members(self) -> None:
-        from heddle.spec import io
+        from heddle.agentspec import io
 
         label, types = self._label(), dict[str, tuple[str, set[str]]]()
         for where, agent in self.members():
@@ -1017,7 +1017,7 @@ class LlmNode(NodeBase):
 
 class AgentNode(NodeBase):
     component_type: Literal["AgentNode"] = "AgentNode"
-    # An A2AAgent only as the document's top level (heddle.spec.roots builds its node from the model).
+    # An A2AAgent only as the document's top level (heddle.agentspec.roots builds its node from the model).
     agent: Annotated[Agentic | A2AAgent, Tagged("component_type")]
 
     @model_validator(mode="before")
@@ -1128,13 +1128,13 @@ def schema_types(schema: Property) -> set[str]:
 
 
 def flow_inputs(flow: Flow) -> list[Property]:
-    from heddle.spec import io  # io reads these classes: imported when a document is checked
+    from heddle.agentspec import io  # io reads these classes: imported when a document is checked
 
     return io.flow_inputs(flow)
 
 
 def flow_outputs(flow: Flow) -> list[Property]:
-    from heddle.spec import io
+    from heddle.agentspec import io
 
     return io.flow_outputs(flow)
 
@@ -1334,7 +1334,7 @@ class InputMessageNode(NodeBase):
 
 # --------------------------------------------------------------------------- messages
 # OutputMessageNode: shows its `message`, placeholders filled from its inputs, to the person running
-# the flow (heddle.engine.nodes runs it; heddle.spec.messages says how a run without a chat window
+# the flow (heddle.engine.nodes runs it; heddle.agentspec.messages says how a run without a chat window
 # shows it).
 
 class OutputMessageNode(NodeBase):
@@ -1408,7 +1408,7 @@ class Flow(WithIO):
     nodes: list[Node] = Field(default_factory=_list)
     control_flow_connections: list[ControlFlowEdge] = Field(default_factory=_list)
     data_flow_connections: list[DataFlowEdge] | None = None
-    # What the document's top level was (a heddle.spec.roots.DocumentRoot): the Flow heddle runs may
+    # What the document's top level was (a heddle.agentspec.roots.DocumentRoot): the Flow heddle runs may
     # stand for an Agent or a single node. Never serialised; set by the document reader.
     _root: Any = PrivateAttr(default=None)
     # The compiled check of its StartNode's inputs (heddle.engine.inputs), kept with the flow it
