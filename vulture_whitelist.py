@@ -63,8 +63,9 @@ USED = (
 
     # click calls these on the command and group classes it is given
     _.format_options, _.format_commands,  # heddle/cli/flags.py, heddle/cli/root.py
+    _.format_epilog,  # heddle/server/cli.py
     # typer reads a command function's signature from these
-    _.__signature__, _.__annotations__,  # heddle/cli/flags.py
+    _.__signature__, _.__annotations__,  # heddle/cli/flags.py, heddle/server/cli.py
     # a sub-app's command given QuickCommand's reading of its options
     _.__class__,  # heddle/cli/flags.py
     # dir(heddle) asks the module for it

@@ -15,15 +15,15 @@ through the imports under TYPE_CHECKING, while at run time each name's module is
 first time the name is used (`_WHERE`).
 """
 
-__version__ = "0.1.0"
-
 import importlib
+
+from heddle.version import __version__
 
 # typing's own constant, without importing typing (some 3 ms) into `heddle --version`.
 TYPE_CHECKING = False
 
 if TYPE_CHECKING:
-    from heddle.bundle.seal import SealResult, seal
+    from heddle.bundle.seal import SealResult, SealSettings, seal
     from heddle.bundle.verified import Bundle, open_bundle
     from heddle.engine.events import (
         Event,
@@ -78,6 +78,7 @@ if TYPE_CHECKING:
 # and `heddle --help` import this package), the first use of a name loads its module.
 _WHERE: dict[str, str] = {
     "SealResult": "heddle.bundle.seal",
+    "SealSettings": "heddle.bundle.seal",
     "seal": "heddle.bundle.seal",
     "Bundle": "heddle.bundle.verified",
     "open_bundle": "heddle.bundle.verified",
@@ -166,6 +167,7 @@ __all__ = [
     "RunResult",
     "RunSettings",
     "SealResult",
+    "SealSettings",
     "SessionAlreadyAnswered",
     "SessionConflict",
     "SessionError",

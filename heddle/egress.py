@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from heddle.secret_env import is_secret
+
 DEFAULT_PORTS = (443, 80)
 MAX_RULES = 256  # of one component
 MAX_RULE_CHARS = 260
@@ -225,6 +227,8 @@ DEFAULT_HEADER = "Authorization: Bearer {}"
 MAX_SECRETS = 64
 _ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
+# A query parameter's name: the characters a URL carries unencoded, so that it is found as written.
+_QUERY_NAME = re.compile(r"[A-Za-z0-9._~-]{1,64}")
 # What a secret's name may not be: the variables every sandboxed tool is given by heddle.
 _RESERVED = frozenset({"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "TZ", "TERM", "HEDDLE_WORKSPACE",
                        "HEDDLE_WORKSPACE_BIN", "TRACEPARENT", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy",
@@ -235,14 +239,15 @@ _RESERVED = frozenset({"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "TZ", "TERM",
 @dataclass(frozen=True)
 class SecretSpec:
     """A secret a tool may use without holding it: the tool's `$name` is a placeholder, which heddle's
-    egress proxy replaces by the value (read from `env` or `file` when the run starts; never sealed) in the
-    `header` of requests to `hosts` alone."""
+    egress proxy replaces by the value (read from `env` or `file` when the run starts; never sealed) in
+    requests to `hosts` alone: in the `header`, or, with `query`, as the value of that query parameter."""
 
     name: str
     hosts: tuple[Rule, ...]
     env: str | None = None
     file: str | None = None
     header: str = DEFAULT_HEADER
+    query: str | None = None  # a query parameter's name: the secret goes there, and in no header
 
     @property
     def header_name(self) -> str:
@@ -253,17 +258,21 @@ class SecretSpec:
         name, _, template = self.header.partition(":")
         return f"{name}: {template.strip().replace('{}', secret)}"
 
+    @property
+    def placement(self) -> str:
+        """Where the value goes, as messages say it."""
+        return f"the query parameter {self.query!r}" if self.query is not None else repr(self.header)
+
     def to_json(self) -> dict[str, Any]:
         source = {"env": self.env} if self.env is not None else {"file": self.file}
-        return {**source, "header": self.header, "hosts": [str(r) for r in self.hosts]}
+        where = {"query": self.query} if self.query is not None else {"header": self.header}
+        return {**source, **where, "hosts": [str(r) for r in self.hosts]}
 
 
 def _secret_name(name: Any, where: str) -> str:
     if not isinstance(name, str) or not _ENV.fullmatch(name):
         raise EgressError(f"{where}: {name!r} is not an environment variable name (the tool reads the placeholder "
                           "as $NAME)")
-    from heddle.secret_env import is_secret
-
     if name in _RESERVED or is_secret(name):
         raise EgressError(f"{where}: {name} is a variable heddle sets or keeps for itself; name the secret otherwise")
     return name
@@ -293,12 +302,17 @@ def parse_secret_flag(text: str) -> SecretSpec:
 
 
 def parse_secret(name: str, value: Any, where: str) -> SecretSpec:
-    """One entry of a `secrets:` section (or of a manifest's): `env` or `file`, `hosts`, and `header`
-    (default DEFAULT_HEADER)."""
+    """One entry of a `secrets:` section (or of a manifest's): `env` or `file`, `hosts`, and where the value
+    goes: `header` (default DEFAULT_HEADER) or `query`, a query parameter's name."""
     _secret_name(name, where)
-    if not isinstance(value, dict) or not set(value) <= {"env", "file", "hosts", "header"} or \
-            len({"env", "file"} & set(value)) != 1 or "hosts" not in value:
-        raise EgressError(f"{where} must be a mapping with env or file (one of them), hosts, and optionally header")
+    if not isinstance(value, dict) or not set(value) <= {"env", "file", "hosts", "header", "query"} or \
+            len({"env", "file"} & set(value)) != 1 or "hosts" not in value or {"header", "query"} <= set(value):
+        raise EgressError(f"{where} must be a mapping with env or file (one of them), hosts, and optionally header "
+                          "or query (not both)")
+    query = value.get("query")
+    if query is not None and (not isinstance(query, str) or not _QUERY_NAME.fullmatch(query)):
+        raise EgressError(f"{where}.query: {query!r} is not a query parameter's name (1 to 64 letters, digits and "
+                          "._~-)")
     env, file = value.get("env"), value.get("file")
     if env is not None and (not isinstance(env, str) or not _ENV.fullmatch(env)):
         raise EgressError(f"{where}.env: {env!r} is not an environment variable name")
@@ -309,7 +323,7 @@ def parse_secret(name: str, value: Any, where: str) -> SecretSpec:
     if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
         raise EgressError(f"{where}.hosts must be a list of HOST[:PORT]")
     return SecretSpec(name, parse_rules(hosts, f"{where}.hosts"), env=env, file=file,
-                      header=_header(value.get("header", DEFAULT_HEADER), f"{where}.header"))
+                      header=_header(value.get("header", DEFAULT_HEADER), f"{where}.header"), query=query)
 
 
 def parse_secrets(value: Any, where: str) -> dict[str, SecretSpec]:
@@ -360,6 +374,6 @@ class Secrets:
                     raise EgressError(f"secret {spec.name}: {source} is empty")
             if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
                 raise EgressError(f"secret {spec.name}: the value in {source} holds a control character, which no "
-                                  "header may")
+                                  "header or URL may")
             values[spec.name] = value
         return cls(specs, values)

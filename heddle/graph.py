@@ -10,21 +10,37 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from heddle.agentspec import components as c
+from heddle.agentspec.catalog import refusal_message
 from heddle.agentspec.components import (
+    CAUGHT_EXCEPTION_BRANCH,
+    MULTI_AGENT,
+    Agent,
+    AgentNode,
+    BuiltinTool,
+    ClientTool,
+    Component,
     ControlFlowEdge,
     EndNode,
     Flow,
     FlowNode,
     LlmConfig,
+    LlmNode,
+    MCPTool,
     Node,
+    PluginNode,
+    RemoteTool,
     ServerTool,
     StartNode,
+    ToolNode,
+    agents_of,
+    node_key,
 )
-
-
-def node_key(node: Node) -> str:
-    """Nodes are identified by id (names need not be unique); fall back to the name."""
-    return node.id or node.name
+from heddle.agentspec.env_reads import secret_reads
+from heddle.agentspec.messages import message_problems
+from heddle.agentspec.refusals import flow_refusals, plugin_tools
+from heddle.agentspec.walk import document_components
+from heddle.wiring import check_wiring
 
 
 @dataclass
@@ -47,8 +63,6 @@ class FlowGraph:
     def next_edge(self, node: Node, branch: str | None) -> ControlFlowEdge | None:
         """The edge the node leaves by after taking `branch`; None when no edge leaves by it (the
         flow then ends there)."""
-        from heddle.agentspec.components import CAUGHT_EXCEPTION_BRANCH
-
         edges = self.edges_from.get(node_key(node), [])
         if branch is not None:
             for edge in edges:
@@ -63,16 +77,16 @@ class FlowGraph:
 
     def reachable(self) -> list[str]:
         start = node_key(self.flow.start_node)
-        seen: list[str] = []
+        seen: dict[str, None] = {}  # in the order reached; a dict, so each test of it is one lookup
         stack = [start]
         while stack:
             key = stack.pop()
             if key in seen:
                 continue
-            seen.append(key)
+            seen[key] = None
             for edge in self.edges_from.get(key, []):
                 stack.append(node_key(edge.to_node))
-        return seen
+        return list(seen)
 
 
 def _label(node: Node) -> str:
@@ -81,8 +95,6 @@ def _label(node: Node) -> str:
 
 def subflows(node: Node) -> list[tuple[str, Flow]]:
     """The flows a node runs, each with the label its problems are reported under."""
-    from heddle.agentspec import components as c
-
     if isinstance(node, (FlowNode, c.MapNode, c.ParallelMapNode, c.CatchExceptionNode)):
         return [(_label(node), node.subflow)]
     if isinstance(node, c.ParallelFlowNode):
@@ -94,8 +106,6 @@ ENDS_THERE = "the flow ends there if it takes it, with the outputs it has (their
 
 
 def _check_catch(node: Node, edges: list[ControlFlowEdge], prefix: str, warnings: list[str] | None) -> None:
-    from heddle.agentspec import components as c
-
     caught = any(e.from_branch == c.CAUGHT_EXCEPTION_BRANCH for e in edges)
     if isinstance(node, c.CatchExceptionNode) and not caught and warnings is not None:
         warnings.append(f"{prefix}{_label(node)} has no control edge for branch {c.CAUGHT_EXCEPTION_BRANCH!r}: "
@@ -108,8 +118,6 @@ def _check_branches(node: Node, edges: list[ControlFlowEdge], prefix: str,
     """Edges leaving `node` by a branch it does not have, or two by one branch: the reference
     runtime refuses both, though the specification's reader does not. A branch that no edge leaves
     by is a warning: the specification allows it, and taking it ends the flow."""
-    from heddle.agentspec.components import CAUGHT_EXCEPTION_BRANCH, PluginNode
-
     problems: list[str] = []
     by_branch: dict[str, list[str]] = {}
     for edge in edges:
@@ -158,9 +166,6 @@ def _bad_model_url(url: str) -> bool:
 
 def _refused_nodes(flow: Flow, prefix: str) -> list[str]:
     """The nodes of types heddle reads but does not run (heddle.agentspec.catalog says why, and what would)."""
-    from heddle.agentspec.catalog import refusal_message
-    from heddle.agentspec.components import PluginNode
-
     found = []
     for i, node in enumerate(flow.nodes):
         if isinstance(node, PluginNode):
@@ -206,14 +211,13 @@ def check_flow(
         for end, node in (("source_node", data.source_node), ("destination_node", data.destination_node)):
             if node_key(node) not in graph.nodes:
                 problems.append(f"{prefix}data edge {data.name!r}: {end} {node.name!r} is not in the flow's nodes")
-    from heddle.wiring import check_wiring
-
     if wiring:  # without: the graph alone (sealing refuses only what it cannot seal)
-        problems.extend(check_wiring(flow, prefix))
+        problems.extend(check_wiring(graph, prefix))
 
     reachable = graph.reachable() if start_key in graph.nodes else []
+    reached_set = set(reachable)
     for key, node in graph.nodes.items():
-        if key not in reachable:
+        if key not in reached_set:
             problems.append(f"{prefix}{_label(node)} is not reachable from the start node")
     if reachable and not any(isinstance(graph.nodes.get(k), EndNode) for k in reachable):
         problems.append(f"{prefix}no EndNode is reachable from the start node")
@@ -248,17 +252,9 @@ def check_flow(
             elif (unusable := _not_executable(name, tools[name], tools_dir)) is not None:
                 problems.append(prefix + unusable)
     if where == "flow":
-        from heddle.agentspec.refusals import flow_refusals, plugin_tools
-
         problems.extend(flow_refusals(flow, plugin_tools=plugin_tools(tools, tools_dir)))
-        from heddle.agentspec.env_reads import secret_reads
-
         problems.extend(secret_reads(flow))
-        from heddle.agentspec.messages import message_problems
-
         problems.extend(message_problems(flow, warnings))
-        from heddle.engine.tool_output import truncate_problems
-
         problems.extend(truncate_problems(flow))
         seen: set[int] = set()
         for label, config in llm_configs(flow):
@@ -272,10 +268,39 @@ def check_flow(
     return problems
 
 
+# --------------------------------------------------------------------------- a tool's own output limit
+
+TRUNCATE = "truncate"  # the metadata key of a tool's own, tighter limit (heddle.engine.tool_output)
+
+
+def truncate_of(tool: Component) -> int | None:
+    """The tool's `metadata.truncate` (a positive whole number of characters), or None when it sets
+    none. ValueError saying what is wrong with one it sets."""
+    metadata = tool.metadata or {}
+    if TRUNCATE not in metadata:
+        return None
+    value = metadata[TRUNCATE]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"metadata.truncate {value!r} is not a positive whole number; give the most characters "
+                         "of one of its results the model gets (e.g. 2000), or drop it")
+    return value
+
+
+def truncate_problems(flow: Flow) -> list[str]:
+    """One line for each tool of the document whose `metadata.truncate` is not a positive whole number."""
+    problems = []
+    for where, component in document_components(flow):
+        if not isinstance(component, (ServerTool, RemoteTool, ClientTool, BuiltinTool, MCPTool)):
+            continue
+        try:
+            truncate_of(component)
+        except ValueError as exc:
+            problems.append(f"{where}: {component.component_type} {component.name!r} {exc}")
+    return problems
+
+
 def referenced_tools(flow: Flow) -> dict[str, ServerTool]:
     """Every ServerTool the flow (and its subflows) names, by name."""
-    from heddle.agentspec.components import AgentNode, ToolNode, agents_of
-
     found: dict[str, ServerTool] = {}
     for node in flow.nodes:
         if isinstance(node, ToolNode):
@@ -294,8 +319,6 @@ def referenced_tools(flow: Flow) -> dict[str, ServerTool]:
 
 def llm_configs(flow: Flow) -> Iterator[tuple[str, LlmConfig]]:
     """(node label, llm config) for every model the flow and its subflows call, plugin nodes included."""
-    from heddle.agentspec.components import MULTI_AGENT, Agent, AgentNode, LlmNode, PluginNode
-
     for node in flow.nodes:
         if isinstance(node, LlmNode):
             yield _label(node), node.llm_config

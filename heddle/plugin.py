@@ -223,6 +223,12 @@ class Call:
         return self.params.get("arguments") or {}
 
     @property
+    def idempotency_key(self) -> str | None:
+        """A tool call's key in a session: the same when a call lost in a crash is made again (docs/sessions.md)."""
+        key = self.params.get("idempotencyKey")
+        return key if isinstance(key, str) else None
+
+    @property
     def event(self) -> dict[str, Any]:
         return self.params.get("event") or {}
 

@@ -28,6 +28,8 @@ from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from heddle.canonical import loads_strict
+
 if TYPE_CHECKING:
     import yaml
 
@@ -286,8 +288,6 @@ def loads_json(data: bytes | str, *, max_depth: int = DEFAULT_PARSE_LIMITS.max_d
 def loads_strict_json(data: bytes | str, *, max_depth: int = DEFAULT_PARSE_LIMITS.max_depth) -> Any:
     """`canonical.loads_strict` (no duplicate keys, no non-finite number) after the depth check,
     and no lone surrogate: what heddle reads from a person, a caller or a bundle."""
-    from heddle.canonical import loads_strict
-
     text = _text(data)
     check_json_depth(text, max_depth)
     value = loads_strict(text)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from heddle.errors import UsageError
+
 AUTH_TOKEN = "HEDDLE_AUTH_TOKEN"
 LLM_DEFAULT_KEY = "HEDDLE_LLM_DEFAULT_KEY"
 KEY_PASSPHRASE = "HEDDLE_KEY_PASSPHRASE"
@@ -50,8 +52,6 @@ def secret_read(field: str, variable: str) -> str:
 def header_from_env(label: str, header: str, variable: str, environ: Mapping[str, str]) -> str:
     """The value of `header`, which a document writes as `$variable`. Raises UsageError (naming
     `label`, the header and the variable) for heddle's own secret, or a variable unset or empty."""
-    from heddle.errors import UsageError
-
     if is_secret(variable):
         raise UsageError(f"{label}: {secret_read(f'header {header!r}', variable)}")
     value = environ.get(variable)

@@ -7,8 +7,8 @@ Durations are float seconds; each shell reads them as `30s`, `500ms`, `5m`, `1h`
 a plain number in its own historic unit (the CLI seconds, the server milliseconds) with a note.
 Sizes are whole bytes, read as `64MiB`, `400MB` or `16KiB` by both, a plain number as bytes.
 
-Only the standard library (and heddle.oci's own light constants) is imported: both shells read this
-module before `--help`.
+The layers' own defaults are read from the light modules where each is written (see the imports);
+nothing heavier is imported at the top: both shells read this module before `--help`.
 """
 
 from __future__ import annotations
@@ -19,15 +19,36 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
-# The one default the OCI layer defines for itself (heddle.oci imports the standard library only).
-from heddle.oci import TRANSFER_TIMEOUT_S
+# The layers' own defaults, each written by the layer that uses it in a module the standard library
+# alone is imported for (the model, tools and engine limits are the engine's RunOptions).
+from heddle.engine.options import RunOptions
+from heddle.errors import UsageError
+from heddle.format.limits import ZSTD_LEVEL, ZSTD_MAX_LEVEL, ZSTD_MIN_LEVEL
+from heddle.oci.artifact import TRANSFER_TIMEOUT_S
+from heddle.plugin_host import MAX_NODE_ATTEMPTS, PLUGIN_TIMEOUT_S
+from heddle.sessions.lease import LEASE_SECONDS
+from heddle.surface import Surface
+from heddle.workspace import MOUNT_MAX_BYTES, MOUNT_MAX_ENTRIES
 
 if TYPE_CHECKING:
-    from heddle.engine.options import RunOptions
-    from heddle.surface import Surface
     from heddle.workspace.mounts import Mount
+
+# Each shell's wording, which the run core hands the engine: how a person gives what a session asks for
+# (heddle.sessions.turn's messages), and the unit a plain number of its flags is in.
+CLI = Surface("s", words=MappingProxyType({
+    "message": "--message TEXT", "approval": "--approve or --deny REASON", "client_tool": "--tool-result JSON",
+    "session": "--session NAME", "new_session": "a new session name", "input": "--input", "resume": "--resume",
+    "reply": "--message", "durable": "--durable",
+}))
+SERVER = Surface("ms", words=MappingProxyType({
+    "message": '"answer": {"message": TEXT}', "approval": '"answer": {"approve": true} or {"deny": REASON}',
+    "client_tool": '"answer": {"tool_result": JSON}', "session": '"session" (an id POST /v1/sessions issues)',
+    "new_session": "a new session (POST /v1/sessions)", "input": "'inputs'", "resume": '"resume": true',
+    "reply": "'message'", "durable": "a durable run",
+}))
 
 Unit = Literal["s", "ms"]
 # How a setting is read from the command line: "flag" takes no value and, given, sets the opposite of
@@ -194,8 +215,6 @@ class Setting:
         """`read`, with its range checked: what both shells do with a flag's text.
 
         Raises UsageError naming the flag; the note, when there is one, is for the shell to print."""
-        from heddle.errors import UsageError
-
         try:
             value, note = self.read(text, plain=plain)
         except ValueError as exc:
@@ -235,8 +254,6 @@ def settings_of(cls: type[Any]) -> tuple[Setting, ...]:
 
 def parse_rounds(value: str | int | None) -> int | None:
     """`--max-tool-rounds N|unlimited` (or a bundle's proposal): a whole number >= 1, or None for unlimited."""
-    from heddle.errors import UsageError
-
     if value is None:
         return RunSettings.max_tool_rounds
     if isinstance(value, int) and not isinstance(value, bool):
@@ -265,44 +282,44 @@ class RunSettings:
     Durations are seconds (None: no limit). `mounts` are `SRC[:DEST][:ro|:rw]` specs (or parsed
     Mounts); `plugins` are plugin.json paths and `plugin_configs` their `TYPE=JSON|@FILE` settings."""
 
-    max_iterations: int = field(default=50, metadata=about(
+    max_iterations: int = field(default=RunOptions.max_iterations, metadata=about(
         kind="int", flag="--max-iterations", metavar="N", minimum=1, group=LIMITS,
         help="Node executions per run."))
-    max_tool_rounds: int | None = field(default=10, metadata=about(
+    max_tool_rounds: int | None = field(default=RunOptions.max_tool_rounds, metadata=about(
         kind="rounds", flag="--max-tool-rounds", metavar="N|unlimited", group=LIMITS,
         shown="the bundle's proposal, else 10", help="Model calls an agent may make per execution."))
-    max_parallel: int = field(default=4, metadata=about(
+    max_parallel: int = field(default=RunOptions.max_parallel, metadata=about(
         kind="int", flag="--max-parallel", metavar="N", minimum=1, group=LIMITS,
         help="Subflows one ParallelFlowNode or ParallelMapNode runs at once."))
-    timeout: float | None = field(default=300.0, metadata=about(
+    timeout: float | None = field(default=RunOptions.timeout, metadata=about(
         kind="duration", flag="--timeout", metavar="DURATION", minimum=0.001, group=LIMITS,
         help="Time the whole run may take."))
-    tool_timeout: float | None = field(default=30.0, metadata=about(
+    tool_timeout: float | None = field(default=RunOptions.tool_timeout, metadata=about(
         kind="duration", flag="--tool-timeout", metavar="DURATION", minimum=0.001, group=LIMITS,
         help="Time one tool call may take."))
-    tool_output_limit: int = field(default=30000, metadata=about(
+    tool_output_limit: int = field(default=RunOptions.tool_output_limit, metadata=about(
         kind="int", flag="--tool-output-limit", metavar="N", minimum=1, group=LIMITS,
         help="Characters of one tool result an agent's model gets; a longer one is written whole to "
              ".heddle/tool-output/ in the agent's workspace and the model gets its head and tail."))
-    max_tool_stdout_bytes: int = field(default=16 * 2**20, metadata=about(
+    max_tool_stdout_bytes: int = field(default=RunOptions.max_tool_stdout_bytes, metadata=about(
         kind="size", flag="--max-tool-stdout-bytes", metavar="SIZE", minimum=1, group=LIMITS,
         help="Most bytes a tool process may print on its stdout in one call; past them it is killed and the "
              "call fails (its stderr is kept to its last lines)."))
-    max_response_bytes: int = field(default=16 * 2**20, metadata=about(
+    max_response_bytes: int = field(default=RunOptions.max_response_bytes, metadata=about(
         kind="size", flag="--max-response-bytes", metavar="SIZE", minimum=1, group=LIMITS,
         help="Most bytes, once decoded, of one answer a run reads from the network or an MCP server: a model's "
              "answer (streamed or not), a RemoteTool's response, a message from an MCP server (over stdio, a line "
              "of its stdout)."))
-    model_timeout: float = field(default=120.0, metadata=about(
+    model_timeout: float = field(default=RunOptions.model_timeout, metadata=about(
         kind="duration", flag=None, cli=False, server=False, minimum=0.001, group=MODELS,
         help="Time a model request may stay silent (connecting, or between two pieces of its answer)."))
-    model_deadline: float = field(default=600.0, metadata=about(
+    model_deadline: float = field(default=RunOptions.model_deadline, metadata=about(
         kind="duration", flag=None, cli=False, server=False, minimum=0.001, group=MODELS,
         help="Time one model request may take in all, its whole answer read."))
-    model_retries: int = field(default=3, metadata=about(
+    model_retries: int = field(default=RunOptions.model_retries, metadata=about(
         kind="int", flag=None, cli=False, server=False, minimum=0, group=MODELS,
         help="Times a failed model request is retried."))
-    stream: bool = field(default=True, metadata=about(
+    stream: bool = field(default=RunOptions.stream, metadata=about(
         kind="switch", flag="--stream/--no-stream", server=False, env="HEDDLE_STREAM", group=MODELS, shown="--stream",
         help="Ask the model to stream its answers, or not."))
     # Not a server flag: a request must never redirect a served flow's models (its operator points
@@ -320,10 +337,10 @@ class RunSettings:
     mount_tools: bool = field(default=True, metadata=about(
         kind="flag", flag="--no-mount-tools", group=WORKSPACES,
         help="Leave .heddle/bin empty in workspaces."))
-    mount_max_entries: int = field(default=4096, metadata=about(
+    mount_max_entries: int = field(default=MOUNT_MAX_ENTRIES, metadata=about(
         kind="int", flag="--mount-max-entries", metavar="N", minimum=1, group=WORKSPACES,
         help="Most files and folders one mount may hold."))
-    mount_max_bytes: int = field(default=64 * 2**20, metadata=about(
+    mount_max_bytes: int = field(default=MOUNT_MAX_BYTES, metadata=about(
         kind="size", flag="--mount-max-bytes", metavar="SIZE", minimum=1, group=WORKSPACES,
         help="Most bytes one mount may hold."))
     safe: bool = field(default=False, metadata=about(
@@ -344,14 +361,14 @@ class RunSettings:
     deny_net: bool = field(default=False, metadata=about(
         kind="flag", flag="--deny-net", group=SANDBOX,
         help="Under --safe, give tools no network."))
-    # Not server flags: a served bundle's list and secrets are sealed in it.
+    # For documents (heddle run's, a server's requests'); refused with a bundle, whose list and secrets are sealed.
     egress: tuple[str, ...] = field(default=(), metadata=about(
-        kind="texts", flag="--egress", metavar="TOOL=HOST[:PORT]", server=False, group=SANDBOX,
-        help="With a document: the hosts a tool (or another component, by name) may reach, the document's own "
+        kind="texts", flag="--egress", metavar="TOOL=HOST[:PORT]", group=SANDBOX,
+        help="With documents: the hosts a tool (or another component, by name) may reach, the document's own "
              "URLs added (repeatable; docs/sandbox.md). A bundle's list is sealed in it."))
     secrets: tuple[str, ...] = field(default=(), metadata=about(
-        kind="texts", flag="--secret", metavar="NAME=ENV@HOST", server=False, group=SANDBOX,
-        help="With a document, under --safe: a tool's $NAME is a placeholder the egress proxy replaces by ENV's "
+        kind="texts", flag="--secret", metavar="NAME=ENV@HOST", group=SANDBOX,
+        help="With documents, under --safe: a tool's $NAME is a placeholder the egress proxy replaces by ENV's "
              "value in requests to HOST alone (repeatable; docs/sandbox.md)."))
     require_isolation: str | None = field(default=None, metadata=about(
         kind="text", flag="--require-isolation", metavar="LEVEL", group=SANDBOX, shown="none",
@@ -363,10 +380,10 @@ class RunSettings:
     plugin_configs: tuple[str, ...] = field(default=(), metadata=about(
         kind="texts", flag="--plugin-config", metavar="TYPE=JSON|@FILE", group=PLUGINS,
         help="Settings of a plugin component type, checked against its configSchema (repeatable)."))
-    plugin_timeout: float = field(default=30.0, metadata=about(
+    plugin_timeout: float = field(default=PLUGIN_TIMEOUT_S, metadata=about(
         kind="duration", flag="--plugin-timeout", metavar="DURATION", minimum=0.001, group=PLUGINS,
         help="Time a plugin call may stay silent before it is cancelled and the plugin killed."))
-    max_node_attempts: int = field(default=3, metadata=about(
+    max_node_attempts: int = field(default=MAX_NODE_ATTEMPTS, metadata=about(
         kind="int", flag="--max-node-attempts", metavar="N", minimum=1, group=PLUGINS,
         help="Times a node may run when a nodeError plugin asks to retry it."))
     discover_tools: bool = field(default=False, metadata=about(
@@ -399,6 +416,11 @@ class RunSettings:
         kind="flag", flag="--durable", server=False, group=SESSIONS,
         help="In a session, write the run's checkpoint after every node, so that a run that was killed continues "
              "with --resume."))
+    session_lease: float = field(default=LEASE_SECONDS, metadata=about(
+        kind="duration", flag="--session-lease", metavar="DURATION", minimum=0.1, group=SESSIONS,
+        help="How long a run in a session stays its process's after that process was last heard from: the "
+             "process renews it every third of it while it runs, and another may take the run over (--resume, or "
+             "a server's --recover) only once it has expired or, on the same host, the process is gone."))
     otel_capture_content: bool = field(default=False, metadata=about(
         kind="flag", flag="--otel-capture-content", group=OBSERVABILITY,
         help="Record prompts, answers, tool arguments and outputs (and error messages) in the run's trace spans, "
@@ -423,8 +445,6 @@ class RunSettings:
             parse_model_urls(self.model_urls)
         problems = [p for s in SETTINGS if (p := s.problem(getattr(self, s.name))) is not None]
         if problems:
-            from heddle.errors import UsageError
-
             raise UsageError(problems[0])
 
     def _model_urls(self) -> dict[str, str]:
@@ -441,8 +461,6 @@ class RunSettings:
 
     def run_options(self, *, surface: Surface | None = None) -> RunOptions:
         """The engine's RunOptions for these settings; messages name `surface`'s flags and units."""
-        from heddle.engine.options import RunOptions
-        from heddle.surface import CLI
         from heddle.workspace.mounts import Mount, parse_mount
         from heddle.workspace.sandbox import SandboxPolicy
         from heddle.workspace.workspace import WorkspaceOptions
@@ -493,9 +511,9 @@ ALLOW_DOWNGRADE = Setting("allow_downgrade", "flag", False, "With a bundle refer
 # `tar | zstd -T0 -3` does, in its time plus the hashing pass; 1 is a quarter faster for 1-4% more
 # bytes, 6 and 9 take three to four times as long for 0.5-2% fewer (docs/benchmarks.md, "Bundles").
 # Levels past 19 also take far more memory per compression thread.
-LEVEL = Setting("level", "int", 3, "zstd compression level of the bundle, 1 (fastest) to 22 (smallest). The "
-                "same tree at the same level gives the same bytes on any machine.", "--level", SOURCE,
-                metavar="N", minimum=1, server=False, maximum=22)
+LEVEL = Setting("level", "int", ZSTD_LEVEL, "zstd compression level of the bundle, 1 (fastest) to 22 (smallest). "
+                "The same tree at the same level gives the same bytes on any machine.", "--level", SOURCE,
+                metavar="N", minimum=ZSTD_MIN_LEVEL, server=False, maximum=ZSTD_MAX_LEVEL)
 # What a shell writes on stderr (heddle run: its notes, warnings and errors; heddle-server: its log).
 LOG_FORMAT = Setting("log_format", "text", "text", "How lines on stderr are written: text, or json (one object a "
                      "line, for a log collector).", "--log-format", OBSERVABILITY, metavar="text|json")
@@ -507,8 +525,6 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 def check_log(log_format: str, log_level: str) -> None:
     """UsageError naming the flag when `--log-format` or `--log-level` is not one it takes."""
-    from heddle.errors import UsageError
-
     for spec, value, allowed in ((LOG_FORMAT, log_format, LOG_FORMATS), (LOG_LEVEL, log_level, LOG_LEVELS)):
         if value not in allowed:
             raise UsageError(f"{spec.flag} {value!r}: use {' or '.join(allowed)}")
@@ -542,8 +558,6 @@ def settle(settings: RunSettings, proposals: Any = None, *, given: Collection[st
         spec = BY_NAME.get(name)
         if spec is None:
             # A proposal this heddle cannot apply must not be silently dropped.
-            from heddle.errors import UsageError
-
             raise UsageError(f"the bundle proposes {name!r}, which this heddle does not know; upgrade heddle")
         if value is None or name in chosen:
             continue

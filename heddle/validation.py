@@ -7,6 +7,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from heddle.agentspec.roots import document_root
+from heddle.graph import check_flow, referenced_tools
+from heddle.tools.schema import input_fingerprint
+
 if TYPE_CHECKING:
     from heddle.agentspec.components import Flow
 
@@ -14,9 +18,6 @@ if TYPE_CHECKING:
 def validation_report(flow: Flow, *, tools: Mapping[str, Path] | None, source: str,
                       tools_dir: Path | None = None) -> dict[str, Any]:
     """The report on `flow` (read from `source`); `tools` None means the tools were not looked for."""
-    from heddle.graph import check_flow, referenced_tools
-    from heddle.tools.schema import input_fingerprint
-
     warnings: list[str] = []
     problems = check_flow(flow, tools=tools, tools_dir=tools_dir, warnings=warnings)
     named = referenced_tools(flow)
@@ -28,8 +29,6 @@ def validation_report(flow: Flow, *, tools: Mapping[str, Path] | None, source: s
     kinds: dict[str, int] = {}
     for node in flow.nodes:
         kinds[node.component_type] = kinds.get(node.component_type, 0) + 1
-    from heddle.agentspec.roots import document_root
-
     return {
         "source": source,
         "flow": flow.name,

@@ -10,10 +10,15 @@ is called. The engine (heddle.engine.run) wires by the same rules at run time.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from heddle.agentspec import components as c
 from heddle.agentspec import io
-from heddle.engine.templates import placeholders
-from heddle.graph import FlowGraph, node_key
+from heddle.agentspec.components import node_key
+from heddle.agentspec.templates import placeholders
+
+if TYPE_CHECKING:
+    from heddle.graph import FlowGraph
 
 
 def _label(node: c.Node) -> str:
@@ -44,10 +49,10 @@ def _placeholder_of(node: c.Node, title: str) -> str:
     return ""
 
 
-def check_wiring(flow: c.Flow, prefix: str = "") -> list[str]:
-    """Every problem with how `flow` (not its subflows) gives its nodes their inputs."""
+def check_wiring(graph: FlowGraph, prefix: str = "") -> list[str]:
+    """Every problem with how the flow of `graph` (not its subflows) gives its nodes their inputs."""
     problems: list[str] = []
-    graph = FlowGraph.build(flow)
+    flow = graph.flow
     edges = flow.data_flow_connections
 
     for node in graph.nodes.values():
@@ -88,31 +93,60 @@ def check_wiring(flow: c.Flow, prefix: str = "") -> list[str]:
     if start not in graph.nodes:
         return problems  # reported by the graph checks; nothing is reachable
     reachable = {start} | successors(graph, start)
-    after = {key: successors(graph, key) for key in reachable}
-    for key in sorted(reachable, key=list(graph.nodes).index):
+    edged = {(node_key(e.destination_node), e.destination_input) for e in edges or []}
+    # The inputs only the latest output of their name can give, in the order of the nodes.
+    wanted: list[tuple[str, str]] = []
+    for key, node in graph.nodes.items():
+        if key not in reachable or isinstance(node, c.StartNode):
+            continue  # a StartNode's inputs are the run's
+        wanted.extend((key, prop["title"]) for prop in io.inputs_of(node) or []
+                      if "default" not in prop and (key, prop["title"]) not in edged)
+    given = _given_earlier(graph, reachable, wanted)
+    for key, title in wanted:
+        if (key, title) in given:
+            continue
         node = graph.nodes[key]
-        if isinstance(node, c.StartNode):
-            continue  # its inputs are the run's
-        for prop in io.inputs_of(node) or []:
-            title = prop["title"]
-            if "default" in prop:
-                continue
-            if edges is not None and any(node_key(e.destination_node) == key and e.destination_input == title
-                                         for e in edges):
-                continue
-            if any(key in after[producer] and _outputs_name(graph.nodes[producer], title) for producer in reachable):
-                continue  # the latest output of its name
-            if edges is not None:
-                why = "no data edge gives it, no node that can run before it has an output of that name,"
-                fix = "connect an output to it with a DataFlowEdge"
-            else:
-                why = "no node that can run before it has an output of that name"
-                fix = "give an earlier node an output of that name"
-            problems.append(f"{prefix}{_label(node)} needs input {title!r}{_placeholder_of(node, title)}, but {why} "
-                            f"and it has no default; {fix}, or give the input a default")
+        if edges is not None:
+            why = "no data edge gives it, no node that can run before it has an output of that name,"
+            fix = "connect an output to it with a DataFlowEdge"
+        else:
+            why = "no node that can run before it has an output of that name"
+            fix = "give an earlier node an output of that name"
+        problems.append(f"{prefix}{_label(node)} needs input {title!r}{_placeholder_of(node, title)}, but {why} "
+                        f"and it has no default; {fix}, or give the input a default")
     return problems
 
 
-def _outputs_name(node: c.Node, title: str) -> bool:
-    outputs = io.outputs_of(node)
-    return outputs is None or title in io.titles(outputs)
+def _given_earlier(graph: FlowGraph, reachable: set[str], wanted: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """The (node, title) pairs of `wanted` that a reachable node with an output of that name can run before.
+
+    One walk per title, from every node giving it, that stops once it has met every node wanting it:
+    an output is mostly read a few nodes after it is made, so the walks stay short, and checking a
+    flow grows with its size rather than its size squared (a reachability set per node).
+    """
+    wanting: dict[str, set[str]] = {}
+    for key, title in wanted:
+        wanting.setdefault(title, set()).add(key)
+    makers: dict[str, list[str]] = {title: [] for title in wanting}
+    for key, node in graph.nodes.items():
+        if key not in reachable:
+            continue
+        outputs = io.outputs_of(node)
+        for title in wanting if outputs is None else io.titles(outputs):  # undeclared outputs: any name
+            if title in makers:
+                makers[title].append(key)
+    given: set[tuple[str, str]] = set()
+    for title, left in wanting.items():
+        seen: set[str] = set()
+        stack = [node_key(edge.to_node) for maker in makers[title] for edge in graph.edges_from.get(maker, [])]
+        while stack and left:
+            here = stack.pop()
+            if here in seen:
+                continue
+            seen.add(here)
+            if here in left:
+                left.discard(here)
+                given.add((here, title))
+            stack.extend(node_key(edge.to_node) for edge in graph.edges_from.get(here, []))
+    return given
+

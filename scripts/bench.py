@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -16,7 +17,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-HEDDLE = str(BIN / "heddle")
 sys.path.insert(0, str(ROOT))
 
 
@@ -42,18 +42,39 @@ for req in requests:
 
 _LIBRARIES = "import asyncio, typer\nfrom pydantic import BaseModel\nclass A(BaseModel):\n    x: int = 0\nA(x=1)"
 
-_WHY = """Why the aims that are missed are missed, from the rows and profiles above: `run --help` cannot \
-go under what importing typer costs (its row), with the standard-library modules typer's own imports \
-bring (`inspect`, `subprocess`, `platform`, `datetime`...); the slim distribution is no way out, as \
-`typer-slim` is now an empty package that requires `typer`, and the last typer that used click \
-itself (0.24) imports rich. A run cannot go under what typer, asyncio and pydantic cost together \
-(their row), to which it adds the document models' classes and the validators of the kinds the \
-document holds (`heddle.agentspec.components`), pydantic's plugin loader (about 38 ms: importing \
-`importlib.metadata` and reading every installed distribution's entry points at the first validator, \
-which only an environment variable of pydantic's turns off, one heddle leaves to its users), and \
-heddle's own modules; an AgentNode run adds httpx, httpcore and anyio. Each tool call is a fork of \
-the reaper server (heddle/tools/reaper.py, one per process, started as the run is prepared), which a \
-bare tool does not pay."""
+_WHY = """Why the aims that are missed are missed, from the rows and profiles above (`python -X \
+importtime`, and cProfile of the commands): `heddle --version` imports nothing of heddle's but \
+`heddle.version` (heddle/cli/__init__.py answers it before typer is imported), but the launcher an \
+installer writes for a console entry point (`bin/heddle`, pip's as uv's) imports `re` before it calls \
+heddle, and with it `enum`, `functools` and `collections`: most of the gap to `python -c pass`, and no \
+package chooses its launcher. `run --help` builds its flags from the settings table (heddle/settings.py, \
+through heddle/shell_options.py), whose import brings the engine's run options and the OCI and session \
+modules, on top of typer and the standard-library modules typer's own imports bring (`inspect`, \
+`subprocess`, `platform`, `datetime`...); typer itself is below no aim (its row). A run cannot go under \
+what typer, asyncio and pydantic cost together (their row), to which it adds the document models' classes \
+and the validators of the kinds the document holds (`heddle.agentspec.components`), pydantic's plugin \
+loader (importing `importlib.metadata` and reading every installed distribution's entry points at the \
+first validator, which only an environment variable of pydantic's turns off, one heddle leaves to its \
+users), and heddle's own modules; an AgentNode run adds httpx, httpcore and anyio. Each tool call is a \
+fork of the reaper server (heddle/tools/reaper.py, one per process, started as the run is prepared), \
+which a bare tool does not pay."""
+
+_WHY_BUNDLES = """Why the aims that are missed are missed, from cProfile of the commands: each command first \
+pays heddle's start-up (the rows above: typer, pydantic, the document models), which `tar` and `zstd` do \
+not. Beyond it, packing many small files is Python's work per file, some tens of µs each against C's in \
+`tar`: walking the tree into the plan (a `Path` and a plan entry a file), the mount limits' own walk of \
+the same tree (made before the plan, in heddle/bundle/seal.py), the payload path checks, the manifest's \
+canonical JSON and a tar header a file. Reading the files is no longer among them: the secret screen, \
+the hash and the write come from one read of each file (small files are kept from the hashing read, up \
+to 32 MiB), where each file was opened three times (tests/bundle/test_pack.py counts the opens). A warm \
+run over a mount re-proves the cached payload before it runs, a stat of every file against the sealed \
+snapshot and the manifest's entry of every file read and checked: the seal's rule that no cached tree \
+is trusted because it exists. What was walked besides is gone: a sealed read-only mount is counted for \
+the mount limits from the manifest just proved, and a run no longer measures its mounts a second time \
+for the workspace check (tests/bundle/test_sealed_mounts.py). `model_signing verify` is not measured \
+yet: the bench would have to install `model-signing` into its scratch environment and sign each tree \
+with it first; that is still to be written. The TypeScript heddle is not on this machine, so nothing \
+here compares with it."""
 
 
 def _timed(argv: list[str], env: dict[str, str], stdin: bytes | None = None) -> tuple[float, float]:
@@ -93,31 +114,25 @@ def _chain(*steps):
     return run
 
 
-def bench_startup_and_runs(runs: int) -> str:
-    import compileall
-
+def bench_startup_and_runs(runs: int, py: str, heddle: str, env: dict[str, str]) -> str:
     from tests.support.flows import FlowDoc, llm_config, server_tool, write_tool
     from tests.support.scripted_model import scripted_model
 
-    # Byte-compiled as an installed heddle is: with PYTHONDONTWRITEBYTECODE set, a module edited
-    # since its .pyc was written would be compiled again by every process measured.
-    compileall.compile_dir(ROOT / "heddle", quiet=1)
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     started_load = os.getloadavg()[0]
-    python = [sys.executable, "-c", "pass"]
+    python = [py, "-c", "pass"]
     rows: list[tuple[str, tuple[float, float, float, float], str, float]] = []
 
     def startup(argv: list[str]) -> tuple[float, float, float, float]:
         return _by_turns(runs, lambda: _timed(argv, env), lambda: _timed(python, env))
 
-    rows.append(("`heddle --version`", startup([HEDDLE, "--version"]), "`python -c pass`", 2.0))
-    rows.append(("`heddle --help`", startup([HEDDLE, "--help"]), "`python -c pass`", 0.0))
-    rows.append(("`heddle run --help`", startup([HEDDLE, "run", "--help"]), "`python -c pass`", 2.5))
+    rows.append(("`heddle --version`", startup([heddle, "--version"]), "`python -c pass`", 1.5))
+    rows.append(("`heddle --help`", startup([heddle, "--help"]), "`python -c pass`", 0.0))
+    rows.append(("`heddle run --help`", startup([heddle, "run", "--help"]), "`python -c pass`", 4.0))
     # What the libraries heddle keeps cost by themselves: below these no command of heddle's can go.
-    rows.append(("`import typer`, a bare script", startup([sys.executable, "-c", "import typer"]),
+    rows.append(("`import typer`, a bare script", startup([py, "-c", "import typer"]),
                  "`python -c pass`", 0.0))
     rows.append(("typer, asyncio and pydantic (one model validated), a bare script",
-                 startup([sys.executable, "-c", _LIBRARIES]), "`python -c pass`", 0.0))
+                 startup([py, "-c", _LIBRARIES]), "`python -c pass`", 0.0))
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
@@ -134,10 +149,10 @@ def bench_startup_and_runs(runs: int) -> str:
             f.control(a, b)
         flow = f.write(tmp_path / "flow.json")
         given = b'{"n": 1}'
-        run = [HEDDLE, "run", str(flow), "--tools-dir", str(tools), "--input", given.decode()]
+        run = [heddle, "run", str(flow), "--tools-dir", str(tools), "--input", given.decode()]
         bare = _chain(*(lambda name=name: _timed([str(tools / f"{name}.py")], env, given) for name in names))
         rows.append(("3-ToolNode `heddle run`", _by_turns(runs, lambda: _timed(run, env), bare),
-                     "the three tools run as bare subprocesses", 2.5))
+                     "the three tools run as bare subprocesses", 3.0))
 
         script = [{"tool_calls": [{"name": "one", "arguments": {"n": 1}}]}, {"content": "done"}]
         with scripted_model(script, tmp_path, extra_args=["--loop"]) as model:
@@ -148,7 +163,7 @@ def bench_startup_and_runs(runs: int) -> str:
             f.control(s, a)
             f.control(a, e)
             agent_flow = f.write(tmp_path / "agent.json")
-            agent_run = [HEDDLE, "run", str(agent_flow), "--tools-dir", str(tools), "--input", '{"query": "go"}']
+            agent_run = [heddle, "run", str(agent_flow), "--tools-dir", str(tools), "--input", '{"query": "go"}']
             _timed(agent_run, env)  # once to record the two requests it sends, replayed as they were by the floor
             sent = [{"path": r["path"], "body": r["body"],
                      "accept": "text/event-stream" if r["body"].get("stream") else "application/json"}
@@ -156,15 +171,15 @@ def bench_startup_and_runs(runs: int) -> str:
             assert len(sent) == 2, sent
             (tmp_path / "requests.json").write_text(json.dumps(sent))
             (tmp_path / "chat.py").write_text(_CHAT)
-            chat = [sys.executable, str(tmp_path / "chat.py"), str(tmp_path / "requests.json"), model.url]
+            chat = [py, str(tmp_path / "chat.py"), str(tmp_path / "requests.json"), model.url]
             floor = _chain(lambda: _timed([str(tools / "one.py")], env, given), lambda: _timed(chat, env))
             agent = _by_turns(runs, lambda: _timed(agent_run, env), floor)
             rows.append(("AgentNode `heddle run`, one tool call", agent,
                          "the tool run bare + the two chat requests sent by a bare Python script", 2.5))
 
         nothing = ["-c", "pass"]
-        profiles = [("`heddle run --help`", _imports([HEDDLE, "run", "--help"], env, beyond=nothing)),
-                    ("the 3-ToolNode `heddle run`", _imports(run, env, beyond=nothing))]
+        profiles = [("`heddle run --help`", _imports(py, [heddle, "run", "--help"], env, beyond=nothing)),
+                    ("the 3-ToolNode `heddle run`", _imports(py, run, env, beyond=nothing))]
 
     load = " to ".join(f"{x:.1f}" for x in dict.fromkeys((started_load, os.getloadavg()[0])))
     out = [(f"{runs} turns each; the load average was {load} on {os.cpu_count()} cores while they ran (the CPU "
@@ -194,7 +209,7 @@ def bench_startup_and_runs(runs: int) -> str:
     return "\n".join(out)
 
 
-def _imports(argv: list[str], env: dict[str, str], *, beyond: list[str] | None = None,
+def _imports(py: str, argv: list[str], env: dict[str, str], *, beyond: list[str] | None = None,
              times: int = 3) -> list[tuple[str, float]]:
     """The import time of a process by package, largest first, in ms: each module's own time (`python -X
     importtime`, the least of `times` runs), less what `beyond` imports; the standard library as one,
@@ -202,7 +217,7 @@ def _imports(argv: list[str], env: dict[str, str], *, beyond: list[str] | None =
     def own_times(command: list[str]) -> dict[str, float]:
         least: dict[str, float] = {}
         for _ in range(times):
-            proc = subprocess.run([sys.executable, "-X", "importtime", *command], capture_output=True, text=True,
+            proc = subprocess.run([py, "-X", "importtime", *command], capture_output=True, text=True,
                                   env=env, check=True)
             for line in proc.stderr.splitlines():
                 if line.startswith("import time:") and "self [us]" not in line:
@@ -226,6 +241,187 @@ def _imports(argv: list[str], env: dict[str, str], *, beyond: list[str] | None =
         groups[key] = groups.get(key, 0.0) + max(ms - base.get(module, 0.0), 0.0)
     return sorted(groups.items(), key=lambda kv: -kv[1])
 
+# --------------------------------------------------------------------------- a normal install
+# Every command is timed in a normal (non-editable) install: a wheel of the working tree installed
+# into a scratch virtual environment under the bench's own temporary folder, with pip's cache there
+# too. An editable install's `.pth` hooks run in every interpreter and would slow the floor itself.
+
+def _install(tmp: Path, python: str | None) -> tuple[str, str]:
+    """(python, heddle) of the install the commands are timed in."""
+    if python is not None:
+        bin_dir = Path(python).parent
+        probe = subprocess.run([python, "-c", "import heddle, sys; print(heddle.__file__)"], capture_output=True,
+                               text=True, check=True).stdout.strip()
+        if "site-packages" not in probe:
+            sys.exit(f"--python {python}: heddle is imported from {probe}, not installed normally")
+        return python, str(bin_dir / "heddle")
+    src, wheels, venv, cache = tmp / "src", tmp / "wheels", tmp / "venv", tmp / "pip-cache"
+    src.mkdir()
+    for name in ("heddle", "pyproject.toml", "README.md"):
+        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy2
+        copy(ROOT / name, src / name)  # built from a copy: the build writes beside its sources
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--cache-dir", str(cache), "-w", str(wheels), str(src)], check=True)
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run([*pip, "--python", str(venv / "bin" / "python"), "install", "--cache-dir", str(cache),
+                    *map(str, wheels.glob("*.whl"))], check=True)
+    return str(venv / "bin" / "python"), str(venv / "bin" / "heddle")
+
+
+def _rss(argv: list[str], env: dict[str, str]) -> tuple[float, int]:
+    """(wall seconds, peak RSS in bytes) of one process; it must exit 0."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.stderr.close()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {err.decode(errors='replace')[-500:]}")
+    return time.perf_counter() - started, usage.ru_maxrss * 1024
+
+
+# --------------------------------------------------------------------------- flow size
+def bench_flow_size(heddle: str, env: dict[str, str], tmp: Path, runs: int) -> str:
+    from tests.support.flows import FlowDoc
+
+    def chain(n: int) -> Path:
+        f = FlowDoc(f"chain-{n}")
+        prev = f.start(["x"])
+        for i in range(n):
+            node = f._node("OutputMessageNode", f"m{i}", ["x"], [], message="{{x}}")
+            f.control(prev, node)
+            prev = node
+        f.control(prev, f.end([]))
+        return f.write(tmp / f"chain-{n}.json")
+
+    out = ["A chain of N OutputMessageNodes, each reading the start's input by name; medians of "
+           f"{runs} turns, the two sizes run by turns. Aim: 3,000 nodes at most 12x 300, peak RSS under 100 MiB.", "",
+           "| command | 300 nodes | 3,000 nodes | ratio | peak RSS at 3,000 | aim |", "|---|---:|---:|---:|---:|---|"]
+    small, big = chain(300), chain(3000)
+    for what, argv in (("`heddle validate CHAIN`", [heddle, "validate"]),
+                       ("`heddle run CHAIN --max-iterations 10000`",
+                        [heddle, "run", "--max-iterations", "10000", "--input", '{"x": "hi"}'])):
+        a, b, rss = [], [], 0
+        for _ in range(runs):
+            a.append(_rss([*argv, str(small)], env)[0])
+            wall, peak = _rss([*argv, str(big)], env)
+            b.append(wall)
+            rss = max(rss, peak)
+        ratio = statistics.median(b) / statistics.median(a)
+        met = "met" if ratio <= 12 and rss < 100 << 20 else "missed"
+        out.append(f"| {what} | {statistics.median(a) * 1000:.0f} ms | {statistics.median(b) * 1000:.0f} ms | "
+                   f"{ratio:.2f}x | {rss / (1 << 20):.0f} MiB | within 12x, under 100 MiB: {met} |")
+    out += ["", "Both sizes pay the same start-up (imports), so the ratio of the whole commands is below the "
+            "ratio of the work itself; the in-process test tests/engine/test_wiring_scale.py counts the steps of "
+            "the wiring check (10x the nodes, at most 12x the steps)."]
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- big bundles, as commands
+def _tree(root: Path, mib: int, files: int, *, small: bool) -> tuple[int, int]:
+    """A generated tree: `files` small notes (small), or `mib` MiB in `files` mixed files (random binaries,
+    text, JSON, notes). (bytes, files)."""
+    import random
+
+    rng = random.Random(29)
+    words = [b"seal", b"verify", b"tool", b"flow", b"mount", b"agent", b"bundle", b"node"]
+    total = 0
+    # Sizes drawn from one exponential law, scaled so that the tree holds `mib` MiB.
+    drawn = [rng.expovariate(1.0) for _ in range(files)]
+    scale = (mib << 20) / sum(drawn)
+    for i in range(files):
+        folder = root / f"d{i % 50:02d}" / f"e{i % 7}"
+        folder.mkdir(parents=True, exist_ok=True)
+        if small:
+            body = b" ".join(rng.choice(words) for _ in range(rng.randint(20, 300)))
+            name = f"n{i}.txt"
+        else:
+            size = max(64, int(drawn[i] * scale))
+            kind = i % 4
+            if kind == 0:
+                body, name = rng.randbytes(size), f"b{i}.bin"
+            elif kind == 1:
+                body, name = (b" ".join(rng.choice(words) for _ in range(size // 5 + 1)))[:size], f"t{i}.txt"
+            elif kind == 2:
+                rows = size // 24 + 1  # an entry is about 24 bytes: the file is about `size`
+                body = json.dumps([{"i": j, "w": rng.choice(words).decode()} for j in range(rows)]).encode()
+                name = f"j{i}.json"
+            else:
+                body, name = (b"note " * (size // 5 + 1))[:size], f"n{i}.md"
+        (folder / name).write_bytes(body)
+        total += len(body)
+    return total, files
+
+
+def bench_cli_bundles(heddle: str, env: dict[str, str], tmp: Path, runs: int, trees: list[tuple[str, int, int, bool]]) -> str:
+    from tests.support.flows import FlowDoc
+
+    f = FlowDoc("echo")
+    s = f.start(["x"])
+    f.control(s, f.end(["x"]))
+    flow = f.write(tmp / "echo.json")
+    # The trees are past the default mount limits (4,096 entries, 64 MiB), raised alike for every run.
+    limits = ["--mount-max-entries", "1000000", "--mount-max-bytes", str(1 << 32)]
+    given = ["--input", '{"x": "hi"}', *limits]
+    fresh = [0]
+
+    def cold_env() -> dict[str, str]:
+        fresh[0] += 1
+        cache = tmp / f"cold-{fresh[0]}"
+        return dict(env, HEDDLE_CACHE_DIR=str(cache))
+
+    def timed(argv: list[str], run_env: dict[str, str], shell: bool = False) -> tuple[float, float]:
+        return _timed(["sh", "-c", argv[0]] if shell else argv, run_env)
+
+    rows: list[str] = []
+    notes: list[str] = []
+    bare = tmp / "bare.heddle"
+    _timed([heddle, "bundle", str(flow), "-o", str(bare)], env)
+    warm_env = dict(env, HEDDLE_CACHE_DIR=str(tmp / "warm"))
+    bare_run = [heddle, "run", str(bare), "--allow-unsigned", *given]
+    _timed(bare_run, warm_env)
+    for label, mib, count, small in trees:
+        tree = tmp / f"tree-{label}"
+        size, files = _tree(tree, mib, count, small=small)
+        what = f"{files:,} files, {size / (1 << 20):.1f} MiB"
+        out = tmp / f"{label}.heddle"
+        floor_out = tmp / f"{label}.tar.zst"
+        pack = [heddle, "bundle", str(flow), "--mount", f"{tree}:data", *limits, "-o", str(out)]
+        floor = f"tar -C {tree} -c . | zstd -T0 -3 -q -f -o {floor_out}"
+        w, c, bw, bc = _by_turns(runs, lambda: _timed(pack, env), lambda: timed([floor], env, shell=True))
+        rows.append(f"| `heddle bundle FLOW --mount TREE:data` ({what}) | {w:.2f} s | `tar -c \\| zstd -T0 -3`, "
+                    f"{bw:.2f} s | {w / bw:.2f}x | {c / bc:.2f}x | within 1.5x: {'met' if w / bw <= 1.5 else 'missed'} |")
+        verify = lambda: _timed([heddle, "verify", str(out), "--allow-unsigned"], cold_env())  # noqa: E731
+        unpack = tmp / "unpacked"
+
+        def floor_open() -> tuple[float, float]:
+            shutil.rmtree(unpack, ignore_errors=True)
+            unpack.mkdir()
+            return timed([f"zstd -dc {floor_out} | tar -C {unpack} -x"], env, shell=True)
+
+        w, c, bw, bc = _by_turns(runs, verify, floor_open)
+        rows.append(f"| `heddle verify BUNDLE`, cold (an empty cache) ({what}) | {w:.2f} s | `zstd -dc \\| tar -x`, "
+                    f"{bw:.2f} s | {w / bw:.2f}x | {c / bc:.2f}x |  |")
+        for i in range(1, fresh[0] + 1):
+            shutil.rmtree(tmp / f"cold-{i}", ignore_errors=True)
+        fresh[0] = 0
+        warm = [heddle, "run", str(out), "--allow-unsigned", *given]
+        _timed(warm, warm_env)  # the cold open: the runs below are warm
+        w, c, bw, bc = _by_turns(runs, lambda: _timed(warm, warm_env), lambda: _timed(bare_run, warm_env))
+        added = w - bw
+        rows.append(f"| `heddle run BUNDLE`, warm ({what} mounted) | {w * 1000:.0f} ms | the same run without "
+                    f"the mount, {bw * 1000:.0f} ms | {w / bw:.2f}x (+{added * 1000:.0f} ms) | {c / bc:.2f}x | "
+                    f"at most +100 ms: {'met' if added <= 0.1 else 'missed'} |")
+        shutil.rmtree(tree)
+        out.unlink()
+        floor_out.unlink()
+    head = [f"Each command its own process in the normal install above; medians of {runs} turns, each figure "
+            "and its floor run by turns. CPU is user + system time of the process and its children.", "",
+            "| command | heddle | floor | ratio | CPU ratio | aim |", "|---|---:|---|---:|---:|---|"]
+    return "\n".join([*head, *rows, *notes, "", _WHY_BUNDLES])
+
 
 def run_part(script: str, quick: bool) -> str | None:
     path = ROOT / "scripts" / script
@@ -241,29 +437,57 @@ def run_part(script: str, quick: bool) -> str | None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
+    ap.add_argument("--full", action="store_true",
+                    help="the documented trees: 100 MiB in 2,000 mixed files and 30,000 small files")
+    ap.add_argument("--python", help="time the commands in this interpreter's normal install of heddle instead "
+                    "of building one (a wheel of the working tree, in a scratch venv)")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     args = ap.parse_args()
     runs = 5 if args.quick else 15
-    sections = [("Start-up and runs", bench_startup_and_runs(runs))]
-    for title, script in (("Workspaces and safe mode", "bench_workspace.py"), ("Bundles", "bench_bundle.py"),
-                          ("Plugins", "bench_plugins.py")):
+    trees = ([("mixed", 100, 2000, False), ("small", 0, 30000, True)] if args.full
+             else [("mixed", 20, 400, False), ("small", 0, 6000, True)])
+    with tempfile.TemporaryDirectory(prefix="heddle-bench-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        py, heddle = _install(tmp, args.python)
+        home = tmp / "home"
+        env = dict(os.environ, PATH=f"{Path(py).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+                   XDG_CACHE_HOME=str(home / "cache"), XDG_CONFIG_HOME=str(home / "config"),
+                   XDG_DATA_HOME=str(home / "data"), HEDDLE_CACHE_DIR=str(home / "bundles"))
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        load = os.getloadavg()[0]
+        sections = [("Start-up and runs", bench_startup_and_runs(runs, py, heddle, env))]
+        work = tmp / "work"
+        work.mkdir()
+        sections.append(("Flow size", bench_flow_size(heddle, env, work, 3 if args.quick else 5)))
+        sections.append(("Big bundles through the CLI",
+                         bench_cli_bundles(heddle, env, work, 3 if args.quick else 5, trees)))
+        load_after = os.getloadavg()[0]
+    for title, script in (("Workspaces and safe mode", "bench_workspace.py"),
+                          ("Bundles, in-process library figures", "bench_bundle.py"),
+                          ("Plugins", "bench_plugins.py"), ("Durable steps", "bench_steps.py")):
         text = run_part(script, args.quick)
         if text:
             sections.append((title, text))
-    cmd = "scripts/bench" + (" --quick" if args.quick else "")
+    cmd = "scripts/bench" + (" --quick" if args.quick else "") + (" --full" if args.full else "")
+    busy = (f" The machine was shared with other work while it ran (load average {load:.1f} to {load_after:.1f} on "
+            f"{os.cpu_count()} cores): read the ratios, each measured by turns with its floor, not the times."
+            if max(load, load_after) > 1.0 else "")
     doc = [
         "# Benchmarks",
         "",
         f"Produced by `{cmd}` on {platform.machine()} / Python {platform.python_version()} "
         f"({os.cpu_count()} cores), {time.strftime('%Y-%m-%d')}. Every figure is a ratio to a baseline "
-        "measured in the same run; absolute times are shown only for context.",
+        "measured in the same run; absolute times are shown only for context. The commands run in a normal "
+        "install: a wheel of the working tree installed with its dependencies into a scratch virtual "
+        "environment the bench makes (and removes) under its own temporary folder, so `python -c pass` "
+        "is the same interpreter without an editable install's import hooks." + busy,
         "",
     ]
     for title, text in sections:
         doc += [f"## {title}", "", text, ""]
-    load = ROOT / "docs" / "load.md"
-    if load.exists():
-        doc += ["## Server load (`scripts/load`)", "", load.read_text().strip(), ""]
+    load_doc = ROOT / "docs" / "load.md"
+    if load_doc.exists():
+        doc += ["## Server load (`scripts/load`)", "", load_doc.read_text().strip(), ""]
     args.out.write_text("\n".join(doc))
     print("\n".join(doc))
     return 0

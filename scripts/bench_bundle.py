@@ -10,7 +10,7 @@ a busy machine slows both alike:
 * pack: `heddle.format.pack.pack` (hash, sign, tar, zstd on its worker threads, fsync, rename)
   against `tar -c | zstd -T0 -3` of the same tree (which does not fsync), and the sizes;
 * each zstd level heddle could default to, packed once, against that same floor;
-* cold open: `open_bundle` into an empty cache (frame walk, trust, manifest, decompress, hash,
+* cold open: `verify_bundle` into an empty cache (frame walk, trust, manifest, decompress, hash,
   write, seal, rename) against `zstd -dc | tar -x` of the bundle, and against `zstd -dc |
   sha256sum` (the figure issue 15 started from);
 * warm open: re-opening the cached digest with its re-open proof;
@@ -183,7 +183,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from heddle.bundle.collect import PlanFile, collect_tree
 from heddle.format.pack import PackPlan, pack
-from heddle.format.verify import open_bundle
+from heddle.format.verify import verify_bundle
 what, a, b = sys.argv[2:5]
 if what == "pack":
     tree = Path(a)
@@ -191,7 +191,7 @@ if what == "pack":
     collected.files.append(PlanFile("flow.json", tree / "flow.json", 0o644))
     pack(PackPlan(name="big", flow="flow.json", files=collected.files), Path(b))
 elif what == "open":
-    open_bundle(Path(a), trusted_keys=[], allow_unsigned=True, cache_root=Path(b))
+    verify_bundle(Path(a), trusted_keys=[], allow_unsigned=True, cache_root=Path(b))
 # Its own peak: the rusage a parent reads also counts the parent's pages the child shared before exec.
 print(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")))
 """
@@ -250,7 +250,7 @@ def main() -> int:
     from heddle.format.keys import generate, load_public_key, load_signing_key
     from heddle.format.manifest import Manifest
     from heddle.format.pack import pack
-    from heddle.format.verify import collector_paused, open_bundle, peek, reprove
+    from heddle.format.verify import collector_paused, verify_bundle, peek, reprove
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="heddle-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -289,13 +289,13 @@ def main() -> int:
             settle()
             shell(f"zstd -dcq {out} | sha256sum > /dev/null", floor_hash)
             settle()
-            opened = in_process(functools.partial(open_bundle, out, trusted_keys=[public],
+            opened = in_process(functools.partial(verify_bundle, out, trusted_keys=[public],
                                                   cache_root=work / f"cache{i}", progress=walked), cold)
             remove_tree(extract)
         cache = work / f"cache{rounds - 1}"
         warm = Timing()
         for _ in range(warm_runs):
-            again = in_process(lambda: open_bundle(out, trusted_keys=[public], cache_root=cache), warm)
+            again = in_process(lambda: verify_bundle(out, trusted_keys=[public], cache_root=cache), warm)
             assert again.cached and again.root == opened.root, (again.repaired, again.root, opened.root)
         seen = peek(out)
         head, parse, proof = Timing(), Timing(), Timing()
@@ -367,8 +367,9 @@ def main() -> int:
                 f"* pack misses its aim: of its {heddle_pack.median:.2f} s, the hashing pass took {hashing:.2f} s and "
                 f"the writing pass {compressing:.2f} s ({ratio(compressing, floor_pack.median)} the floor alone, "
                 "fsync included). Every file is hashed before a byte is compressed: the manifest, which holds every "
-                "hash, is the archive's first entry and the frame's checksum runs over it first, so no single read "
-                f"can serve both. The hashing pass runs on {threads} thread(s) at what sha256 and the page cache "
+                "hash, is the archive's first entry and the frame's checksum runs over it first: small files are "
+                "kept from the hashing read (up to 32 MiB) and written from it, a bigger one is read again, mostly "
+                f"from the page cache. The hashing pass runs on {threads} thread(s) at what sha256 and the page cache "
                 f"give; the CPU ratio ({ratio(heddle_pack.cpu_median, floor_pack.cpu_median)}) is the work both "
                 "passes add.")
         if cold.median > 1.3 * floor_extract.median:

@@ -1,6 +1,6 @@
 """Load driver for `heddle-server`: N requests at concurrency C against servers it starts itself.
 
-    scripts/load [--runs 200] [--concurrency 1,4,16] [--serve echo,no-tool,3-tool]
+    scripts/load [--runs 200] [--concurrency 1,4,16] [--serve echo,no-tool,3-tool,surfaces]
     scripts/load [--bundle X --trust K.pub | --flow F --tools-dir T] [--max-concurrent N] [--otel]
 
 Bounded and loopback only: every server is started on 127.0.0.1 with a port of its own, the
@@ -10,6 +10,13 @@ run count and concurrency are capped, and nothing else is contacted. What it ser
   uvicorn (its h11 protocol) in a process of its own;
 - `no-tool`: heddle-server running a StartNode -> EndNode flow sent inline in every request;
 - `3-tool`: heddle-server running a 3-ToolNode demo flow (sh tools), sealed with the real CLI.
+
+- `surfaces` (only when named): the StartNode -> EndNode flow sealed into a bundle, run over
+  `/v1/runs` and over each other protocol heddle-server serves from a bundle (MCP tools/call at
+  `/mcp`, A2A SendMessage at `/a2a`, `/v1/runs?protocol=ag-ui` streamed), each by a server of its
+  own; and an agent (a model this driver starts with `heddle model serve`, one answer) over
+  `/v1/runs` and `POST /v1/responses`, which serves agents only. Then each surface's latency added
+  to that of `/v1/runs` on the same bundle (the aim: within 2 ms at p50).
 
 `--bundle` or `--flow` serve that instead. For each concurrency it completes N requests over
 keep-alive connections (one per caller) and reports requests/s, p50/p99 latency of those that
@@ -31,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -58,7 +66,11 @@ MAX_ATTEMPTS = 1000
 ROUNDS = 5
 LISTENING = "heddle-server listening on "
 ECHO_LISTENING = "load echo listening on "
-SERVABLE = ("echo", "no-tool", "3-tool")
+SERVABLE = ("echo", "no-tool", "3-tool", "surfaces")
+SERVED_BY_DEFAULT = ("echo", "no-tool", "3-tool")
+# A surface's p50 latency over that of /v1/runs on the same bundle (docs/load.md).
+AIM_SURFACE_MS = 2.0
+MCP_VERSION = "2026-07-28"  # the stateless era: one POST per call, no session to open first
 # The server's aims (docs/benchmarks.md): a no-tool flow within 2x the floor's requests/s at these levels.
 AIM_RATIO = 2.0
 AIM_LEVELS = (1, 16)
@@ -76,6 +88,10 @@ class Served:
     args: list[str] | None
     body: dict[str, Any]
     env: dict[str, str] = field(default_factory=dict)  # beside child_env's, for this server alone
+    path: str = "/v1/runs"
+    headers: dict[str, str] = field(default_factory=dict)
+    check: str = "runs"  # which of ANSWERED says a run succeeded
+    base: str | None = None  # a surface: the label of the /v1/runs server its latency is compared to
 
 
 @dataclass
@@ -177,16 +193,98 @@ def seal_demo(root: Path) -> tuple[Path, Path]:
     """Seal the demo under `root`/demo with the real CLI; returns (bundle, public key)."""
     demo = root / "demo"
     flow, tools = write_demo(demo)
+    return seal(demo, flow, tools)
+
+
+def seal(folder: Path, flow: Path, tools: Path | None = None) -> tuple[Path, Path]:
+    """Seal `flow` (and its `tools`) into `folder`/app.heddle with the real CLI, signed with a key made
+    for it; returns (bundle, public key)."""
+    root = folder.parent
     heddle = str(BIN / "heddle")
-    key = demo / "load"
+    key = folder / "load"
+    tools_args = ["--tools-dir", str(tools)] if tools is not None else []
     for argv in ([heddle, "keygen", "--out", str(key), "--no-passphrase"],
-                 [heddle, "bundle", str(flow), "--tools-dir", str(tools), "--sign-key", f"{key}.key",
-                  "-o", str(demo / "app.heddle")]):
+                 [heddle, "bundle", str(flow), *tools_args, "--sign-key", f"{key}.key",
+                  "-o", str(folder / "app.heddle")]):
         done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120,
                               env=child_env(root), check=False)
         if done.returncode != 0:
             raise SystemExit(f"load: {' '.join(argv[1:3])} failed: {done.stderr.strip()}")
-    return demo / "app.heddle", Path(f"{key}.pub")
+    return folder / "app.heddle", Path(f"{key}.pub")
+
+
+def sealed_document(root: Path, name: str, document: dict[str, Any]) -> tuple[Path, Path]:
+    folder = root / name
+    folder.mkdir()
+    path = folder / "flow.json"
+    path.write_text(json.dumps(document, indent=2), encoding="utf-8")
+    return seal(folder, path)
+
+
+@contextlib.contextmanager
+def scripted_model(root: Path) -> Iterator[str]:
+    """`heddle model serve` answering every chat request with one message; its base URL."""
+    script = root / "model-script.json"
+    script.write_text(json.dumps([{"content": "Hello."}]), encoding="utf-8")
+    with open(root / "model.log", "ab") as err:
+        proc = subprocess.Popen([str(BIN / "heddle"), "model", "serve", "--script", str(script), "--loop"],
+                                stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=child_env(root))
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().decode("utf-8", "replace").strip()
+        if not url.startswith("http://"):
+            raise SystemExit(f"load: heddle model serve did not start: {(root / 'model.log').read_text()[-2000:]}")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def agent_document(model_url: str) -> dict[str, Any]:
+    """An Agent with no tools: one model call a turn, its answer the run's."""
+    llm = {"component_type": "OpenAiCompatibleConfig", "id": "llm", "name": "scripted", "model_id": "scripted",
+           "url": model_url}
+    return {"component_type": "Agent", "agentspec_version": "26.1.0", "id": "load-agent", "name": "load-agent",
+            "description": "Answers.", "llm_config": llm, "system_prompt": "You answer.", "tools": []}
+
+
+def surfaces_served(root: Path, inputs: dict[str, Any], limit: list[str], model_url: str) -> list[Served]:
+    """The no-tool flow, sealed, over /v1/runs and each surface; an agent over /v1/runs and Responses."""
+    bundle, key = sealed_document(root, "surfaces", no_tool_flow())
+    args = ["--bundle", str(bundle), "--trust", str(key), *limit]
+    what = "the StartNode -> EndNode flow, sealed"
+    mcp_meta = {"io.modelcontextprotocol/protocolVersion": MCP_VERSION,
+                "io.modelcontextprotocol/clientCapabilities": {}}
+    served = [
+        Served("runs", f"{what}, POST /v1/runs", args, {"inputs": inputs}),
+        Served("mcp", f"{what}, MCP tools/call at /mcp ({MCP_VERSION})", args,
+               {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "no-tool", "arguments": inputs, "_meta": mcp_meta}},
+               path="/mcp", headers={"Accept": "application/json, text/event-stream",
+                                     "MCP-Protocol-Version": MCP_VERSION, "Mcp-Method": "tools/call",
+                                     "Mcp-Name": "no-tool"}, check="mcp", base="runs"),
+        Served("a2a", f"{what}, A2A SendMessage (JSON-RPC) at /a2a", args,
+               {"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+                "params": {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"data": inputs}]}}},
+               path="/a2a", headers={"A2A-Version": "1.0"}, check="a2a", base="runs"),
+        Served("ag-ui", f"{what}, POST /v1/runs?protocol=ag-ui (streamed)", args, {"inputs": inputs},
+               path="/v1/runs?protocol=ag-ui", check="ag-ui", base="runs"),
+    ]
+    agent, agent_key = sealed_document(root, "agent", agent_document(model_url))
+    args = ["--bundle", str(agent), "--trust", str(agent_key), *limit]
+    what = "an Agent with no tools (one model call, `heddle model serve`), sealed"
+    served += [
+        Served("agent-runs", f"{what}, POST /v1/runs", args, {"message": "hello"}),
+        Served("responses", f"{what}, POST /v1/responses", args, {"model": "load-agent", "input": "hello"},
+               path="/v1/responses", check="responses", base="agent-runs"),
+    ]
+    return served
 
 
 # ------------------------------------------------------------------ the server
@@ -304,13 +402,31 @@ class Caller:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
         length = headers.get("content-length", "")
-        if not length.isdigit() or int(length) > BODY_LIMIT:
-            raise SystemExit(f"load: an answer without a usable Content-Length: {head[:500]!r}")
         status = int(status_line.split(" ", 2)[1])
-        body = await reader.readexactly(int(length))
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            body = await self._chunks(reader)
+        elif not length.isdigit() or int(length) > BODY_LIMIT:
+            raise SystemExit(f"load: an answer without a usable Content-Length: {head[:500]!r}")
+        else:
+            body = await reader.readexactly(int(length))
         if headers.get("connection", "").lower() == "close":
             self.close()
         return status, body
+
+    @staticmethod
+    async def _chunks(reader: asyncio.StreamReader) -> bytes:
+        """A chunked body (a stream's), whole: at most BODY_LIMIT bytes."""
+        body = bytearray()
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0].strip() or b"0", 16)
+            if size == 0:
+                while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers, then the blank line
+                    pass
+                return bytes(body)
+            if len(body) + size > BODY_LIMIT:
+                raise SystemExit(f"load: a streamed answer of over {BODY_LIMIT} bytes")
+            body += await reader.readexactly(size)
+            await reader.readexactly(2)
 
     def close(self) -> None:
         if self._streams is not None:
@@ -327,6 +443,25 @@ def _answered(status: int, body: bytes) -> bool:
     except ValueError:
         return False
     return isinstance(answer, dict) and isinstance(answer.get("outputs"), dict)
+
+
+def _json_result(status: int, body: bytes) -> dict[str, Any]:
+    try:
+        answer = json.loads(body) if status == 200 else None
+    except ValueError:
+        return {}
+    return answer if isinstance(answer, dict) else {}
+
+
+# Whether an answer is a run that succeeded, in each surface's own shape.
+ANSWERED: dict[str, Any] = {
+    "runs": _answered,
+    "mcp": lambda status, body: (_json_result(status, body).get("result") or {}).get("isError") is False,
+    "a2a": lambda status, body: ((_json_result(status, body).get("result") or {}).get("task") or {}).get(
+        "status", {}).get("state") == "TASK_STATE_COMPLETED",
+    "ag-ui": lambda status, body: status == 200 and b'"type":"RUN_FINISHED"' in body,
+    "responses": lambda status, body: _json_result(status, body).get("status") == "completed",
+}
 
 
 def _stats() -> dict[int, list[str]]:
@@ -377,6 +512,7 @@ async def batch(target: Target, count: int) -> None:
     """`count` runs on `target` by all its callers at once, added to its result."""
     result = target.result
     counter = iter(range(count))
+    check = ANSWERED[target.served.check]
 
     async def worker(caller: Caller) -> None:
         for _ in counter:
@@ -390,7 +526,7 @@ async def batch(target: Target, count: int) -> None:
                     break
                 result.refused += 1
                 await asyncio.sleep(RETRY_PAUSE_S)
-            if _answered(status, answer):
+            if check(status, answer):
                 result.ok += 1
                 result.latencies_ms.append(elapsed)
             else:
@@ -410,13 +546,17 @@ async def drive(targets: list[Target], runs: int, concurrency: int, rounds: int)
         for target in targets:
             parts = urlsplit(target.url)
             host, port = parts.hostname or HOST, parts.port or 80
-            payload = json.dumps(target.served.body).encode()
-            request = (f"POST /v1/runs HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-                       f"Content-Length: {len(payload)}\r\n\r\n").encode("latin-1") + payload
+            served = target.served
+            payload = json.dumps(served.body).encode()
+            extra = "".join(f"{name}: {value}\r\n" for name, value in served.headers.items())
+            request = (f"POST {served.path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                       f"{extra}Content-Length: {len(payload)}\r\n\r\n").encode("latin-1") + payload
             target.callers = [Caller(host, port, request) for _ in range(concurrency)]
-            # The warm-up: imports, caches and the first connection are not what is measured.
-            status, answer = await target.callers[0].post()
-            if not _answered(status, answer):
+            # The warm-up: imports (the MCP surface imports `mcp` on its first request), caches and the
+            # first connection are not what is measured.
+            for _ in range(3):
+                status, answer = await target.callers[0].post()
+            if not ANSWERED[served.check](status, answer):
                 raise SystemExit(f"load: {target.served.label}: the warm-up run failed with {status}: "
                                  f"{answer[:500]!r}")
         counts = [runs // rounds + (1 if i < runs % rounds else 0) for i in range(rounds)]
@@ -501,6 +641,24 @@ def ratios(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def surface_latency(results: list[Result], served: list[Served]) -> str:
+    """Each surface's p50 and p99 latency over that of /v1/runs on the same bundle, per level."""
+    base_of = {one.label: one.base for one in served if one.base is not None}
+    by = {(r.label, r.concurrency): r for r in results}
+    lines = [("| surface | concurrency | p50 ms | /v1/runs p50 ms | added p50 ms | added p99 ms "
+              "| server CPU ms/request, added | aim |"), "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in results:
+        base = by.get((base_of.get(r.label, ""), r.concurrency))
+        if base is None or not r.latencies_ms or not base.latencies_ms:
+            continue
+        added = r.percentile(50) - base.percentile(50)
+        aim = f"within {AIM_SURFACE_MS:g} ms: " + ("met" if added <= AIM_SURFACE_MS else "missed")
+        lines.append(f"| {r.label} (vs {base.label}) | {r.concurrency} | {r.percentile(50):.2f} | "
+                     f"{base.percentile(50):.2f} | {added:+.2f} | {r.percentile(99) - base.percentile(99):+.2f} | "
+                     f"{r.cpu_ms - base.cpu_ms:+.2f} | {aim} |")
+    return "\n".join(lines)
+
+
 def tracing_cost(results: list[Result]) -> str:
     """Each traced server's requests/s as a share of the same server's untraced, per level."""
     plain = {(r.label, r.concurrency): r for r in results}
@@ -557,7 +715,8 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
-def what_to_serve(args: argparse.Namespace, inputs: dict[str, Any], root: Path, limit: list[str]) -> list[Served]:
+def what_to_serve(args: argparse.Namespace, inputs: dict[str, Any], root: Path, limit: list[str],
+                  stack: contextlib.ExitStack) -> list[Served]:
     if args.flow is not None:
         flows = root / "flows"
         flows.mkdir()
@@ -576,6 +735,8 @@ def what_to_serve(args: argparse.Namespace, inputs: dict[str, Any], root: Path, 
         if name == "echo":
             served.append(Served("echo", "the floor: a bare ASGI JSON echo app on the same uvicorn (h11)", None,
                                  {"inputs": inputs}))
+        elif name == "surfaces":
+            served += surfaces_served(root, inputs, limit, stack.enter_context(scripted_model(root)))
         elif name == "no-tool":
             served.append(Served("no-tool", "a StartNode -> EndNode flow sent inline in each request", limit,
                                  {"flow": no_tool_flow(), "inputs": inputs}))
@@ -593,7 +754,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-concurrent", type=int, default=None,
                    help="The server's --max-concurrent [the highest --concurrency: nothing is refused].")
     p.add_argument("--serve", type=_served, default=None,
-                   help=f"What to measure, without --bundle or --flow [{','.join(SERVABLE)}].")
+                   help=f"What to measure, without --bundle or --flow, among {','.join(SERVABLE)} "
+                        f"[{','.join(SERVED_BY_DEFAULT)}].")
     p.add_argument("--bundle", type=Path, help="Serve this bundle instead.")
     p.add_argument("--trust", type=Path, action="append", default=[], help="With --bundle: a trusted key.")
     p.add_argument("--flow", type=Path, help="Serve this flow document (by flowPath) instead.")
@@ -616,7 +778,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--trust is for --bundle; give the bundle too")
     if args.tools_dir is not None and args.flow is None:
         p.error("--tools-dir is for --flow; give the flow too")
-    args.serve = args.serve or list(SERVABLE)
+    args.serve = args.serve or list(SERVED_BY_DEFAULT)
     try:
         inputs = json.loads(args.input)
     except ValueError as exc:
@@ -627,17 +789,21 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="heddle-load-"))
     sink = contextlib.ExitStack()
     try:
-        served = what_to_serve(args, inputs, root, ["--max-concurrent", str(max_concurrent)])
+        served = what_to_serve(args, inputs, root, ["--max-concurrent", str(max_concurrent)], sink)
         if args.otel:
             endpoint = sink.enter_context(otlp_sink())
-            served += [Served(f"{s.label}+otel", f"{s.what}, traced", s.args, s.body,
-                              {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}) for s in served if s.args is not None]
+            served += [dataclasses.replace(s, label=f"{s.label}+otel", what=f"{s.what}, traced",
+                                           env={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint},
+                                           base=None if s.base is None else f"{s.base}+otel")
+                       for s in served if s.args is not None]
         results = [r for c in args.concurrency for r in measure(served, args.runs, c, root)]
         for one in served:
             mine = [r for r in results if r.label == one.label]
             print(table(mine, what=one.what, max_concurrent=None if one.args is None else max_concurrent) + "\n")
         if any(r.label == "echo" for r in results) and any(r.label != "echo" for r in results):
             print(ratios(results))
+        if any(one.base is not None for one in served):
+            print("\n" + surface_latency(results, served))
         if args.otel:
             print("\n" + tracing_cost(results))
         bad = [r for r in results if not r.clean or r.failed]

@@ -29,7 +29,25 @@ if sys.dont_write_bytecode:
     sys.dont_write_bytecode = False
 
 # A throwaway Postgres cluster (session scope) for the session stores and the servers sharing one.
-from tests.support.postgres import postgres_dsn  # noqa: F401
+from tests.support.postgres import TEMPLATE_ENV, postgres_dsn, remove_template, template_for_this_session  # noqa: F401
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Named here, in the process that starts the xdist workers, so that one initdb serves them all.
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        os.environ[TEMPLATE_ENV] = str(template_for_this_session())
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    template = None if "PYTEST_XDIST_WORKER" in os.environ else os.environ.pop(TEMPLATE_ENV, None)
+    if template:
+        remove_template(Path(template))
+
+# pydantic reads every installed distribution's entry points for plugins of its own when it first
+# builds a model (~70 ms of CPU in each `heddle` process with the test extras installed, and the suite
+# starts hundreds). heddle uses no pydantic plugin, so the processes this suite starts skip the search;
+# what each command does is unchanged (scripts/bench measures start-up without this).
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 # Tools run from this process (in-process runs) or from a `heddle` it starts are written as
 # `#!/usr/bin/env python3`: they should find the interpreter the suite runs on first, as
@@ -68,3 +86,55 @@ def _private_homes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
 
 # tests/model/test_conformance.py skips itself, with the reason, when the shared corpus is absent:
 # a test that silently vanishes from the report looks like a test that passed.
+
+
+# The tests that take longest (real servers, registries, fuzzers, a docs page's shell blocks; a
+# few seconds each), longest first: a path names a whole file (its module-scoped servers stay
+# shared), a node id one test. xdist hands each worker a contiguous share of the collection and
+# steals from the ends of the shares; a long test left at an end starts last and the run waits
+# for it. So each share starts with its part of these, dealt in turn, and the short tests fill
+# the rest. Order only: a test missing from this list runs as before.
+LONG_FIRST = (
+    "tests/sessions/test_chaos.py",
+    "tests/server/test_fuzz.py",
+    "tests/server/test_load.py",
+    "tests/server/test_sessions_replicas.py",
+    "tests/server/test_bundle.py",
+    "tests/oci/test_tag_order.py",
+    "tests/server/test_lifecycle.py",
+    "tests/bundle/test_command_programs.py",
+    "tests/docs/test_shell_blocks.py::test_shell_blocks_run_as_written[docs/tools.md]",
+    "tests/docs/test_shell_blocks.py::test_shell_blocks_run_as_written[examples/plugins/README.md]",
+    "tests/engine/test_mcp_bounded.py",
+    "tests/docs/test_shell_blocks.py::test_shell_blocks_run_as_written[docs/registries.md]",
+    "tests/oci/test_progress.py",
+    "tests/docs/test_shell_blocks.py::test_shell_blocks_run_as_written[README.md]",
+    "tests/docs/test_demo.py",
+    "tests/server/test_bounded_input.py",
+    "tests/deploy/test_image.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    units: dict[str, list[pytest.Item]] = {key: [] for key in LONG_FIRST}
+    rest: list[pytest.Item] = []
+    for item in items:
+        key = item.nodeid if item.nodeid in units else item.nodeid.split("::", 1)[0]
+        units.get(key, rest).append(item)
+    # Dealt back and forth (0, 1, 2, 2, 1, 0, ...), so no share gets every first pick.
+    heads: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    for n, key in enumerate(k for k in LONG_FIRST if units[k]):
+        turn, pick = divmod(n, workers)
+        heads[pick if turn % 2 == 0 else workers - 1 - pick].extend(units[key])
+    # The shares as xdist's work stealing cuts them at the start: each idle worker in turn takes
+    # len(pending) // workers-left.
+    ordered: list[pytest.Item] = []
+    left = len(items)
+    for n, head in enumerate(heads):
+        size = left // (workers - n)
+        left -= size
+        fill = max(0, size - len(head))
+        ordered += head + rest[:fill]
+        del rest[:fill]
+    items[:] = ordered + rest

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from heddle.agentspec.components import KNOWN_COMPONENT_TYPES
+
 Status = Literal["runs", "refused"]
 
 SESSIONS = "sessions, which a later heddle adds (a run that waits for a person and resumes)"
@@ -141,8 +143,6 @@ BY_TYPE: dict[str, Entry] = {e.component_type: e for e in ENTRIES}
 
 def _known() -> frozenset[str]:
     # Read at each call: the reader's set is the truth, whatever this module says.
-    from heddle.agentspec.components import KNOWN_COMPONENT_TYPES
-
     return frozenset(KNOWN_COMPONENT_TYPES)
 
 

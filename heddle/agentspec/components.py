@@ -8,8 +8,10 @@ so a document re-serialises as it was written.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args, get_origin
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -23,8 +25,16 @@ from pydantic import (
 )
 from pydantic_core import CoreSchema, PydanticKnownError, core_schema
 
+from heddle.agentspec.specialized import specialised_fields
+from heddle.agentspec.templates import placeholders
+
 Property = dict[str, Any]
 """A JSON Schema fragment with a `title`: an input or output of a component."""
+
+
+def node_key(node: NodeBase) -> str:
+    """Nodes are identified by id (names need not be unique); fall back to the name."""
+    return node.id or node.name
 
 
 # The types whose values pydantic will not read fields from (an object of any other type has its
@@ -278,8 +288,6 @@ class RemoteTool(WithIO):
 
     @model_validator(mode="after")
     def _check_remote_tool(self) -> RemoteTool:
-        from heddle.tools.remote import check_definition, inferred_inputs
-
         if "inputs" not in self.model_fields_set:
             self.inputs = inferred_inputs(self)
         check_definition(self)
@@ -310,6 +318,167 @@ def env_reference(value: str) -> str | None:
     """The variable a `$NAME` / `${NAME}` value names; None for a value written as itself."""
     match = _ENV_REFERENCE.match(value)
     return None if match is None else match.group(1) or match.group(2)
+
+
+# --------------------------------------------------------------------------- HTTP requests
+# What a RemoteTool or an ApiNode defines of its request, read and checked with the document
+# (heddle.tools.remote sends it).
+
+_ORIGIN = re.compile(r"(?i)(https?)://([^/?#]*)")
+HTTP_METHOD = re.compile(r"[A-Za-z]+\Z")
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def request_label(tool: RemoteTool | ApiNode) -> str:
+    return f"{tool.component_type} {tool.name!r}"
+
+
+def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
+    """(where, text) for every string inside `value` (values of mappings, items of lists)."""
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _strings(item, f"{where}[{i}]")
+
+
+def templates(tool: RemoteTool | ApiNode) -> Iterator[tuple[str, str]]:
+    """(field, text) for each attribute of the tool whose placeholders are its inputs."""
+    yield "url", tool.url
+    yield "http_method", tool.http_method
+    yield from _strings(tool.data, "data")
+    yield from _strings(tool.query_params, "query_params")
+    yield from _strings(tool.headers, "headers")
+
+
+def inferred_inputs(tool: RemoteTool | ApiNode) -> list[dict[str, Any]]:
+    """One string input per placeholder, for a tool or node that declares no inputs (an ApiNode's
+    api_spec_uri's too, as the specification infers them, though it is never fetched)."""
+    names: dict[str, None] = {}
+    spec_uri = [("api_spec_uri", tool.api_spec_uri)] if tool.component_type == "ApiNode" and tool.api_spec_uri else []
+    for _, text in [*templates(tool), *spec_uri]:
+        names.update(dict.fromkeys(placeholders(text)))
+    return [{"title": name, "type": "string"} for name in names]
+
+
+@dataclass(frozen=True)
+class Origin:
+    scheme: str
+    host: str
+    port: int
+
+    @classmethod
+    def of(cls, scheme: str, host: str, port: int | None) -> Origin:
+        scheme = scheme.lower()
+        return cls(scheme, host.lower().strip("[]"), port or DEFAULT_PORTS[scheme])
+
+
+def url_origin(url: str) -> Origin | None:
+    """The scheme, host and port an http(s) URL names; None when it names none, or writes
+    credentials or a placeholder where the host goes."""
+    match = _ORIGIN.match(url.strip())
+    if match is None:
+        return None
+    authority = match.group(2)
+    if not authority or "{" in authority or "}" in authority or "@" in authority or "$" in authority:
+        return None
+    try:
+        parts = urlsplit(f"{match.group(1)}://{authority}/")
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    return Origin.of(match.group(1), host, port) if host else None
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """One `url_allow_list` entry: scheme and host:port exactly, path by prefix."""
+
+    origin: Origin
+    path: str
+
+    @classmethod
+    def parse(cls, entry: str) -> Allowed | None:
+        origin = url_origin(entry)
+        if origin is None:
+            return None
+        return cls(origin, urlsplit(entry.strip()).path or "/")
+
+    def admits(self, origin: Origin, path: str) -> bool:
+        return origin == self.origin and (path or "/").startswith(self.path)
+
+
+def _header_problems(tool: RemoteTool | ApiNode) -> Iterator[str]:
+    for field, headers in (("headers", tool.headers), ("sensitive_headers", tool.sensitive_headers)):
+        for name, value in headers.items():
+            if not isinstance(value, (str, int, float, bool)):
+                yield f"{field} {name!r} must be a string, not {type(value).__name__}"
+            elif field == "sensitive_headers" and (not isinstance(value, str) or env_reference(value) is None):
+                yield (f"sensitive_headers {name!r} must be a $VAR reference: a secret is read from the "
+                       "environment where the run starts, never written in the document")
+            elif isinstance(value, str) and value.startswith("$") and env_reference(value) is None:
+                yield f"{field} {name!r} value {value!r} is not a valid environment variable reference; write $NAME"
+    both = sorted({n.lower() for n in tool.headers} & {n.lower() for n in tool.sensitive_headers})
+    if both:
+        yield f"header {both[0]!r} is in both headers and sensitive_headers; keep one"
+
+
+def definition_problems(tool: RemoteTool | ApiNode) -> list[str]:
+    """What makes the tool's request impossible to send as the document says, before any call."""
+    problems: list[str] = []
+    origin = url_origin(tool.url)
+    if origin is None:
+        problems.append(f"url {tool.url!r} must be an http:// or https:// URL whose host the document writes out "
+                        "(a placeholder may fill its path and query, not its host; credentials go in "
+                        "sensitive_headers as $VAR references)")
+    if not placeholders(tool.http_method) and not HTTP_METHOD.match(tool.http_method.strip()):
+        problems.append(f"http_method {tool.http_method!r} is not an HTTP method (GET, POST, ...)")
+    problems.extend(_header_problems(tool))
+    declared = tool.input_titles()
+    for field, text in templates(tool):
+        for name in placeholders(text):
+            if name not in declared:
+                problems.append(f"{field} has the placeholder {{{{{name}}}}}, which is none of its inputs "
+                                f"({', '.join(declared) or 'none'}); declare it as an input")
+    if tool.retry_policy is not None:
+        problems.append("retry_policy is not supported by heddle yet; drop it (without one, a response other "
+                        "than 2xx is asked again up to twice, as the reference runtime does)")
+    if tool.url_allow_list is not None:
+        allowed = []
+        for entry in tool.url_allow_list:
+            parsed = Allowed.parse(entry) if isinstance(entry, str) else None
+            if parsed is None:
+                problems.append(f"url_allow_list entry {entry!r} is not an http(s) URL with a host")
+            else:
+                allowed.append(parsed)
+        if origin is not None and allowed and not any(a.origin == origin for a in allowed):
+            problems.append(f"url {tool.url!r} is on a host none of its url_allow_list entries allows")
+    return problems
+
+
+def check_definition(tool: RemoteTool | ApiNode) -> None:
+    """Raise ValueError (reported as the document's error, with its path) naming every problem."""
+    problems = definition_problems(tool)
+    if problems:
+        raise ValueError(f"{request_label(tool)}: " + "; ".join(problems))
+
+
+DEFAULT_OUTPUT = "response"  # an ApiNode's output when it declares none
+# A title WayFlow's jq query `.TITLE` reads as one key of the answer.
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def check_outputs(node: ApiNode) -> None:
+    """Refuse an output WayFlow reads with a jq query that is not one key of the answer."""
+    for prop in node.outputs:
+        title = prop["title"]
+        if not _KEY.match(title):
+            raise ValueError(f"{request_label(node)}: output {title!r} is read from the answer as the jq query "
+                             f"'.{title}', which heddle does not evaluate (it reads an output by a key written "
+                             "as letters, digits and _); rename the output to such a key of the answer")
 
 
 class SessionParameters(BaseModel):
@@ -679,8 +848,6 @@ class SpecializedAgent(Agent):
         if written:
             raise ValueError(f"SpecializedAgent {data.get('name')!r}: {', '.join(written)} come from its agent and "
                              "agent_specialization_parameters; remove them from the SpecializedAgent")
-        from heddle.agentspec.specialized import specialised_fields
-
         return {**data, **specialised_fields(base, params, name=str(data.get("name") or ""),
                                              inputs=data.get("inputs"), outputs=data.get("outputs"))}
 
@@ -940,8 +1107,6 @@ class A2AAgent(WithIO):
 
     @model_validator(mode="after")
     def _check_a2a(self) -> A2AAgent:
-        from heddle.tools.remote import url_origin
-
         label = f"A2AAgent {self.name!r}"
         if url_origin(self.agent_url) is None:
             raise ValueError(f"{label}: agent_url {self.agent_url!r} must be an http:// or https:// URL whose host "
@@ -1076,9 +1241,6 @@ class ApiNode(NodeBase):
 
     @model_validator(mode="after")
     def _check_api_node(self) -> ApiNode:
-        from heddle.engine.api import DEFAULT_OUTPUT, check_outputs
-        from heddle.tools.remote import check_definition, inferred_inputs
-
         if "inputs" not in self.model_fields_set:
             self.inputs = inferred_inputs(self)
         if "outputs" not in self.model_fields_set:
@@ -1128,7 +1290,9 @@ def schema_types(schema: Property) -> set[str]:
 
 
 def flow_inputs(flow: Flow) -> list[Property]:
-    from heddle.agentspec import io  # io reads these classes: imported when a document is checked
+    # io reads these classes: a subflow's inputs and outputs are its nodes', the recursion pyproject's
+    # import contract names (here, in flow_outputs and in _AgentGroup._check_members).
+    from heddle.agentspec import io
 
     return io.flow_inputs(flow)
 

@@ -14,8 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from heddle.agentspec.catalog import refusal_message
+from heddle.agentspec.components import KNOWN_COMPONENT_TYPES
+from heddle.agentspec.fields import describe, undefined_fields, unread_fields
 from heddle.agentspec.references import REFS, resolve_references
+from heddle.agentspec.roots import build_root, document_root, remember
+from heddle.agentspec.versions import READS, newer_features, parse_version, readable
+from heddle.agentspec.waits import wait_points
 from heddle.errors import DocumentError
+from heddle.safeparse import NotRegularFileError, ParseLimitError, load_yaml, loads_json, read_regular
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -47,8 +54,6 @@ def detect_format(path: Path, forced: str | None = None) -> Format:
 
 def _parse_text(text: str, fmt: Format, source: str) -> Any:
     # Within the nesting and alias caps: a flow file may come from anyone (a bundle, a request).
-    from heddle.safeparse import ParseLimitError, load_yaml, loads_json
-
     if fmt == "yaml":
         import yaml
 
@@ -76,16 +81,12 @@ def _parse_text(text: str, fmt: Format, source: str) -> Any:
 
 def _check_component_types(node: Any, source: str, path: str = "$",
                            node_types: frozenset[str] = frozenset()) -> None:
-    from heddle.agentspec.components import KNOWN_COMPONENT_TYPES
-
     if isinstance(node, list):
         for i, item in enumerate(node):
             _check_component_types(item, source, f"{path}[{i}]", node_types)
     elif isinstance(node, dict):
         ctype = node.get("component_type")
         if ctype is not None and ctype not in KNOWN_COMPONENT_TYPES and ctype not in node_types:
-            from heddle.agentspec.catalog import refusal_message
-
             # A type the specification defines is refused with why, and what would run it.
             refused = refusal_message(str(ctype), name=node.get("name"), path=path)
             if refused is not None:
@@ -124,8 +125,6 @@ def _describe_validation_error(exc: ValidationError, source: str) -> str:
 
 def declared_version(data: Mapping[str, Any], source: str) -> str | None:
     """The document's `agentspec_version` (or its former name, `air_version`), refused unless heddle reads it."""
-    from heddle.agentspec.versions import READS, parse_version, readable
-
     field = "agentspec_version" if "agentspec_version" in data else "air_version"
     value = data.get(field)
     if value is None:
@@ -162,10 +161,6 @@ def parse_flow(data: Any, *, source: str = "<flow>", node_types: Iterable[str] =
     """
     from pydantic import ValidationError
 
-    from heddle.agentspec.fields import describe, unread_fields
-    from heddle.agentspec.roots import build_root, document_root, remember
-    from heddle.agentspec.versions import newer_features
-    from heddle.agentspec.waits import wait_points
 
     if not isinstance(data, dict):
         raise DocumentError(f"{source}: the document must be an object: a component (a Flow, an Agent or a "
@@ -221,8 +216,6 @@ def _strict_refusal(undefined: list[str] | tuple[str, ...]) -> DocumentError:
 def check_strict(flow: Flow) -> None:
     """Under --strict, refuse a document read before (a bundle's) that writes fields the specification
     does not define."""
-    from heddle.agentspec.roots import document_root
-
     undefined = document_root(flow).undefined
     if undefined:
         raise _strict_refusal(undefined)
@@ -231,8 +224,6 @@ def check_strict(flow: Flow) -> None:
 def _drop_undefined(resolved: Any) -> list[tuple[str, dict[str, Any], str]]:
     """Remove from `resolved`, as the specification's reader does, the fields no component's type
     defines; return where each was."""
-    from heddle.agentspec.fields import undefined_fields
-
     found = undefined_fields(resolved)
     for _, component, field in found:
         component.pop(field, None)
@@ -246,8 +237,6 @@ def load_flow_text(text: str, *, fmt: Format = "json", source: str = "<flow>", n
 
 
 def _read_text(p: Path, what: str) -> str:
-    from heddle.safeparse import NotRegularFileError, ParseLimitError, read_regular
-
     try:
         # A FIFO or a device is refused from its stat: reading one would block or never end.
         return read_regular(p).decode("utf-8")

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pydantic import BaseModel
 
 from heddle.agentspec import components as c
+from heddle.agentspec.walk import document_components
+from heddle.secret_env import is_secret, secret_read
 
 
 def _label(component: c.Component, path: str) -> str:
@@ -25,8 +27,6 @@ def _label(component: c.Component, path: str) -> str:
 def env_reads(root: BaseModel) -> Iterator[tuple[str, str, str]]:
     """(component and its path, field, variable) for each value of the document read from the
     environment, in document order."""
-    from heddle.agentspec.walk import document_components
-
     for path, component in document_components(root):
         fields: list[tuple[str, object]] = []
         if isinstance(component, c.LlmConfigBase):
@@ -46,7 +46,5 @@ def env_reads(root: BaseModel) -> Iterator[tuple[str, str, str]]:
 
 def secret_reads(root: BaseModel) -> list[str]:
     """One problem for each value of the document that reads one of heddle's own secrets."""
-    from heddle.secret_env import is_secret, secret_read
-
     return [f"{where}: {secret_read(field, variable)}" for where, field, variable in env_reads(root)
             if is_secret(variable)]

@@ -15,6 +15,8 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+from heddle.agentspec import components as c
+
 # Every component's: its identity, and what a serialised document adds to one.
 COMMON = frozenset({"component_type", "id", "name", "description", "metadata", "agentspec_version", "air_version",
                      "component_plugin_name", "component_plugin_version"})
@@ -142,8 +144,6 @@ def markdown_table() -> str:
 def _modelled() -> dict[str, frozenset[str]]:
     """The fields heddle's own model of each type reads: the specification's, and any heddle defines
     beyond them (a RemoteTool's `timeout`)."""
-    from heddle.agentspec import components as c
-
     found: dict[str, frozenset[str]] = {}
     for value in vars(c).values():
         if isinstance(value, type) and issubclass(value, c.Component) and "component_type" in value.model_fields:

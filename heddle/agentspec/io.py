@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from heddle.agentspec import components as c
-from heddle.engine.templates import placeholders
+from heddle.agentspec.templates import placeholders
 
 Property = c.Property
 Infer = Callable[[Any], "list[Property] | None"]

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from heddle.errors import DocumentError
+from heddle.safeparse import DEFAULT_PARSE_LIMITS
 
 REF = "$component_ref"
 REFS = "$referenced_components"
@@ -53,8 +54,6 @@ def resolve_references(document: Any, *, source: str = "<flow>", components: Map
 
     `components` is a second file's `$referenced_components` (id -> component), the scope around
     the whole document; `components_source` names that file in errors."""
-    from heddle.safeparse import DEFAULT_PARSE_LIMITS
-
     resolving: list[str] = []
     # Each reference inlines a component where it is used, so a chain of them nests deeper,
     # and stands for more values, than the text does: both are capped as the walk goes, before

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from heddle.agentspec import components as c
+from heddle.agentspec import components as c
+from heddle.agentspec.walk import document_components, of_type
 
 BUILTIN_TOOL = ("is a BuiltinTool, and heddle has no built-in tools of its own: a plugin that provides a tool "
                 "named {name!r} runs it (--plugin MANIFEST)")
@@ -30,9 +30,6 @@ BUILTIN_TOOL = ("is a BuiltinTool, and heddle has no built-in tools of its own: 
 def flow_refusals(flow: c.Flow, *, plugin_tools: Collection[str] = ()) -> list[str]:
     """What `flow` names that only the run's plugins could run, and tool names it gives two
     different tools (a call names its tool by name alone)."""
-    from heddle.agentspec import components as c
-    from heddle.agentspec.walk import document_components, of_type
-
     problems: list[str] = []
     for where, tool in of_type(flow, c.BuiltinTool):
         label = f"{where}: BuiltinTool {tool.name!r} (tool_type {tool.tool_type!r})"

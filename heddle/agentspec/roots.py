@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+from heddle.agentspec import components as c
+from heddle.agentspec.components import node_key
+from heddle.agentspec.io import agent_inputs, agent_outputs, inputs_of, outputs_of
 from heddle.errors import DocumentError, UsageError
-
-if TYPE_CHECKING:
-    from heddle.agentspec import components as c
 
 Kind = Literal["flow", "agent", "node"]
 
@@ -84,8 +84,6 @@ def remember(flow: c.Flow, root: DocumentRoot) -> c.Flow:
 
 def message_target(flow: c.Flow) -> c.Node | None:
     """The node of `flow` that receives the run's user message, or None for a flow document."""
-    from heddle.graph import node_key
-
     key = document_root(flow).message_node
     if key is None:
         return None
@@ -130,9 +128,6 @@ def _props(props: Iterable[dict[str, Any]] | None) -> list[dict[str, Any]]:
 def _one_node_flow(node: c.Node, *, name: str, inputs: list[dict[str, Any]], outputs: list[dict[str, Any]],
                    ident: str, description: str | None = None) -> c.Flow:
     """StartNode (giving `inputs`) -> node -> EndNode (taking `outputs`), one EndNode per branch."""
-    from heddle.agentspec import components as c
-    from heddle.graph import node_key
-
     taken = {node_key(node)}
     start = c.StartNode(id=_unique(f"{ident}.start", taken), name="start", inputs=_props(inputs),
                         outputs=_props(inputs))
@@ -156,8 +151,6 @@ def _one_node_flow(node: c.Node, *, name: str, inputs: list[dict[str, Any]], out
 
 def agent_root(data: dict[str, Any], validate: Validate) -> Built:
     """An Agent at the top: one turn of it, as the only node of a flow."""
-    from heddle.agentspec import components as c
-
     return agent_flow(validate(c.Agent, data))
 
 
@@ -172,9 +165,6 @@ def agentic_root(model: Any) -> Builder:
 
 def agent_flow(agent: c.Agentic | c.A2AAgent) -> Built:
     """StartNode -> AgentNode(agent) -> EndNode, the message addressed to that AgentNode."""
-    from heddle.agentspec import components as c
-    from heddle.agentspec.io import agent_inputs, agent_outputs
-
     inputs, outputs = agent_inputs(agent), agent_outputs(agent)
     ident = agent.id or agent.name or "agent"
     node = c.AgentNode(id=ident, name=agent.name or ident, agent=agent, inputs=_props(inputs),
@@ -188,9 +178,6 @@ def node_root(data: dict[str, Any], validate: Validate) -> Built:
     """A single node at the top, run as a one-node flow."""
     from pydantic import TypeAdapter
 
-    from heddle.agentspec import components as c
-    from heddle.agentspec.io import inputs_of, outputs_of
-    from heddle.graph import node_key
 
     node: c.Node = validate(TypeAdapter(c.Node), data)
     ident = node_key(node) or node.component_type
@@ -201,24 +188,18 @@ def node_root(data: dict[str, Any], validate: Validate) -> Built:
 
 def specialized_root(data: dict[str, Any], validate: Validate) -> Built:
     """A SpecializedAgent at the top: it is an Agent (heddle.agentspec.components), run like one."""
-    from heddle.agentspec import components as c
-
     return agentic_root(c.SpecializedAgent)(data, validate)
 
 
 def multi_agent_root(data: dict[str, Any], validate: Validate) -> Built:
     """A Swarm or a ManagerWorkers at the top: one turn of its agents' conversation with the user, run
     as the agent of an AgentNode like an Agent (heddle.engine.multiagent)."""
-    from heddle.agentspec import components as c
-
     model = c.Swarm if data.get("component_type") == "Swarm" else c.ManagerWorkers
     return agent_flow(validate(model, data))
 
 
 def a2a_root(data: dict[str, Any], validate: Validate) -> Built:
     """An A2AAgent at the top: one turn of the conversation with the agent it reaches (heddle.engine.a2a)."""
-    from heddle.agentspec import components as c
-
     return agent_flow(validate(c.A2AAgent, data))
 
 
@@ -259,8 +240,6 @@ def _refusal(ctype: str, name: str, source: str) -> DocumentError:
 
 def build_root(data: dict[str, Any], *, source: str, node_types: frozenset[str], validate: Validate) -> c.Flow:
     """The Flow heddle runs for the resolved top-level component `data`, the root remembered on it."""
-    from heddle.agentspec import components as c
-
     ctype = data.get("component_type")
     raw_name = data.get("name")
     name = raw_name if isinstance(raw_name, str) else ""

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from heddle.agentspec.templates import placeholders
+
 
 def _placeholder_inputs(text: Any) -> list[dict[str, Any]]:
-    from heddle.engine.templates import placeholders
-
     return [{"title": name, "type": "string"} for name in placeholders(text)] if isinstance(text, str) else []
 
 

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from heddle.agentspec import components as c
+from heddle.agentspec.roots import document_root, message_target
 
 C = TypeVar("C", bound=c.Component)
 
@@ -56,8 +57,6 @@ def components(root: BaseModel, path: str = "$") -> Iterator[tuple[str, c.Compon
 def _document(root: BaseModel) -> BaseModel:
     """What the document's top level was, for a Flow heddle built around an agent or a node
     (heddle.agentspec.roots): paths are the document's, `$` that agent or node."""
-    from heddle.agentspec.roots import document_root, message_target
-
     if not isinstance(root, c.Flow):
         return root
     kind = document_root(root).kind

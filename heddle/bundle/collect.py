@@ -46,33 +46,26 @@ class Collected:
 
 def secret_by_name(parts: Sequence[str]) -> str | None:
     """Why the file at path `parts` (its components, file name last) looks like a secret, or None."""
-    name = parts[-1]
+    return _secret_file(parts[-2] if len(parts) > 1 else None, parts[-1]) or _secret_folder(parts[:-1])
+
+
+def _secret_file(parent: str | None, name: str) -> str | None:
+    """Why a file named `name` in a folder named `parent` looks like a secret by those two names."""
     lower = name.lower()
     if lower in _KEY_NAMES or lower.endswith(_KEY_SUFFIXES):
         return "a private key by its name"
-    if name in _CREDENTIAL_FILES or tuple(parts[-2:]) in _CREDENTIAL_PAIRS:
+    if name in _CREDENTIAL_FILES or (parent, name) in _CREDENTIAL_PAIRS:
         return "a credentials file"
     if name in (".env", ".envrc") or name.startswith(".env."):
         return "an environment file"
-    for folder in parts[:-1]:
-        if folder in _SECRET_DIRS:
-            return f"inside {folder}/"
     return None
 
 
-def _starts_like_a_key(source: Path) -> bool:
-    try:
-        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError as exc:
-        raise PackError(f"{source}: cannot be read: {exc.strerror}") from None
-    try:
-        head = os.read(fd, _SNIFF_BYTES)
-    except OSError as exc:
-        raise PackError(f"{source}: cannot be read: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-    head = head.removeprefix(_BOM).lstrip()
-    return _PRIVATE_KEY.match(head) is not None
+def _secret_folder(folders: Sequence[str]) -> str | None:
+    for folder in folders:
+        if folder in _SECRET_DIRS:
+            return f"inside {folder}/"
+    return None
 
 
 def _allowed(source: str, include: Sequence[str]) -> str | None:
@@ -82,33 +75,62 @@ def _allowed(source: str, include: Sequence[str]) -> str | None:
     return None
 
 
-def refuse_secrets(files: Sequence[PlanFile], include: Sequence[Path] = ()) -> None:
-    """Refuse, in one error naming each, the files that look like secrets, but those
-    `include` names (a file, or a folder holding them, as given to --include-secret)."""
-    wanted = [os.path.realpath(p) for p in include]
-    used: set[str] = set()
-    found: list[str] = []
-    for item in files:
-        source = os.path.realpath(item.source)
-        why = (secret_by_name(item.path.split("/")) or secret_by_name(Path(source).parts)
-               or ("a private key by its content" if _starts_like_a_key(item.source) else None))
-        if why is None:
-            continue
-        allowed = _allowed(source, wanted)
-        if allowed is not None:
-            used.add(allowed)
-            continue
-        found.append(f"{item.source} (as {item.path}: {why})")
-    unused = [str(p) for p, real in zip(include, wanted, strict=True) if real not in used]
-    if found:
-        raise PackError(
-            f"{len(found)} file{'s' if len(found) > 1 else ''} look{'' if len(found) > 1 else 's'} like "
-            f"{'secrets' if len(found) > 1 else 'a secret'}, which a bundle never seals: {'; '.join(found)}; "
-            f"remove {'them' if len(found) > 1 else 'it'}, "
-            f"or pass {INCLUDE_SECRET} PATH for each one meant to be sealed"
-        )
-    if unused:
-        raise PackError(f"{INCLUDE_SECRET} {unused[0]}: no file sealed from there looks like a secret; drop the flag")
+class SecretScreen:
+    """Refuses, in one error naming each, the files that look like secrets, but those `include`
+    names (a file, or a folder holding them, as given to --include-secret).
+
+    Names are judged when the screen is made; contents as the packer hashes each file, from the
+    same read (`flags`), and the verdict on both is given once every file is hashed, before any
+    byte is written (`judge`)."""
+
+    def __init__(self, files: Sequence[PlanFile], include: Sequence[Path] = ()) -> None:
+        self._include = list(include)
+        self._files = list(files)
+        self._sources: list[str] = []
+        self._by_name: dict[int, str] = {}
+        # Each folder resolved and judged once: the files collected are no links themselves.
+        folders: dict[str, tuple[str, str, str | None]] = {}  # folder: its real path, name, verdict
+        for i, item in enumerate(files):
+            folder, name = os.path.split(item.source)
+            seen = folders.get(folder)
+            if seen is None:
+                real = os.path.realpath(folder)
+                parts = real.split(os.sep)
+                seen = folders[folder] = (real, parts[-1], _secret_folder(parts))
+            real, parent, inside = seen
+            self._sources.append(os.path.join(real, name))
+            why = secret_by_name(item.path.split("/")) or _secret_file(parent, name) or inside
+            if why is not None:
+                self._by_name[i] = why
+
+    def flags(self, head: memoryview) -> bool:
+        return _PRIVATE_KEY.match(bytes(head[:_SNIFF_BYTES]).removeprefix(_BOM).lstrip()) is not None
+
+    def judge(self, flagged: Sequence[PlanFile]) -> None:
+        by_content = {item.path for item in flagged}
+        wanted = [os.path.realpath(p) for p in self._include]
+        used: set[str] = set()
+        found: list[str] = []
+        for i, item in enumerate(self._files):
+            why = self._by_name.get(i) or ("a private key by its content" if item.path in by_content else None)
+            if why is None:
+                continue
+            allowed = _allowed(self._sources[i], wanted)
+            if allowed is not None:
+                used.add(allowed)
+                continue
+            found.append(f"{item.source} (as {item.path}: {why})")
+        unused = [str(p) for p, real in zip(self._include, wanted, strict=True) if real not in used]
+        if found:
+            raise PackError(
+                f"{len(found)} file{'s' if len(found) > 1 else ''} look{'' if len(found) > 1 else 's'} like "
+                f"{'secrets' if len(found) > 1 else 'a secret'}, which a bundle never seals: {'; '.join(found)}; "
+                f"remove {'them' if len(found) > 1 else 'it'}, "
+                f"or pass {INCLUDE_SECRET} PATH for each one meant to be sealed"
+            )
+        if unused:
+            raise PackError(f"{INCLUDE_SECRET} {unused[0]}: no file sealed from there looks like a secret; "
+                            "drop the flag")
 
 
 def file_mode(st_mode: int) -> int:

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from heddle.format.private import check_private_dir, make_private_dir
+
 if TYPE_CHECKING:
+    from heddle.format.cache import VerifiedTree
     from heddle.format.manifest import MountMode
-    from heddle.format.verify import OpenedBundle
 
 
 @dataclass(frozen=True)
@@ -48,9 +50,7 @@ def _make_writable(root: Path) -> None:
             os.chmod(path, 0o755 if os.lstat(path).st_mode & 0o111 else 0o644)
 
 
-def seed_data_dir(opened: OpenedBundle, data_dir: Path | None = None) -> DataDir:
-    from heddle.format.private import check_private_dir, make_private_dir
-
+def seed_data_dir(opened: VerifiedTree, data_dir: Path | None = None) -> DataDir:
     has_rw = any(m.mode == "rw" for m in opened.manifest.mounts)
     created = data_dir is None and has_rw
     base: Path | None = Path(tempfile.mkdtemp(prefix="heddle-data-")) if created else data_dir

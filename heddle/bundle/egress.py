@@ -14,18 +14,18 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from heddle.agentspec import components as c
+from heddle.agentspec.walk import components
+from heddle.egress import EgressError, merge, parse_flag, parse_secret_flag, parse_secrets, parse_section, url_rule
 from heddle.errors import UsageError
+from heddle.safeparse import NotRegularFileError, ParseLimitError, load_yaml, read_regular
 
 if TYPE_CHECKING:
-    from heddle.agentspec import components as c
     from heddle.egress import Rule, SecretSpec
 
 
 def network_components(flow: c.Flow) -> Iterator[tuple[str, str, str]]:
     """(name, url, label) for each component of `flow` that sends requests over the network."""
-    from heddle.agentspec import components as c
-    from heddle.agentspec.walk import components
-
     seen: set[int] = set()
     for where, item in components(flow):
         kind: str | None = None
@@ -43,10 +43,7 @@ def network_components(flow: c.Flow) -> Iterator[tuple[str, str, str]]:
 def read_egress_file(path: Path) -> tuple[dict[str, tuple[Rule, ...]], dict[str, SecretSpec]]:
     """`--egress-file FILE`: YAML or JSON with the keys `egress` (a mapping of tool name to hosts) and
     `secrets` (a mapping of secret name to its env or file, hosts and header), either or both."""
-    import yaml
-
-    from heddle.egress import EgressError, parse_secrets, parse_section
-    from heddle.safeparse import NotRegularFileError, ParseLimitError, load_yaml, read_regular
+    import yaml  # only when a file is read: every run of the CLI imports this module
 
     what = f"--egress-file {path}"
     try:
@@ -74,8 +71,6 @@ def sealed_egress(flow: c.Flow, declared: Iterable[Mapping[str, Iterable[Rule]]]
                   ) -> dict[str, tuple[str, ...]] | None:
     """The manifest's `egress` for `flow` and what was declared for it; None when nothing was (a secret
     declared is a declaration: only the proxy of a run with a list hands it on)."""
-    from heddle.egress import EgressError, merge, url_rule
-
     lists = [d for d in declared if d]
     if not lists and not secrets:
         return None
@@ -97,8 +92,6 @@ def sealed_egress(flow: c.Flow, declared: Iterable[Mapping[str, Iterable[Rule]]]
 
 def parse_flags(flags: Iterable[str]) -> dict[str, tuple[Rule, ...]]:
     """`--egress TOOL=HOST[:PORT][,...]`, repeatable; one tool given twice gets both lists."""
-    from heddle.egress import EgressError, merge, parse_flag
-
     try:
         return merge(*({name: rules} for name, rules in map(parse_flag, flags)))
     except EgressError as exc:
@@ -108,8 +101,6 @@ def parse_flags(flags: Iterable[str]) -> dict[str, tuple[Rule, ...]]:
 def parse_secret_flags(flags: Iterable[str], more: Mapping[str, SecretSpec]) -> dict[str, dict[str, Any]] | None:
     """`--secret NAME=ENV@HOST[,...]` (repeatable) with the secrets of an egress file, as the manifest seals
     them; None when there are none. A name given twice is refused."""
-    from heddle.egress import EgressError, parse_secret_flag
-
     try:
         given = [parse_secret_flag(text) for text in flags]
     except EgressError as exc:

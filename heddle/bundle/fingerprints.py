@@ -11,8 +11,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from heddle.agentspec.document import load_components, load_flow
 from heddle.errors import DocumentError
-from heddle.format.errors import MalformedBundleError
+from heddle.format.errors import ContentMismatchError, MalformedBundleError
+from heddle.graph import referenced_tools
+from heddle.tools.commands import SYSTEM_PATH, Program, read_commands
+from heddle.tools.schema import input_fingerprint
 
 if TYPE_CHECKING:
     from heddle.agentspec.components import Flow
@@ -23,9 +27,6 @@ if TYPE_CHECKING:
 def fingerprints_of(flow: Flow, *, leave_out: Iterable[str] = ()) -> dict[str, str]:
     """{tool name: fingerprint} for every ServerTool a loaded flow (or its subflows) names,
     but those in `leave_out` (tools a plugin provides, fingerprinted with the plugin)."""
-    from heddle.graph import referenced_tools
-    from heddle.tools.schema import input_fingerprint
-
     skip = set(leave_out)
     return {name: input_fingerprint(tool) for name, tool in referenced_tools(flow).items() if name not in skip}
 
@@ -34,8 +35,6 @@ def load_sealed_flow(flow_path: Path, fmt: str | None = None, node_types: Iterab
                      components: Path | None = None) -> Flow:
     """The sealed flow document (with its sealed components file, when it has one); one that does
     not load makes the bundle malformed."""
-    from heddle.agentspec.document import load_components, load_flow
-
     try:
         shared = None
         if components is not None:
@@ -53,6 +52,7 @@ def sealed_flow(flow_path: Path, manifest: Manifest | None = None, *, fmt: str |
     plugin_tools: frozenset[str] = frozenset()
     types = set(node_types)
     if manifest is not None and manifest.plugins:
+        # Here, not at the top: a bundle without plugins loads no plugin code (start-up).
         from heddle.plugin_host.carried import read_sealed
 
         # The flow sits at the payload root, beside the plugins/ folder (SPEC: payload layout).
@@ -73,8 +73,6 @@ def sealed_commands(payload: Path, manifest: Manifest | None) -> CommandSet | No
     command with `working_directory: bundle` runs in the payload."""
     if manifest is None or manifest.commands is None:
         return None
-    from heddle.format.errors import ContentMismatchError
-    from heddle.tools.commands import SYSTEM_PATH, Program, read_commands
 
     sealed = manifest.commands
     programs = {name: Program(entry.executable_path, entry.executable_sha256, sealed=True)

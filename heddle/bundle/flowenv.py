@@ -15,7 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
 
+from heddle.agentspec.components import LlmConfig
+from heddle.agentspec.document import _parse_text, detect_format, parse_components
+from heddle.agentspec.fields import components_of
+from heddle.agentspec.references import REF, REFS, resolve_references
+from heddle.engine.pgcache import postgres_env_reads
+from heddle.errors import DocumentError
+from heddle.format.archive import read_head
 from heddle.format.errors import MalformedBundleError, PackError
+from heddle.format.limits import DEFAULT_LIMITS
+from heddle.format.verify import open_file, sealed_manifest, walk_payload
+from heddle.model.endpoints import _ENV_REF
+from heddle.tools.remote import header_env_reads
 
 # The OpenAiConfig default when a config gives no api_key (heddle.model.client.resolve_api_key).
 OPENAI_DEFAULT = "OPENAI_API_KEY"
@@ -28,16 +39,12 @@ _FROM_ENV = ("api_key", "url")  # the fields of an llm config the engine reads f
 
 def llm_config_types() -> frozenset[str]:
     """The component types of an llm config, from the models the engine runs."""
-    from heddle.agentspec.components import LlmConfig
-
     union = get_args(LlmConfig)[0]
     return frozenset(cls.model_fields["component_type"].default for cls in get_args(union)) | {GEMINI_AUTH}
 
 
 def _configs(document: Any, *, skip_metadata: bool) -> Iterator[tuple[str, dict[str, Any]]]:
     """(JSON path, config) for every llm config in a parsed document, in document order."""
-    from heddle.agentspec.fields import components_of
-
     types = llm_config_types()
     return ((path, node) for path, node in components_of(document, skip_metadata=skip_metadata)
             if node.get("component_type") in types)
@@ -53,8 +60,6 @@ def _label(config: dict[str, Any], path: str) -> str:
 
 def env_reference(value: Any) -> str | None:
     """The variable a `$NAME` or `${NAME}` value names, or None if it is not such a reference."""
-    from heddle.model.client import _ENV_REF
-
     match = _ENV_REF.match(value) if isinstance(value, str) else None
     return None if match is None else match.group(1) or match.group(2)
 
@@ -66,16 +71,12 @@ def _literal(value: Any) -> bool:
 def _reference(value: Any) -> str | None:
     """The id a `{"$component_ref": ID}` value names (as pyagentspec exports a sensitive field, its
     value given apart from the document), else None."""
-    from heddle.agentspec.references import REF
-
     ref = value.get(REF) if isinstance(value, dict) and set(value) == {REF} else None
     return ref if isinstance(ref, str) else None
 
 
 def _tables(document: Any, where: str) -> dict[str, tuple[str, Any]]:
     """{id: (where it is written, value)} for every `$referenced_components` entry of a parsed document."""
-    from heddle.agentspec.references import REFS
-
     found: dict[str, tuple[str, Any]] = {}
     stack: list[tuple[str, Any]] = [("$", document)]
     seen: set[int] = set()
@@ -125,9 +126,6 @@ def refuse_literal_keys(flow: Path, fmt: str | None = None, *, what: str = "flow
                         components: Path | None = None) -> None:
     """Refuse to seal a flow (or its components file) that carries a model key, naming each llm config that does.
     `components`, the flow's components file, is where a key the flow gives by `$component_ref` may be."""
-    from heddle.agentspec.document import _parse_text, detect_format
-    from heddle.errors import DocumentError
-
     def parse(path: Path, fmt: str | None, what: str) -> Any:
         try:
             return _parse_text(path.read_text(encoding="utf-8"), detect_format(path, fmt), str(path))
@@ -164,9 +162,6 @@ def env_reads(document: Any, components: Any = None) -> list[EnvRead]:
 
     References are resolved first (against the parsed components file too, when there is one),
     so a config defined but never used is not listed."""
-    from heddle.agentspec.document import parse_components
-    from heddle.agentspec.references import resolve_references
-
     shared = parse_components(components, source="the sealed components file") if components is not None else None
     resolved = resolve_references(document, source="the sealed flow", components=shared.table if shared else None,
                                   components_source=shared.source if shared else "--components")
@@ -182,11 +177,9 @@ def env_reads(document: Any, components: Any = None) -> list[EnvRead]:
         if not config.get("api_key") and config.get("component_type") == GEMINI_AUTH:
             out.setdefault(GEMINI_DEFAULT, EnvRead(
                 GEMINI_DEFAULT, f"api_key of {_label(config, path)}, which gives none (sent if set)", required=False))
-    from heddle.tools.remote import header_env_reads
 
     for name, where in header_env_reads(resolved):
         out.setdefault(name, EnvRead(name, where))
-    from heddle.engine.pgcache import postgres_env_reads
 
     for name, where in postgres_env_reads(resolved):
         out.setdefault(name, EnvRead(name, where))
@@ -216,12 +209,6 @@ class _Collect:
 def sealed_flow_reads(bundle: Path) -> list[EnvRead]:
     """The variables the flow sealed in `bundle` reads. Nothing is trusted or unpacked: the
     flow's bytes are read from the archive and checked against the manifest's sha256."""
-    from heddle.agentspec.document import _parse_text, detect_format
-    from heddle.errors import DocumentError
-    from heddle.format.archive import read_head
-    from heddle.format.limits import DEFAULT_LIMITS
-    from heddle.format.verify import open_file, sealed_manifest, walk_payload
-
     what = str(bundle)
     data = bytearray()
     shared = bytearray()

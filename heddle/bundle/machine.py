@@ -18,9 +18,21 @@ import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from heddle.bundle.requires import RequirementCheck
+from heddle.engine.tracing import ENDPOINT_VARIABLES, EXTRA, endpoint, installed
+from heddle.errors import HeddleError, UsageError
+from heddle.format.archive import read_head
 from heddle.format.errors import MalformedBundleError
+from heddle.format.limits import DEFAULT_LIMITS
+from heddle.format.signing import check_signatures
+from heddle.format.trust import TrustPolicy
+from heddle.format.verify import open_file, sealed_manifest, walk_payload
+from heddle.plugin_host.launch import PYTHON_COMMANDS
+from heddle.tools.command_run import _difference
+from heddle.tools.commands import SYSTEM_PATH, Program, parse_commands, program_digest
+from heddle.workspace.sandbox import SandboxPolicy, check_policy
 
 if TYPE_CHECKING:
     from heddle.format.manifest import Manifest
@@ -51,10 +63,6 @@ class _Kept:
 def sealed_files(bundle: Path, paths: Iterable[str]) -> dict[str, bytes]:
     """The bytes of the payload files `paths` of `bundle`, each checked against the manifest's
     sha256 by the walk (which reads the whole payload): nothing is trusted or unpacked."""
-    from heddle.format.archive import read_head
-    from heddle.format.limits import DEFAULT_LIMITS
-    from heddle.format.verify import open_file, sealed_manifest, walk_payload
-
     what = str(bundle)
     wanted = {path: bytearray() for path in paths}
     if not wanted:
@@ -73,8 +81,6 @@ def sealed_files(bundle: Path, paths: Iterable[str]) -> dict[str, bytes]:
 def check_machine(bundle: Path, manifest: Manifest, *, probe: bool, why_not: str = "") -> list[RequirementCheck]:
     """A check for each command, plugin and sandbox the bundle needs. `probe` says whether the
     commands' version probes may run (the bundle is trusted here); `why_not` says why they may not."""
-    from heddle.tools.commands import SYSTEM_PATH, Program, parse_commands
-
     plugin_manifests = {p.manifest: p for p in manifest.plugins}
     files = sealed_files(bundle, [*([manifest.commands.file] if manifest.commands else []), *plugin_manifests])
     checks: list[RequirementCheck] = []
@@ -108,8 +114,6 @@ def check_machine(bundle: Path, manifest: Manifest, *, probe: bool, why_not: str
 
 def _command_checks(command: Command, system_path: tuple[str, ...], *, probe: bool,
                     why_not: str) -> list[RequirementCheck]:
-    from heddle.tools.commands import program_digest
-
     pin = command.program
     if pin is None:
         return [RequirementCheck("command", command.name, False,
@@ -127,7 +131,6 @@ def _command_checks(command: Command, system_path: tuple[str, ...], *, probe: bo
         checks.append(RequirementCheck("version", command.name, False, f"its version probe was not run: {why_not}",
                                        required=False))
         return checks
-    from heddle.tools.command_run import _difference
 
     shown = " ".join([pin.path, *command.version_probe])
     try:
@@ -152,8 +155,6 @@ def _command_checks(command: Command, system_path: tuple[str, ...], *, probe: bo
 def _plugin_check(name: str, folder: str, data: bytes) -> tuple[RequirementCheck, str | None]:
     """The plugin's runtime, or (when its command starts a program in its folder) the payload path of
     that program, whose `#!` line says what it needs."""
-    from heddle.plugin_host.launch import PYTHON_COMMANDS
-
     try:
         command = json.loads(data.decode("utf-8")).get("command")
     except (UnicodeDecodeError, ValueError, AttributeError):
@@ -190,9 +191,6 @@ def _shebang_check(name: str, path: str, head: bytes) -> RequirementCheck:
 
 
 def _sandbox_check() -> RequirementCheck:
-    from heddle.errors import UsageError
-    from heddle.workspace.sandbox import SandboxPolicy, check_policy
-
     try:
         check_policy(SandboxPolicy(safe=True))  # what a run under --safe checks first: bwrap, and a sandbox made
         problem = None
@@ -206,10 +204,6 @@ def _sandbox_check() -> RequirementCheck:
 def trust_problem(manifest_bytes: bytes, signatures: Any, *, trust: Iterable[str], allow_unsigned: bool,
                   what: str) -> str | None:
     """Why the bundle's signers are not trusted here (None when they are), as `run` would decide."""
-    from heddle.errors import HeddleError
-    from heddle.format.signing import check_signatures
-    from heddle.format.trust import TrustPolicy
-
     try:
         policy = TrustPolicy.from_names(list(trust), allow_unsigned=allow_unsigned)
         check_signatures(manifest_bytes, signatures, policy.trusted, allow_unsigned=policy.admits_unsigned,
@@ -221,10 +215,6 @@ def trust_problem(manifest_bytes: bytes, signatures: Any, *, trust: Iterable[str
 
 def check_tracing() -> RequirementCheck:
     """Whether runs here are traced: off, on (to which collector), or asked for without the SDK a run needs."""
-    from urllib.parse import urlsplit
-
-    from heddle.engine.tracing import ENDPOINT_VARIABLES, EXTRA, endpoint, installed
-
     found = endpoint()
     if found is None:
         return RequirementCheck("otel", "tracing", True, f"off ({ENDPOINT_VARIABLES[1]} is not set)", required=False)

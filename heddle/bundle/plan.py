@@ -4,8 +4,9 @@ Payload layout: the flow at `<flow file name>`, its components file (when it has
 `components/<file name>`, its commands file (when it has one) at `commands/<file name>`, the tools
 folder at `tools/`, each mount at `mounts/<dest>`, each
 plugin's folder at `plugins/<name>/`. Every check that can fail
-is made here, before a byte is sealed, with the source path that caused it: files that look
-like secrets and model keys written in the flow are refused here too.
+is made here, before a byte is sealed, with the source path that caused it: model keys written
+in the flow are refused here too, and the plan carries the screen that refuses files looking like
+secrets, by their names and by their first bytes, as the packer hashes them (one read a file).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from heddle.bundle.collect import LEFT_OUT, Collected, collect_tree, refuse_secrets
+from heddle.bundle.collect import LEFT_OUT, Collected, SecretScreen, collect_tree
 from heddle.bundle.flowenv import refuse_literal_keys
 from heddle.format.errors import PackError
 from heddle.format.limits import DEFAULT_LIMITS, Limits
@@ -110,7 +111,6 @@ def make_plan(
     mount_entries = [_mount(m, carried) for m in mounts]
     plugin_entries = _plugins(plugins, carried)
     _check_paths(carried, limits)
-    refuse_secrets(carried.files, include_secrets)
     refuse_literal_keys(flow, flow_format, components=components)
     if components is not None:
         refuse_literal_keys(components, None, what="--components")
@@ -127,6 +127,7 @@ def make_plan(
         skipped=carried.skipped,
         components=components_entry,
         commands=commands_entry,
+        screen=SecretScreen(carried.files, include_secrets),
     )
 
 

@@ -18,13 +18,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from heddle.errors import UsageError
+from heddle.agentspec import load_flow
+from heddle.agentspec.roots import document_root
+from heddle.bundle.egress import parse_flags, parse_secret_flags, read_egress_file, sealed_egress
+from heddle.bundle.fingerprints import fingerprints_of
+from heddle.bundle.plan import ToolSpec, make_plan
+from heddle.errors import GraphError, UsageError
+from heddle.format.keys import SigningKey, load_signing_key
+from heddle.format.manifest import Proposals
+from heddle.format.pack import pack
+from heddle.format.replaced import check_replaceable
+from heddle.graph import check_flow
+from heddle.plugin_host.carried import read_carried
+from heddle.settings import LEVEL, parse_rounds
+from heddle.tools.commands import read_commands
+from heddle.tools.registry import discover_tools
+from heddle.workspace.mounts import Mount, check_mounts, parse_mount
 
 if TYPE_CHECKING:
-    from heddle.format.keys import SigningKey
     from heddle.format.manifest import Manifest, Requires
     from heddle.format.progress import Progress
-    from heddle.workspace.mounts import Mount
 
 StrPath = str | os.PathLike[str]
 
@@ -52,19 +65,15 @@ class SealResult:
 
 def _proposal(value: int | str | None) -> int | Literal["unlimited"] | None:
     """A tool-round proposal as the manifest records it: a whole number >= 1 or "unlimited"."""
-    from heddle.engine.options import parse_max_tool_rounds
-
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise UsageError(f"max_tool_rounds {value!r}: give a positive whole number or 'unlimited'")
-    rounds = parse_max_tool_rounds(value)
+    rounds = parse_rounds(value)
     return "unlimited" if rounds is None else rounds
 
 
 def _mounts(mounts: Sequence[str | Mount]) -> list[Mount]:
-    from heddle.workspace.mounts import Mount, parse_mount
-
     parsed: list[Mount] = []
     for mount in mounts:
         if isinstance(mount, str):
@@ -77,44 +86,47 @@ def _mounts(mounts: Sequence[str | Mount]) -> list[Mount]:
 
 
 def _signing_key(sign_key: StrPath | SigningKey | None) -> SigningKey | None:
-    from heddle.format.keys import SigningKey, load_signing_key
-
     if sign_key is None or isinstance(sign_key, SigningKey):
         return sign_key
     return load_signing_key(Path(sign_key))
 
 
-def seal(
-    flow: StrPath,
-    *,
-    output: StrPath | None,
-    tools_dir: StrPath | None = None,
-    mounts: Sequence[str | Mount] = (),
-    plugins: Sequence[StrPath] = (),
-    sign_key: StrPath | SigningKey | None = None,
-    name: str | None = None,
-    input: Mapping[str, Any] | None = None,
-    requires: Requires | None = None,
-    max_tool_rounds: int | str | None = None,
-    include_secrets: Sequence[StrPath] = (),
-    flow_format: str | None = None,
-    mount_max_entries: int = DEFAULT_MOUNT_MAX_ENTRIES,
-    mount_max_bytes: int = DEFAULT_MOUNT_MAX_BYTES,
-    progress: Progress | None = None,
-    components: StrPath | None = None,
-    commands: StrPath | None = None,
-    level: int | None = None,
-    release: int | None = None,
-    safe: bool = False,
-    egress: Sequence[str] = (),
-    egress_file: StrPath | None = None,
-    secrets: Sequence[str] = (),
-) -> SealResult:
+@dataclass(frozen=True)
+class SealSettings:
+    """Everything sealing takes besides the flow, each with its default: `heddle.seal`'s keywords and what
+    `heddle bundle`'s flags give, defined here once (see `seal` for what each one means)."""
+
+    output: StrPath | None = None
+    tools_dir: StrPath | None = None
+    mounts: Sequence[str | Mount] = ()
+    plugins: Sequence[StrPath] = ()
+    sign_key: StrPath | SigningKey | None = None
+    name: str | None = None
+    input: Mapping[str, Any] | None = None
+    requires: Requires | None = None
+    max_tool_rounds: int | str | None = None
+    include_secrets: Sequence[StrPath] = ()
+    flow_format: str | None = None
+    mount_max_entries: int = DEFAULT_MOUNT_MAX_ENTRIES
+    mount_max_bytes: int = DEFAULT_MOUNT_MAX_BYTES
+    progress: Progress | None = None
+    components: StrPath | None = None
+    commands: StrPath | None = None
+    level: int | None = None
+    release: int | None = None
+    safe: bool = False
+    egress: Sequence[str] = ()
+    egress_file: StrPath | None = None
+    secrets: Sequence[str] = ()
+
+
+def seal(flow: StrPath, settings: SealSettings | None = None, /, **given: Any) -> SealResult:
     """Check everything, then write the bundle atomically to `output` and describe it.
 
-    `output` None writes `<name>.heddle` in the working folder. `mounts` are
-    `SRC[:DEST][:ro|:rw]` strings or `Mount`s; `plugins` are plugin manifests (read, never
-    started: their settings are given where the bundle runs). `sign_key` is a private key
+    Sealing takes `settings` (a `SealSettings`), the fields `given` by name replacing its own: `output`
+    None writes `<name>.heddle` in the working folder. `mounts` are `SRC[:DEST][:ro|:rw]` strings or
+    `Mount`s; `plugins` are plugin manifests (read, never started: their settings are given where the
+    bundle runs). `sign_key` is a private key
     file from `heddle keygen` (an encrypted one asks for its passphrase through
     HEDDLE_KEY_PASSPHRASE or the terminal) or a loaded `SigningKey`; None seals unsigned.
     `input`, `requires`, `max_tool_rounds` ("unlimited" or a number) and `safe` (every run under the
@@ -133,36 +145,27 @@ def seal(
     through the proxy without holding them. Raises a
     `heddle.HeddleError` naming what is wrong; nothing is written then.
     """
-    from heddle.agentspec import load_flow
-    from heddle.agentspec.roots import document_root
-    from heddle.bundle.fingerprints import fingerprints_of
-    from heddle.bundle.plan import ToolSpec, make_plan
-    from heddle.errors import GraphError
-    from heddle.format.manifest import Proposals
-    from heddle.format.pack import pack
-    from heddle.format.replaced import check_replaceable
-    from heddle.graph import check_flow
-    from heddle.plugin_host.carried import read_carried
-    from heddle.settings import LEVEL
-    from heddle.tools.commands import read_commands
-    from heddle.tools.registry import discover_tools
-    from heddle.workspace.mounts import check_mounts
+    fields = {f.name for f in dataclasses.fields(SealSettings)}
+    unknown = sorted(set(given) - fields)
+    if unknown:
+        raise UsageError(f"seal: {unknown[0]!r} is not a sealing setting; give one of {', '.join(sorted(fields))}")
+    settings = dataclasses.replace(settings or SealSettings(), **given)
 
-    chosen_level = LEVEL.default if level is None else level
+    chosen_level = LEVEL.default if settings.level is None else settings.level
     # The level is checked with the other arguments, before a byte of the flow is read.
     problem = (LEVEL.problem(chosen_level) if type(chosen_level) is int
                else f"level {chosen_level!r}: give a whole number")
     if problem is not None:
         raise UsageError(problem)
     flow_path = Path(flow)
-    tools_root = Path(tools_dir) if tools_dir is not None else None
-    plugin_paths = [Path(p) for p in plugins]
+    tools_root = Path(settings.tools_dir) if settings.tools_dir is not None else None
+    plugin_paths = [Path(p) for p in settings.plugins]
     # Plugins are read, never started, to seal them: their settings come at run time.
     carried = read_carried(plugin_paths)
-    components_path = Path(components) if components is not None else None
-    loaded = load_flow(flow_path, fmt=flow_format, node_types=carried.node_types, components=components_path)
+    components_path = Path(settings.components) if settings.components is not None else None
+    loaded = load_flow(flow_path, fmt=settings.flow_format, node_types=carried.node_types, components=components_path)
     tools = discover_tools(tools_root)
-    declared = read_commands(Path(commands)) if commands is not None else None
+    declared = read_commands(Path(settings.commands)) if settings.commands is not None else None
     known = {**(declared.known(tools) if declared is not None else tools),
              **dict.fromkeys(carried.tool_names, flow_path)}
     problems = check_flow(loaded, tools=known, tools_dir=tools_root, wiring=False)
@@ -173,38 +176,38 @@ def seal(
     # An input nothing gives is the run's to refuse (before any tool or model call, wherever the
     # bundle runs): the seal is sound, so it is written, and the author told now.
     run_problems = [p for p in check_flow(loaded, tools=known, tools_dir=tools_root) if p not in problems]
-    from heddle.bundle.egress import parse_flags, parse_secret_flags, read_egress_file, sealed_egress
 
-    from_file, file_secrets = read_egress_file(Path(egress_file)) if egress_file is not None else ({}, {})
-    sealed_secrets = parse_secret_flags(secrets, file_secrets)
-    sealed_hosts = sealed_egress(loaded, (parse_flags(egress), from_file,
+    from_file, file_secrets = (read_egress_file(Path(settings.egress_file)) if settings.egress_file is not None
+                               else ({}, {}))
+    sealed_secrets = parse_secret_flags(settings.secrets, file_secrets)
+    sealed_hosts = sealed_egress(loaded, (parse_flags(settings.egress), from_file,
                                           declared.egress if declared is not None else {}, carried.egress),
                                  secrets=sealed_secrets is not None)
-    parsed_mounts = _mounts(mounts)
-    check_mounts(parsed_mounts, max_entries=mount_max_entries, max_bytes=mount_max_bytes)
+    parsed_mounts = _mounts(settings.mounts)
+    check_mounts(parsed_mounts, max_entries=settings.mount_max_entries, max_bytes=settings.mount_max_bytes)
     # The same fingerprints the verifier recomputes from the sealed flow; a command is described by
     # the manifest's `commands` instead, as a plugin's tool is by its plugin.
     leave_out = {*carried.tool_names, *(declared.commands if declared is not None else ())}
     specs = {tool: ToolSpec(path=tools[tool], fingerprint=fingerprint)
              for tool, fingerprint in fingerprints_of(loaded, leave_out=leave_out).items()}
-    proposals = Proposals(max_tool_rounds=_proposal(max_tool_rounds), safe=True if safe else None)
-    key = _signing_key(sign_key)
+    proposals = Proposals(max_tool_rounds=_proposal(settings.max_tool_rounds), safe=True if settings.safe else None)
+    key = _signing_key(settings.sign_key)
     # A tools folder that does not exist carries nothing; the graph check above already refused
     # a flow that names a tool it would have had to hold.
     carried_tools = tools_root if tools_root is not None and tools_root.exists() else None
     plan = make_plan(
-        flow_path, name=name or loaded.name or None, tools_dir=carried_tools, tools=specs, mounts=parsed_mounts,
-        plugins=plugin_paths, input=dict(input) if input is not None else None, requires=requires,
-        proposals=proposals, include_secrets=[Path(p) for p in include_secrets], flow_format=flow_format,
-        components=components_path, commands=declared,
+        flow_path, name=settings.name or loaded.name or None, tools_dir=carried_tools, tools=specs,
+        mounts=parsed_mounts, plugins=plugin_paths, input=dict(settings.input) if settings.input is not None else None,
+        requires=settings.requires, proposals=proposals, include_secrets=[Path(p) for p in settings.include_secrets],
+        flow_format=settings.flow_format, components=components_path, commands=declared,
     )
-    out = Path(output) if output is not None else Path(f"{plan.name}.heddle")
+    out = Path(settings.output) if settings.output is not None else Path(f"{plan.name}.heddle")
     check_replaceable(out, what="-o")
-    if release is not None:
-        plan = dataclasses.replace(plan, release=release)
+    if settings.release is not None:
+        plan = dataclasses.replace(plan, release=settings.release)
     if sealed_hosts is not None:
         plan = dataclasses.replace(plan, egress=sealed_hosts, secrets=sealed_secrets)
-    packed = pack(plan, out, signing_key=key, progress=progress, level=chosen_level)
+    packed = pack(plan, out, signing_key=key, progress=settings.progress, level=chosen_level)
     return SealResult(
         path=packed.path,
         digest=f"sha256:{packed.digest}",

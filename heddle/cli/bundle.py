@@ -175,8 +175,9 @@ def verify(
     from heddle.bundle.fingerprints import flow_tool_fingerprints
     from heddle.cli.errors import error_context
     from heddle.cli.progress import terminal_progress
+    from heddle.format.cache import digest_text
     from heddle.format.trust import TrustPolicy
-    from heddle.format.verify import open_bundle
+    from heddle.format.verify import verify_bundle
 
     output.use(quiet=quiet, verbose=verbose)
     policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
@@ -185,7 +186,7 @@ def verify(
     error_context(bundle=bundle, oci_digest=None)
     target = _target(bundle, plain_http, offline, cache_dir)
     error_context(bundle=target.name, oci_digest=target.oci_digest)
-    opened = open_bundle(
+    opened = verify_bundle(
         target.path, trusted_keys=policy.trusted, allow_unsigned=policy.admits_unsigned, cache_root=cache_dir,
         deep=deep, prove_file=True,
         progress=None if json_out else terminal_progress(), tool_fingerprints=flow_tool_fingerprints,
@@ -198,7 +199,7 @@ def verify(
     if json_out:
         typer.echo(json.dumps({
             "ok": True, "bundle": target.name, "oci_digest": target.oci_digest,
-            "digest": opened.digest if opened.legacy else f"sha256:{opened.digest}",
+            "digest": digest_text(opened.digest),
             "signers": opened.signers, "signed_at": opened.signed_at, "release": m.release,
             "legacy": opened.legacy, "cached": opened.cached, "repaired": opened.repaired,
             "root": str(opened.root), "name": m.name,
@@ -298,7 +299,8 @@ def _print_manifest(bundle: str, m: Manifest, digest: str, keyids: list[str], st
             echo(f"    {printable(name):<20} {', '.join(hosts)}")
     for name, secret in sorted((m.secrets or {}).items()):
         source = f"${secret['env']}" if "env" in secret else secret["file"]
-        echo(f"  secret     {name} from {printable(source)}, sent as {printable(secret['header'])!r} to "
+        placed = f"the query parameter {secret['query']!r}" if "query" in secret else repr(secret["header"])
+        echo(f"  secret     {name} from {printable(source)}, sent as {printable(placed)} to "
              f"{', '.join(secret['hosts'])}")
     echo(f"  mounts     {len(m.mounts)}")
     for mount in m.mounts:
@@ -584,7 +586,7 @@ def cache_ls(
 
     if json_out:
         typer.echo(json.dumps([*({
-            "kind": "payload", "digest": e.key if e.legacy else f"sha256:{e.key}", "name": e.name or None,
+            "kind": "payload", "digest": e.digest, "name": e.name or None,
             "size": e.size, "files": e.files, "legacy": e.legacy, "path": str(e.path), "last_used": stamp(e.last_used),
             "ok": e.problem is None, "problem": e.problem,
         } for e in entries), *({
@@ -599,7 +601,7 @@ def cache_ls(
     if entries:
         typer.echo(f"{'DIGEST':<71}  {'NAME':<20}  {'SIZE':>10}  LAST USED")
     for e in entries:
-        digest = e.key if e.legacy else f"sha256:{e.key}"
+        digest = e.digest
         used = datetime.fromtimestamp(e.last_used).strftime("%Y-%m-%d %H:%M")
         name = e.name if e.problem is None else f"(not trusted: {e.problem})"
         typer.echo(f"{digest:<71}  {name:<20}  {_size(e.size):>10}  {used} ({_ago(max(0.0, now - e.last_used))})")
@@ -650,7 +652,7 @@ def cache_prune(
         output.note(f"removed pulled {p.digest} {p.reference or ''}".rstrip())
     if json_out:
         output.print_json({
-            "removed": [{"digest": e.key if e.legacy else f"sha256:{e.key}", "name": e.name or None, "size": e.size,
+            "removed": [{"digest": e.digest, "name": e.name or None, "size": e.size,
                          "problem": e.problem} for e in result.entries],
             "freed_bytes": freed, "staging_removed": result.staging, "kept": result.kept,
             "pulled_removed": [{"digest": p.digest, "reference": p.reference, "size": p.size, "problem": p.problem}

@@ -7,6 +7,8 @@ from typing import Any
 
 import typer
 
+from heddle.shell_options import usage_error_types
+
 # `heddle run` in a session whose run stopped to wait for a person (or a client): the waiting object is
 # on stdout; the next `heddle run ... --session NAME` with the answer resumes it.
 WAITING_EXIT = 10
@@ -59,24 +61,6 @@ def _fail(kind: str, exit_code: int, message: str, as_json: bool) -> int:
     return exit_code
 
 
-def _usage_error_types() -> tuple[type[BaseException], ...]:
-    # typer >= 0.29 carries its own click (typer._click); older ones use click itself.
-    types: list[type[BaseException]] = []
-    try:
-        from typer._click.exceptions import ClickException as TyperClick
-
-        types.append(TyperClick)
-    except ImportError:
-        pass
-    try:
-        from click.exceptions import ClickException
-
-        types.append(ClickException)
-    except ImportError:
-        pass
-    return tuple(types)
-
-
 def _exit_types() -> tuple[type[BaseException], ...]:
     types: list[type[BaseException]] = [typer.Exit]
     try:
@@ -105,7 +89,7 @@ def run_app(app: typer.Typer, args: list[str] | None = None) -> int:
         return _fail("interrupted", 130, "aborted", as_json)
     except _exit_types() as exc:
         return int(getattr(exc, "exit_code", 0) or 0)
-    except _usage_error_types() as exc:
+    except usage_error_types() as exc:
         code = int(getattr(exc, "exit_code", 2))
         if as_json:
             return _fail("usage_error", code, exc.format_message(), as_json)  # type: ignore[attr-defined]

@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import functools
 import inspect
-import re
 import sys
 import typing
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from heddle.cli import resume_collector
-from heddle.cli.convert import quicken
+from heddle.cli.collector import resume_collector
 from heddle.settings import BY_NAME, PACK_SETTINGS, SHELL_SETTINGS, RunSettings, Setting
+from heddle.shell_options import format_sections, option, quicken, value
 
 # How a command that reads a document finds and reads it (run, validate, bundle, tools).
 FORMAT = typer.Option(None, "--format", metavar="json|yaml",
@@ -42,9 +40,12 @@ _TITLES: Mapping[str, str] = {"limits": "Limits", "workspaces": "Workspaces", "s
                               "sessions": "Sessions"}
 _ORDER = ("Options", *_TITLES.values())
 _CTX = "heddle_click_context"
-# Set (to True) on a command function that calls heddle.cli.resume_collector itself.
+# Set (to True) on a command function that calls heddle.cli.collector.resume_collector itself.
 RESUMES_COLLECTOR = "heddle_resumes_collector"
-_TYPE = re.compile(r" <[^>]*>$")
+
+
+def _note(text: str) -> None:
+    sys.stderr.write(f"note: {text}\n")
 
 
 def _spec(name: str) -> Setting:
@@ -52,45 +53,6 @@ def _spec(name: str) -> Setting:
     if spec is None or not spec.cli or spec.flag is None:
         raise LookupError(f"{name!r} is not a setting heddle's command line takes")
     return spec
-
-
-def _option(spec: Setting, help_text: str | None) -> tuple[Any, Any]:
-    """(annotation, typer.Option) for one setting."""
-    assert spec.flag is not None
-    names = [spec.flag] if spec.short is None else [spec.flag, spec.short]
-    panel = _TITLES.get(spec.group)
-    text = help_text or spec.help_for("s")
-    shown = spec.show_default() if help_text is None else None
-    if shown is not None:
-        # Written here rather than by typer, which puts a text default in parentheses.
-        text = f"{text}  [default: {shown}]"
-    if spec.kind in ("flag", "switch"):
-        default = spec.default if spec.kind == "switch" else False
-        return bool, typer.Option(default, *names, help=text, rich_help_panel=panel, show_default=False)
-    if spec.kind in ("paths", "texts"):
-        kind = list[Path] if spec.kind == "paths" else list[str]
-        return kind, typer.Option([], *names, metavar=spec.metavar, help=text, rich_help_panel=panel,
-                                  show_default=False)
-    if spec.kind == "path":
-        return Path | None, typer.Option(None, *names, metavar=spec.metavar, help=text, rich_help_panel=panel,
-                                         show_default=False)
-    # Numbers and durations are read by the table's own reader, as the server reads them.
-    return str | None, typer.Option(None, *names, metavar=spec.metavar, help=text, rich_help_panel=panel,
-                                    show_default=False)
-
-
-def _value(spec: Setting, raw: Any) -> Any:
-
-    if spec.kind == "flag":
-        return not spec.default
-    if spec.kind in ("paths", "texts"):
-        return tuple(raw)
-    if spec.kind in ("switch", "path"):
-        return raw
-    value, note = spec.parse(str(raw), plain="s")
-    if note is not None:
-        sys.stderr.write(f"note: {note}\n")
-    return value
 
 
 def takes(*names: str, help: Mapping[str, str] | None = None) -> Callable[[F], F]:
@@ -108,8 +70,9 @@ def takes(*names: str, help: Mapping[str, str] | None = None) -> Callable[[F], F
         params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints.get(p.name, p.annotation))
                   for p in own]
         for spec in specs:
-            annotation, option = _option(spec, overrides.get(spec.name))
-            params.append(inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=option,
+            annotation, typed = option(spec, plain="s", panel=_TITLES.get(spec.group),
+                                       help_text=overrides.get(spec.name))
+            params.append(inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=typed,
                                             annotation=annotation))
         params.append(inspect.Parameter(_CTX, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
         wants = inspect.signature(command).parameters
@@ -127,7 +90,7 @@ def takes(*names: str, help: Mapping[str, str] | None = None) -> Callable[[F], F
                     kwargs[spec.name] = raw
                 elif explicit:
                     given.add(spec.name)
-                    values[spec.name] = _value(spec, raw)
+                    values[spec.name] = value(spec, raw, plain="s", note=_note)
             if "settings" in wants:
                 kwargs["settings"] = RunSettings(**values)
             if "given" in wants:
@@ -142,7 +105,7 @@ def takes(*names: str, help: Mapping[str, str] | None = None) -> Callable[[F], F
 
 
 class QuickCommand(TyperCommand):
-    """A command whose options are read without a pydantic validator each (heddle.cli.convert)."""
+    """A command whose options are read without a pydantic validator each (heddle.shell_options)."""
 
     def get_params(self, ctx: Any) -> list[Any]:
         params = super().get_params(ctx)
@@ -161,27 +124,7 @@ class SettingsCommand(QuickCommand):
     """A command whose help lists its options in the table's groups, in one order for every command."""
 
     def format_options(self, ctx: Any, formatter: Any) -> None:
-        args: list[tuple[str, str]] = []
-        groups: dict[str, list[tuple[str, str]]] = {}
-        for param in self.get_params(ctx):
-            record = param.get_help_record(ctx)
-            if record is None:
-                continue
-            # typer adds the Python type (`<path>`, `<list[Path]>`) after a name; a person needs the metavar.
-            name, text = record
-            if _TYPE.search(name):
-                name = _TYPE.sub("", name) if param.param_type_name == "argument" or param.metavar else \
-                    _TYPE.sub(" " + (param.name or "value").upper(), name)
-            if param.param_type_name == "argument":
-                args.append((name, text))
-            else:
-                groups.setdefault(getattr(param, "rich_help_panel", None) or "Options", []).append((name, text))
-        if args:
-            with formatter.section("Arguments"):
-                formatter.write_dl(args)
-        for title in sorted(groups, key=lambda t: _ORDER.index(t) if t in _ORDER else len(_ORDER)):
-            with formatter.section(title):
-                formatter.write_dl(groups[title])
+        format_sections(self, ctx, formatter, _ORDER)
 
 
 class SummaryGroup(TyperGroup):

@@ -27,11 +27,11 @@ def open_verified(target: Path, *, trust: TrustPolicy, data_dir: Path | None, fm
                     "it was removed and the bundle verified again")
     who = ", ".join(bundle.signers) or "nobody (unsigned, admitted by --allow-unsigned)"
     output.detail(f"verified {target}: {bundle.digest}, signed by {who}")
-    if seed_data and any(m.mode == "rw" for m in bundle.runnable.mounts):
-        made = bundle.runnable.data_dir_created
+    if seed_data and any(m.mode == "rw" for m in bundle.mounts):
+        made = bundle.data_dir_created
         output.note(f"rw mounts are seeded in {bundle.data_dir}"
                     + (" (removed when the command ends; --data-dir DIR keeps them)" if made else ""))
-    if bundle.runnable.data_dir_created:
+    if bundle.data_dir_created:
         _made.append(bundle)
     return bundle
 

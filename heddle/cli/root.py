@@ -31,6 +31,7 @@ COMMANDS: dict[str, Lazy] = {
     "tools": Lazy("heddle.cli.tools", "tools", "List the tools a run would have, with their schema fingerprints."),
     "bundle": Lazy("heddle.cli.run", "bundle", "Seal a flow, its tools, mounts and plugins into a .heddle file."),
     "init": Lazy("heddle.cli.run", "init", "Write a starter agent that runs as printed."),
+    "mcp": Lazy("heddle.cli.mcp", "mcp", "Serve a sealed bundle's agent as an MCP tool over stdio."),
     "sessions": Lazy("heddle.cli.sessions", "sessions_app", "List, show and remove the sessions runs keep."),
     "keygen": Lazy("heddle.cli.bundle", "keygen", "Make an Ed25519 signing key pair and print its key id."),
     "sign": Lazy("heddle.cli.bundle", "sign", "Add a signature to a bundle."),

@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from heddle.cli import resume_collector
+from heddle.cli.collector import resume_collector
 from heddle.cli.flags import COMPONENTS as _COMPONENTS
 from heddle.cli.flags import FLOW as _FLOW
 from heddle.cli.flags import FORMAT as _FORMAT
@@ -25,23 +25,6 @@ _INPUT = typer.Option(None, "--input", "-i", metavar="JSON|@FILE|-",
 _INCLUDE_SECRET = typer.Option([], "--include-secret", metavar="PATH",
                                help="Seal this file (or the files under this folder) though it looks like a secret "
                                "(repeatable).")
-
-
-def _load_plugins(settings: RunSettings, *, require_settings: bool = True) -> Any:
-    """The plugins of `settings` (a bundle's own first, once settled), read and checked (nothing
-    starts), or None."""
-    plugins, configs = list(settings.plugins), list(settings.plugin_configs)
-    if not plugins:
-        if configs:
-            from heddle.errors import UsageError
-
-            raise UsageError("--plugin-config sets a plugin component's settings; load the plugin with "
-                             "--plugin MANIFEST")
-        return None
-    from heddle.plugin_host import PluginHost
-
-    return PluginHost.load(plugins, config_specs=configs, timeout=settings.plugin_timeout,
-                           max_node_attempts=settings.max_node_attempts, require_settings=require_settings)
 
 
 def _read_input(value: str | None) -> dict[str, Any]:
@@ -223,30 +206,32 @@ def run(
                                  "its own tools, commands and components")
         policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
         sealed = open_verified(path, trust=policy, data_dir=data_dir, fmt=format,
-                               plugins=settings.plugins).runnable
+                               plugins=settings.plugins)
         if resolved.seen_key is not None:
             from heddle.oci.seen import remember
 
             remember(resolved.seen_key, sealed)
-        loaded = from_bundle(sealed, settings, given=given, inputs=inputs, load_plugins=_load_plugins)
+        loaded = from_bundle(sealed, settings, given=given, inputs=inputs)
     else:
         loaded = from_document(path, settings, tools_dir=tools_dir, fmt=format, components=components,
-                               inputs=inputs, load_plugins=_load_plugins, commands=commands)
+                               inputs=inputs, commands=commands)
     if protocol not in (None, "heddle"):
         from heddle.plugin_host.encoder import encoder_for
 
-        encoder_for(loaded.host, protocol)
+        encoder_for(loaded.core.host, protocol)
     if session is None:
         message = _message(loaded.flow, message, resolved.name, ask=not no_input)
         _show_model_urls(loaded)
         _run_once(loaded, message=message, outputs=outputs, protocol=protocol, verbose=verbose)
         return
+    import asyncio
+
     from heddle.cli.sessions import open_cli_store, pending_run
 
     # Before anything runs: a store that cannot be reached is one line naming it.
-    store = open_cli_store(settings, plugins=loaded.host)
+    store = open_cli_store(settings, plugins=loaded.core.host)
     try:
-        pending = pending_run(store, session)
+        pending = asyncio.run(pending_run(store, session))
         # A resumed run goes on with the message it started with (and --message may be the answer it
         # waits for); only a new run, or the next turn of a conversation, needs one of its own.
         if pending is None:
@@ -259,10 +244,10 @@ def run(
                 answer = ask(pending.waiting_for)
         _show_model_urls(loaded)
         _run_in_session(loaded, store, session, message=message, answer=answer, resume=resume,
-                        durable=settings.durable, inputs_given=input is not None, outputs=outputs,
+                        inputs_given=input is not None, outputs=outputs,
                         protocol=protocol, verbose=verbose, quiet=quiet, no_input=no_input)
     finally:
-        store.close()
+        asyncio.run(store.close())
 
 
 # Its document is read with the collector still paused; it comes back on as the flow starts.
@@ -311,7 +296,7 @@ def _run_once(loaded: Any, *, message: str | None, outputs: bool, protocol: str 
 
 
 def _run_in_session(loaded: Any, store: Any, session: str, *, message: str | None, answer: Any, resume: bool,
-                    durable: bool, inputs_given: bool, outputs: bool, protocol: str | None, verbose: bool,
+                    inputs_given: bool, outputs: bool, protocol: str | None, verbose: bool,
                     quiet: bool, no_input: bool) -> None:
     """One turn of the session; on a terminal, each wait is answered here and the run goes on until
     it ends. Elsewhere a wait prints the waiting object and exits WAITING_EXIT."""
@@ -321,11 +306,12 @@ def _run_in_session(loaded: Any, store: Any, session: str, *, message: str | Non
     from heddle.cli.errors import WAITING_EXIT
     from heddle.cli.waiting import ask, on_terminal, waiting_object
     from heddle.runs import execute
-    from heddle.sessions.turn import SessionUse
 
     printer, rendering = _printer(protocol, verbose)
     resume_collector()
-    use = SessionUse(store, session, answer=answer, resume=resume, durable=durable)
+    core = loaded.core
+    core.sessions = store
+    use = core.session(session, answer=answer, resume=resume)
     shown: list[str] = []  # what the run showed over the steps answered here: one run for the person
     while True:
         outcome = asyncio.run(execute(loaded, message=message, on_event=printer, rendering=rendering, session=use,
@@ -342,7 +328,7 @@ def _run_in_session(loaded: Any, store: Any, session: str, *, message: str | Non
             raise typer.Exit(WAITING_EXIT)
         # -q kept the run's messages off stderr; the person answering must see them all the same.
         answer = ask(outcome.waiting, outcome.messages if quiet else ())
-        use = SessionUse(store, session, answer=answer, durable=durable)
+        use = core.session(session, answer=answer)
         # The run resumes with the message and the input it started with.
         message, inputs_given = None, False
 
@@ -362,13 +348,13 @@ def _message(flow: Any, message: str | None, source: str, *, ask: bool = True) -
 
 def _show_model_urls(loaded: Any) -> None:
     """With --verbose: each llm config --model-url redirects (an unknown NAME is refused here)."""
-    if not loaded.settings.model_urls:
+    if not loaded.core.settings.model_urls:
         return
     from heddle.cli.output import detail
     from heddle.graph import llm_configs
     from heddle.model.endpoints import describe_overrides, parse_model_urls
 
-    for line in describe_overrides(list(llm_configs(loaded.flow)), parse_model_urls(loaded.settings.model_urls)):
+    for line in describe_overrides(list(llm_configs(loaded.flow)), parse_model_urls(loaded.core.settings.model_urls)):
         detail(f"model url {line}")
 
 
@@ -398,6 +384,7 @@ def validate(
     """
     use_output(quiet=quiet, verbose=verbose)
     from heddle.cli.target import Remote, resolve_target
+    from heddle.core import load_plugins
     from heddle.errors import GraphError, UsageError
     from heddle.settings import settle
     from heddle.validation import validation_report
@@ -415,9 +402,9 @@ def validate(
                                  "its own tools, commands and components")
         policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
         sealed = open_verified(path, trust=policy, data_dir=None, fmt=format, seed_data=False,
-                               plugins=settings.plugins).runnable
-        host = _load_plugins(settle(settings, given=given, plugins=getattr(sealed, "plugins", ())))
-        tools: dict[str, Path] | None = sealed.tools
+                               plugins=settings.plugins)
+        host = load_plugins(settle(settings, given=given, plugins=sealed.plugins))
+        tools: dict[str, Path] | None = dict(sealed.tools)
         flow, source = sealed.flow, f"{resolved.name} (sealed {sealed.digest})"
         if settings.strict:
             from heddle.agentspec.document import check_strict
@@ -430,7 +417,7 @@ def validate(
         from heddle.tools.registry import discover_tools
 
         declared = read_commands(commands) if commands is not None else None
-        host = _load_plugins(settings)
+        host = load_plugins(settings)
         flow = load_flow(path, fmt=format, node_types=host.node_types() if host else (), components=components,
                          strict=settings.strict)
         tools = discover_tools(tools_dir) if tools_dir is not None else None
@@ -544,15 +531,17 @@ def bundle(
       heddle bundle flow.yaml --tools-dir tools --mount ./skills --sign-key me.key -o app.heddle
     """
     use_output(quiet=quiet, verbose=verbose)
+    from heddle.bundle.seal import SealSettings
     from heddle.cli.seal import seal_flow as seal
     from heddle.cli.target import resolve_flow
+    from heddle.core import load_plugins
     from heddle.settings import LEVEL
 
     zstd_level = LEVEL.default if level is None else LEVEL.parse(level, plain="s")[0]
     flow = resolve_flow(flow_path, flow_file)
     # Manifests, and the settings given, are checked before anything is packed; settings are
     # not sealed: the operator gives them where the bundle runs.
-    host = _load_plugins(settings, require_settings=False)
+    host = load_plugins(settings, require_settings=False)
     if settings.strict:
         # Refused here as every --strict run of it would be; the bundle seals the document as written.
         from heddle.agentspec import load_flow
@@ -561,12 +550,13 @@ def bundle(
     # Only a limit given here is proposed; "unlimited" is a proposal too.
     rounds = settings.max_tool_rounds
     proposal = None if "max_tool_rounds" not in given else "unlimited" if rounds is None else str(rounds)
-    seal(flow, tools_dir=tools_dir, mounts=[_spelled(m) for m in settings.mounts], plugins=list(settings.plugins),
-         input_text=input, requires=requires, max_tool_rounds=proposal, sign_key=sign_key, name=name, fmt=format,
-         output=output, max_entries=settings.mount_max_entries, max_bytes=settings.mount_max_bytes,
-         read_input=_read_input, include_secrets=include_secret, json_out=json_out, components=components,
-         commands=commands, level=zstd_level, release=release, safe=settings.safe,
-         egress=egress, egress_file=egress_file, secrets=secret)
+    sealing = SealSettings(
+        output=output, tools_dir=tools_dir, mounts=[_spelled(m) for m in settings.mounts], plugins=settings.plugins,
+        sign_key=sign_key, name=name, max_tool_rounds=proposal, include_secrets=include_secret, flow_format=format,
+        mount_max_entries=settings.mount_max_entries, mount_max_bytes=settings.mount_max_bytes, components=components,
+        commands=commands, level=zstd_level, release=release, safe=settings.safe, egress=egress,
+        egress_file=egress_file, secrets=secret)
+    seal(flow, sealing, input_text=input, requires_text=requires, read_input=_read_input, json_out=json_out)
 
 
 def init(

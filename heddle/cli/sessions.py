@@ -4,12 +4,11 @@ heddle.cli.answers)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
@@ -24,6 +23,8 @@ if TYPE_CHECKING:
     from heddle.sessions.record import Pending
     from heddle.sessions.seal import SealedStore
     from heddle.sessions.store import SessionStore
+
+T = TypeVar("T")
 
 # The settings that say where sessions are; `--durable` is a run's, not a store's.
 STORE_SETTINGS = ("session_store", "session_db", "session_dir", "session_key")
@@ -51,12 +52,12 @@ def _shown(spec: str) -> str:
     return spec.split("://", 1)[0] + "://..." if "://" in spec else spec
 
 
-def pending_run(store: SessionStore, session: str) -> Pending | None:
+async def pending_run(store: SessionStore, session: str) -> Pending | None:
     """The session's unfinished run (waiting, or a --durable run that stopped), or None: a new session,
     or one whose last run finished."""
     from heddle.sessions.record import decode
 
-    stored = store.get(session)
+    stored = await store.get(session)
     return None if stored is None else decode(session, stored.data, store=store.name).pending
 
 
@@ -85,24 +86,28 @@ def _waits(summary: dict[str, Any]) -> str:
     return f"{waiting['kind']}{tool} at {waiting['node']!r}"
 
 
-@contextlib.contextmanager
-def _store(settings: RunSettings) -> Iterator[SealedStore]:
-    """The store `settings` name, its plugins loaded first (a `plugin:` store); both closed after."""
-    from heddle.cli.run import _load_plugins
+def _using_store(settings: RunSettings, work: Callable[[SealedStore], Awaitable[T]]) -> tuple[T, str]:
+    """`work` done on the store `settings` name, and the store's name: its plugins loaded first (a
+    `plugin:` store), all in one event loop, and both closed after."""
+    import asyncio
 
-    host = _load_plugins(settings)
-    try:
-        store = open_cli_store(settings, plugins=host)
+    from heddle.core import load_plugins
+
+    host = load_plugins(settings)
+
+    async def main() -> tuple[T, str]:
         try:
-            output.detail(f"session store: {store.name}")
-            yield store
+            store = open_cli_store(settings, plugins=host)
+            try:
+                output.detail(f"session store: {store.name}")
+                return await work(store), store.name
+            finally:
+                await store.close()
         finally:
-            store.close()
-    finally:
-        if host is not None:
-            import asyncio
+            if host is not None:
+                await host.aclose()
 
-            asyncio.run(host.aclose())
+    return asyncio.run(main())
 
 
 @sessions_app.command("ls", cls=SettingsCommand)
@@ -119,22 +124,22 @@ def sessions_ls(
     from heddle.sessions.record import decode
 
     output.use(quiet=quiet, verbose=verbose)
-    with _store(settings) as store:
-        rows: list[dict[str, Any]] = []
-        for stored, refused in store.survey():
-            try:
-                if refused is not None:
-                    raise refused
-                rows.append(decode(stored.id, stored.data, store=store.name).summary())
-            except SessionError as exc:
-                # Listed, not hidden: `rm` is how a person gets rid of it.
-                output.warn(exc.message)
-                rows.append({"id": stored.id, "status": "unreadable", "updated": stored.updated})
+    surveyed, where = _using_store(settings, lambda store: store.survey())
+    rows: list[dict[str, Any]] = []
+    for stored, refused in surveyed:
+        try:
+            if refused is not None:
+                raise refused
+            rows.append(decode(stored.id, stored.data, store=where).summary())
+        except SessionError as exc:
+            # Listed, not hidden: `rm` is how a person gets rid of it.
+            output.warn(exc.message)
+            rows.append({"id": stored.id, "status": "unreadable", "updated": stored.updated})
     if json_out:
         output.print_json(rows)
         return
     if not rows:
-        output.note(f"no sessions in {store.name}")
+        output.note(f"no sessions in {where}")
         return
     table = [("NAME", "STATUS", "TURNS", "UPDATED", "WAITS FOR", "DOCUMENT")]
     table += [(r["id"], r["status"], str(r.get("turns", "-")), _when(r["updated"]), _waits(r),
@@ -161,11 +166,10 @@ def sessions_show(
 
     output.use(quiet=quiet, verbose=verbose)
     check_session_id(name)
-    with _store(settings) as store:
-        stored = store.get(name)
-        if stored is None:
-            raise not_found(name, store=store.name)
-        summary = decode(name, stored.data, store=store.name).summary()
+    stored, where = _using_store(settings, lambda store: store.get(name))
+    if stored is None:
+        raise not_found(name, store=where)
+    summary = decode(name, stored.data, store=where).summary()
     if json_out:
         output.print_json(summary)
         return
@@ -174,7 +178,7 @@ def sessions_show(
         # The prompt and the arguments are a document's or a model's.
         sys.stdout.write(printable(text))
 
-    out(f"session   {summary['id']} in {store.name}\n")
+    out(f"session   {summary['id']} in {where}\n")
     out(f"status    {summary['status']}\n")
     out(f"document  {summary['document']} ({summary['digest']})\n")
     out(f"turns     {summary['turns']}\n")
@@ -204,8 +208,7 @@ def sessions_rm(
 
     output.use(quiet=quiet, verbose=verbose)
     check_session_id(name)
-    with _store(settings) as store:
-        removed = store.delete(name)
+    removed, where = _using_store(settings, lambda store: store.delete(name))
     if not removed:
-        raise not_found(name, store=store.name)
-    output.note(f"removed session {name!r} from {store.name}")
+        raise not_found(name, store=where)
+    output.note(f"removed session {name!r} from {where}")

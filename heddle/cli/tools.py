@@ -55,8 +55,10 @@ def tools(
     use_output(quiet=quiet, verbose=verbose)
     import asyncio
 
-    from heddle.cli.run import _bundle_options, _load_plugins
+    from heddle.cli.run import _bundle_options
+    from heddle.core import load_plugins
     from heddle.errors import UsageError
+    from heddle.runs import discover
     from heddle.tools.catalog import listed
 
     if target is None and flow_file is None:
@@ -67,9 +69,9 @@ def tools(
         from heddle.tools.registry import discover_tools
 
         described = load_commands(commands) if commands is not None else []
-        host = _load_plugins(settings)
-        found = asyncio.run(listed(tools=discover_tools(tools_dir), flow=None, host=host, settings=settings,
-                                   commands=described))
+        host = load_plugins(settings)
+        found = asyncio.run(listed(tools=discover_tools(tools_dir), flow=None, host=host,
+                                   discover=lambda: discover(host, settings), commands=described))
     else:
         from heddle.cli.target import Remote, resolve_target
         from heddle.runs import from_bundle, from_document
@@ -86,13 +88,14 @@ def tools(
                                      "only its own tools, components and commands")
             policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
             sealed = open_verified(resolved.path, trust=policy, data_dir=None, fmt=format, seed_data=False,
-                                   plugins=settings.plugins).runnable
-            loaded = from_bundle(sealed, settings, given=given, load_plugins=_load_plugins)
+                                   plugins=settings.plugins)
+            loaded = from_bundle(sealed, settings, given=given)
         else:
             loaded = from_document(resolved.path, settings, tools_dir=tools_dir, fmt=format, components=components,
-                                   load_plugins=_load_plugins, commands=commands)
-        found = asyncio.run(listed(tools=loaded.tools, flow=loaded.flow, host=loaded.host, settings=loaded.settings,
-                                   commands=loaded.commands or ()))
+                                   commands=commands)
+        core = loaded.core
+        found = asyncio.run(listed(tools=core.tools, flow=loaded.flow, host=core.host,
+                                   discover=lambda: discover(core.host, core.settings), commands=core.commands or ()))
     if json_out:
         from heddle.cli.output import print_json
 

@@ -28,7 +28,9 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from heddle.agentspec import components as c
+from heddle.bounded import ACCEPT_ENCODING, BodyError, read_body
 from heddle.engine.journal import WaitingFor
+from heddle.engine.tracing import REQUEST_HOOKS
 from heddle.errors import RunError, UsageError
 from heddle.secret_env import header_from_env
 
@@ -86,7 +88,6 @@ def _capped(inner: httpx.AsyncBaseTransport, cap: int, cap_text: str) -> httpx.A
     """`inner` whose every answer is read whole here, within `cap` bytes once decoded."""
     import httpx
 
-    from heddle.bounded import BodyError, read_body
 
     class Capped(httpx.AsyncBaseTransport):
         async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -264,9 +265,6 @@ async def run_a2a_agent(ctx: RunContext, node: c.AgentNode, agent: c.A2AAgent) -
     inner = httpx.AsyncHTTPTransport(verify=_verify(agent), trust_env=False)
     transport = _capped(inner, options.max_response_bytes,
                         f"raise {options.surface.flag('max_response_bytes')} if it needs more")
-    from heddle.bounded import ACCEPT_ENCODING
-    from heddle.engine.tracing import REQUEST_HOOKS
-
     async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(agent.connection_config.timeout),
                                  headers={"Accept-Encoding": ACCEPT_ENCODING, **_headers(agent)},
                                  follow_redirects=False, trust_env=False,

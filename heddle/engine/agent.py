@@ -10,15 +10,18 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from heddle.agentspec import components as c
+from heddle.agentspec import io
+from heddle.agentspec.templates import render
 from heddle.engine import events as ev
 from heddle.engine import structured
 from heddle.engine.context import RunContext
 from heddle.engine.journal import WaitingFor
 from heddle.engine.seams import AgentRound, ModelRequest, RoundResult, ToolRequest
-from heddle.engine.templates import render
 from heddle.engine.tool_output import limits_of, tool_message
+from heddle.engine.transforms import AgentTransforms
 from heddle.errors import LimitError, NeedsSessionError, ToolError
 from heddle.safeparse import loads_json
+from heddle.tools.schema import check_arguments, function_definition
 
 if TYPE_CHECKING:
     from heddle.model.turn import ToolCall
@@ -33,8 +36,6 @@ def answer_shape(node: c.AgentNode) -> structured.Shape | None:
     """How the agent's final answer gives its declared outputs, when they call for structured
     generation (several outputs, or one that is not a string); None when the answer is plain text.
     `result`, the answer itself, may be left out of the JSON object."""
-    from heddle.agentspec import io
-
     outputs = io.outputs_of(node) or []
     if not structured.is_structured(outputs):
         return None
@@ -47,8 +48,6 @@ def answer_outputs(answer: str, node: c.AgentNode) -> dict[str, Any]:
 
     With structured outputs an answer that does not fit raises structured.AnswerMismatch.
     """
-    from heddle.agentspec import io
-
     shape = answer_shape(node)
     if shape is not None:
         return {"result": answer, **shape.read(answer)}
@@ -66,18 +65,8 @@ def answer_outputs(answer: str, node: c.AgentNode) -> dict[str, Any]:
 
 
 async def run_agent(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) -> dict[str, Any]:
-    from heddle.agentspec import io
-    from heddle.tools.schema import function_definition
-
-    if isinstance(node.agent, c.MULTI_AGENT):
-        from heddle.engine.multiagent import run_multi_agent
-
-        return await run_multi_agent(ctx, node, inputs)
-    if isinstance(node.agent, c.A2AAgent):
-        from heddle.engine.a2a import run_a2a_agent
-
-        return await run_a2a_agent(ctx, node, node.agent)
     agent = node.agent
+    assert isinstance(agent, c.Agent | c.SpecializedAgent), "groups and A2A agents run elsewhere (nodes.agent_node)"
     endpoint = ctx.endpoint(agent.llm_config)
     # The document's own tools for this agent (its MCP toolboxes', its MCP tools as their servers
     # list them: heddle.tools.provided) replace the definitions of the same name.
@@ -109,8 +98,6 @@ async def run_agent(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) 
     response_format, retried = _ask_for_outputs(node, messages, offers_tools=bool(definitions)), False
     transforms = None
     if agent.transforms:
-        from heddle.engine.transforms import AgentTransforms
-
         # What the model is sent of the conversation, each round; the conversation kept is whole.
         transforms = AgentTransforms(ctx, node.name, agent, lasting=top is not None)
 
@@ -216,8 +203,6 @@ def _ask_for_outputs(node: c.AgentNode, messages: list[dict[str, Any]], *, offer
 
 async def _one_call(ctx: RunContext, node_name: str, call: ToolCall, schemas: dict[str, dict[str, Any]],
                     workspace: Workspace, confirm: frozenset[str] = frozenset()) -> Any:
-    from heddle.tools.schema import check_arguments
-
     if call.name not in schemas:
         known = ", ".join(sorted(schemas)) or "none"
         return _error(f"there is no tool named {call.name!r}; the tools are: {known}")

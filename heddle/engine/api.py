@@ -17,15 +17,30 @@ What WayFlow does with the answer:
 - Each value must fit its output's declared type, or the node fails naming both (WayFlow passes it
   on as it is; heddle never gives a value its declaration does not admit).
 
-In a session the answer is journaled: a run that resumes does not send the request again.
+In a session the request is a step (heddle.engine.journal), sent with its idempotency key as the
+`Idempotency-Key` header: a run that resumes does not send an answered request again.
 """
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
 
+from heddle.bounded import ACCEPT_ENCODING
+from heddle.engine.journal import Call, ToolDone, ToolFailed, call_fingerprint
+from heddle.engine.tracing import REQUEST_HOOKS
 from heddle.errors import NodeOverrun, RunError, ToolError, UsageError
+from heddle.lazytls import LazyTLSTransport
+from heddle.safeparse import loads_json
+from heddle.tools.remote import (
+    ATTEMPTS,
+    _excerpt,
+    _fits,
+    _types,
+    build_request,
+    header_secrets,
+    send_asking_again,
+    with_idempotency_key,
+)
 
 if TYPE_CHECKING:
     from heddle.agentspec import components as c
@@ -33,25 +48,12 @@ if TYPE_CHECKING:
     from heddle.engine.seams import Outcome
     from heddle.tools.remote import Answer
 
-DEFAULT_OUTPUT = "response"
 STATUS_OUTPUT = "http_status_code"
 TEXT_OUTPUT = "http_response"
-# A title WayFlow's jq query `.TITLE` reads as one key of the answer.
-_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def _label(node: c.ApiNode) -> str:
     return f"ApiNode {node.name!r}"
-
-
-def check_outputs(node: c.ApiNode) -> None:
-    """Refuse an output WayFlow reads with a jq query that is not one key of the answer."""
-    for prop in node.outputs:
-        title = prop["title"]
-        if not _KEY.match(title):
-            raise ValueError(f"{_label(node)}: output {title!r} is read from the answer as the jq query "
-                             f"'.{title}', which heddle does not evaluate (it reads an output by a key written "
-                             "as letters, digits and _); rename the output to such a key of the answer")
 
 
 def _text_output(prop: dict[str, Any]) -> bool:
@@ -60,9 +62,6 @@ def _text_output(prop: dict[str, Any]) -> bool:
 
 def read_outputs(node: c.ApiNode, answer: Answer) -> dict[str, Any]:
     """The node's outputs from a 2xx answer."""
-    from heddle.safeparse import loads_json
-    from heddle.tools.remote import _excerpt, _fits, _types
-
     if not node.outputs:
         return {}
     text = answer.text()
@@ -94,30 +93,32 @@ def read_outputs(node: c.ApiNode, answer: Answer) -> dict[str, Any]:
 
 async def api_node(ctx: RunContext, node: c.ApiNode, inputs: dict[str, Any]) -> Outcome:
     journal = ctx.journal
-    key = journal.key("h") if journal is not None else ""
-    if journal is not None:
-        found, value = journal.recorded(key)
-        if found:
-            if "error" in value:
-                raise RunError(value["error"])
-            return dict(value["outputs"]), None
+    if journal is None:
+        return await _call(ctx, node, inputs, None), None
+    # In a session the request is a step (heddle.engine.journal): sent once, its answer kept.
+    key = journal.key("h")
+    call = Call("api", node.name, call_fingerprint(node.name, inputs))
+    found = journal.replayed(key, call)
+    if isinstance(found, ToolFailed):
+        raise RunError(found.error)
+    if isinstance(found, ToolDone):
+        return dict(found.output), None
+    await journal.begin(key, call)
     try:
-        outputs = await _call(ctx, node, inputs)
+        outputs = await _call(ctx, node, inputs, journal.idempotency_key(key))
     except RunError as exc:
-        if journal is not None and not isinstance(exc, NodeOverrun):
-            journal.record(key, {"error": str(exc)})
+        if not isinstance(exc, NodeOverrun):
+            await journal.fail(key, ToolFailed(call="api", name=call.name, fingerprint=call.fingerprint,
+                                               error=str(exc)), exc)
         raise
-    if journal is not None:
-        journal.record(key, {"outputs": outputs})
+    await journal.done(key, ToolDone(call="api", name=call.name, fingerprint=call.fingerprint, output=outputs))
     return outputs, None
 
 
-async def _call(ctx: RunContext, node: c.ApiNode, inputs: dict[str, Any]) -> dict[str, Any]:
+async def _call(ctx: RunContext, node: c.ApiNode, inputs: dict[str, Any], idempotency_key: str | None
+                ) -> dict[str, Any]:
     import httpx
 
-    from heddle.bounded import ACCEPT_ENCODING
-    from heddle.lazytls import LazyTLSTransport
-    from heddle.tools.remote import ATTEMPTS, _excerpt, build_request, header_secrets, send_asking_again
 
     options = ctx.options
     if options.sandbox.deny_net:
@@ -126,14 +127,13 @@ async def _call(ctx: RunContext, node: c.ApiNode, inputs: dict[str, Any]) -> dic
     secrets = header_secrets(node, f"node {node.name!r}")
     arguments = {p["title"]: inputs[p["title"]] for p in node.inputs if p["title"] in inputs}
     try:
-        outgoing = build_request(node, arguments, secrets)
+        outgoing = with_idempotency_key(build_request(node, arguments, secrets), idempotency_key)
     except ToolError as exc:
         raise RunError(f"{_label(node)}: {str(exc).removeprefix(f'tool {node.name!r}: ')}") from None
 
     def fail(message: str, overrun: bool) -> Exception:
         return (NodeOverrun if overrun else RunError)(f"{_label(node)}: {message}")
 
-    from heddle.engine.tracing import REQUEST_HOOKS
 
     async with httpx.AsyncClient(follow_redirects=False, timeout=httpx.Timeout(options.tool_timeout),
                                  transport=LazyTLSTransport(), event_hooks=dict(REQUEST_HOOKS),

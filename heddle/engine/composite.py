@@ -28,7 +28,9 @@ T = TypeVar("T")
 MapLike = c.MapNode | c.ParallelMapNode
 
 
-async def _walk(ctx: RunContext, flow: c.Flow, inputs: dict[str, Any]) -> FlowRun:
+async def walk_subflow(ctx: RunContext, flow: c.Flow, inputs: dict[str, Any]) -> FlowRun:
+    """A node's subflow walked by the flow runner: the one place a node calls back into heddle.engine.run,
+    which runs the node (a recursion the design needs, named in pyproject's import contract)."""
     from heddle.engine.run import run_flow
 
     return await run_flow(ctx, flow, inputs)
@@ -36,7 +38,7 @@ async def _walk(ctx: RunContext, flow: c.Flow, inputs: dict[str, Any]) -> FlowRu
 
 async def _run_flow(ctx: RunContext, flow: c.Flow, inputs: dict[str, Any]) -> dict[str, Any]:
     """The subflow's outputs, exactly (its defaults filled in)."""
-    return (await _walk(ctx, flow, inputs)).outputs
+    return (await walk_subflow(ctx, flow, inputs)).outputs
 
 
 def _subflow_inputs(flow: c.Flow, values: dict[str, Any]) -> dict[str, Any]:
@@ -232,7 +234,7 @@ def caught_info(exc: BaseException) -> str:
 
 async def catch_exception_node(ctx: RunContext, node: c.CatchExceptionNode, inputs: dict[str, Any]) -> Outcome:
     try:
-        walked = await _walk(ctx, node.subflow, _subflow_inputs(node.subflow, inputs))
+        walked = await walk_subflow(ctx, node.subflow, _subflow_inputs(node.subflow, inputs))
     except LimitError:
         # A run limit (iterations, timeout) ends the run: catching it would let a flow outlive its limits.
         raise

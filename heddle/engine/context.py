@@ -12,9 +12,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from heddle.engine import events as ev
+from heddle.engine import journal as jn
+from heddle.engine.journal import Call, ModelTurn, Suspended, ToolDone, ToolFailed, call_fingerprint
 from heddle.engine.options import RunOptions
-from heddle.engine.seams import ModelRequest, PassThrough, Seams, ToolRequest, ToolStep, ToolTelemetry
+from heddle.engine.seams import (
+    ModelRequest,
+    PassThrough,
+    Seams,
+    ToolRequest,
+    ToolStep,
+    ToolTelemetry,
+    idempotency_env,
+)
+from heddle.engine.tracing import sandbox_span
 from heddle.errors import LimitError, ModelError, ToolError
+from heddle.model.turn import AssistantTurn, ToolCall
+from heddle.tools.process import run_tool_process
+from heddle.tools.provided import DocumentTools
+from heddle.workspace.egress_proxy import call_guard, redact
+from heddle.workspace.sandbox import confine
 
 if TYPE_CHECKING:
     from typing import Any
@@ -24,8 +40,6 @@ if TYPE_CHECKING:
     from heddle.engine.journal import Answer, Journal, WaitingFor
     from heddle.engine.tracing import Tracing
     from heddle.model.client import ModelClient, ModelEndpoint
-    from heddle.model.turn import AssistantTurn
-    from heddle.tools.provided import DocumentTools
     from heddle.workspace.workspace import Workspaces
 
 
@@ -93,29 +107,32 @@ class RunContext:
     async def call_tool(self, request: ToolRequest) -> dict[str, Any]:
         """One tool call, through the toolCall seam. Raises ToolError.
 
-        In a session a call the journal holds is answered from it: the tool does not run again."""
+        In a session the call is a step (heddle.engine.journal): one the journal holds is answered from
+        it and the tool does not run again; one that only began runs again with the same idempotency key."""
         journal = self.journal
         if journal is None:
             return await self.seams.call_tool(request, self.run_tool)
         key = journal.key("t")
-        found, value = journal.recorded(key)
-        if found:
-            if "error" in value:
-                raise ToolError(value["tool"], value["error"])
-            return dict(value["output"])
+        call = Call("tool", request.tool, call_fingerprint(request.tool, request.arguments))
+        found = journal.replayed(key, call)
+        if isinstance(found, ToolFailed):
+            raise ToolError(found.name, found.error)
+        if isinstance(found, ToolDone):
+            return dict(found.output)
+        request = replace(request, idempotency_key=journal.idempotency_key(key))
+        await journal.begin(key, call)
         try:
             output = await self.seams.call_tool(request, self.run_tool)
         except ToolError as exc:
-            journal.record(key, {"tool": exc.tool, "error": str(exc).removeprefix(f"tool {exc.tool!r}: ")})
+            await journal.fail(key, ToolFailed(call="tool", name=call.name, fingerprint=call.fingerprint,
+                                               error=str(exc).removeprefix(f"tool {exc.tool!r}: ")), exc)
             raise
-        journal.record(key, {"output": output})
+        await journal.done(key, ToolDone(call="tool", name=call.name, fingerprint=call.fingerprint, output=output))
         return output
 
     def wait(self, waiting: WaitingFor) -> Answer:
         """The person's answer to `waiting`: from the journal when the run resumes; else the run stops
         here (heddle.engine.journal.Suspended) to wait for it."""
-        from heddle.engine import journal as jn
-
         if self.journal is None:
             raise jn.no_session(waiting, self.options.surface)
         return self.journal.wait(waiting)
@@ -140,8 +157,6 @@ class RunContext:
         try:
             output = await work(request)
         except Exception as exc:
-            from heddle.engine.journal import Suspended
-
             if isinstance(exc, Suspended):
                 raise  # a ClientTool call waits for its result: it has none yet, and did not fail
             self.emit(ev.ToolResult(node=node, tool=tool, call_id=call_id, ok=False,
@@ -159,20 +174,18 @@ class RunContext:
     async def run_executable(self, request: ToolRequest, executable: Path, tools_dir: Path | None) -> dict[str, Any]:
         """Run a tool's program in the request's workspace, confined by the run's sandbox policy
         (`tools_dir`, the folder it comes from, is bound read-only)."""
-        from heddle.tools.process import run_tool_process
-        from heddle.workspace.egress_proxy import call_guard, redact
-        from heddle.workspace.sandbox import confine
-
         workspace, policy = request.workspace, self.options.sandbox
         with _sandbox_span(self.tracing, safe=policy.safe, backend=policy.backend, tool=request.tool) as traced:
-            async with call_guard(self.options, request.tool, self.emit) as egress:
+            async with call_guard(self.options, request.tool, self.emit, runner=True) as egress:
                 argv, env = confine(policy, [str(executable)], workspace=workspace, tools_dir=tools_dir,
-                                    env={**workspace.env(os.environ), **traced}, egress=egress)
+                                    env={**workspace.env(os.environ), **traced, **idempotency_env(request)},
+                                    egress=egress)
                 try:
                     output = await run_tool_process(request.tool, argv, request.arguments, cwd=workspace.root,
                                                     env=env, timeout=self.options.tool_timeout,
                                                     surface=self.options.surface, sandboxed=policy.safe,
-                                                    max_stdout=self.options.max_tool_stdout_bytes)
+                                                    max_stdout=self.options.max_tool_stdout_bytes,
+                                                    netns=egress.runner if egress is not None else None)
                 except ToolError as exc:
                     # Its stderr, quoted in the message, is output too.
                     message, leaked = redact(exc.args[0] if exc.args else str(exc), self.options.secrets)
@@ -195,21 +208,24 @@ class RunContext:
     async def chat(self, request: ModelRequest) -> AssistantTurn:
         """One assistant turn of the node's model, through the modelCall seam.
 
-        In a session a turn the journal holds is answered from it: nothing is sent again."""
+        In a session the call is a step (heddle.engine.journal): a turn the journal holds is answered
+        from it and nothing is sent again."""
         journal = self.journal
         if journal is None:
             return await self.seams.call_model(request, self.ask_model)
-        from heddle.model.turn import AssistantTurn, ToolCall
-
         key = journal.key("m")
-        found, value = journal.recorded(key)
-        if found:
-            return AssistantTurn(value["content"], [ToolCall(**call) for call in value["tool_calls"]],
-                                 value["finish_reason"])
+        model = request.endpoint.model_id
+        call = Call("model", model, call_fingerprint(model, {"messages": request.messages, "tools": request.tools,
+                                                             "response_format": request.response_format}))
+        found = journal.replayed(key, call)
+        if isinstance(found, ModelTurn):
+            return AssistantTurn(found.content, [ToolCall(**tc) for tc in found.tool_calls], found.finish_reason)
+        await journal.begin(key, call)
         turn = await self.seams.call_model(request, self.ask_model)
-        journal.record(key, {"content": turn.content, "finish_reason": turn.finish_reason,
-                             "tool_calls": [{"id": t.id, "name": t.name, "arguments": t.arguments}
-                                            for t in turn.tool_calls]})
+        await journal.done(key, ModelTurn(name=model, fingerprint=call.fingerprint, content=turn.content,
+                                          finish_reason=turn.finish_reason,
+                                          tool_calls=[{"id": t.id, "name": t.name, "arguments": t.arguments}
+                                                      for t in turn.tool_calls]))
         return turn
 
     async def ask_model(self, request: ModelRequest) -> AssistantTurn:
@@ -224,12 +240,8 @@ def _sandbox_span(tracing: Tracing | None, *, safe: bool, backend: str,
                   tool: str) -> contextlib.AbstractContextManager[dict[str, str]]:
     if tracing is None:
         return contextlib.nullcontext({})
-    from heddle.engine.tracing import sandbox_span
-
     return sandbox_span(tracing, safe=safe, backend=backend, tool=tool)
 
 
 def _no_document_tools() -> DocumentTools:
-    from heddle.tools.provided import DocumentTools
-
     return DocumentTools()

@@ -10,6 +10,8 @@ import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from heddle.tools.schema import compiled_checker, describe_errors
+
 if TYPE_CHECKING:
     from heddle.tools.schema import Checker
 
@@ -39,8 +41,6 @@ def _input_check(flow: Any, declared: list[dict[str, Any]]) -> _InputCheck:
     kept = private.get("_input_check") if private else None
     if isinstance(kept, _InputCheck) and kept.declared == declared:
         return kept
-    from heddle.tools.schema import compiled_checker
-
     properties = {p["title"]: dict(p) for p in declared}
     check = _InputCheck(copy.deepcopy(declared), tuple(properties),
                         compiled_checker({"type": "object", "properties": properties}))
@@ -52,8 +52,6 @@ def _input_check(flow: Any, declared: list[dict[str, Any]]) -> _InputCheck:
 def input_problem(flow: Any, inputs: dict[str, Any]) -> str | None:
     """Why a given input does not match its declared schema (naming the input), or None.
     Inputs the flow does not declare, and declared ones not given, are not this check's business."""
-    from heddle.tools.schema import describe_errors
-
     declared = declared_inputs(flow)
     if not declared:
         return None

@@ -11,6 +11,17 @@ again (its recorded outputs are taken), a model call or tool call recorded is an
 journal (nothing is sent, nothing runs, no event is emitted), and the wait the run stopped at gets
 the person's answer. The first thing not in the journal runs for real: from there the run is live.
 
+Each entry is a typed record (`Entry`): a node finished, a model turn, a tool call done or failed,
+a person's answer, a step begun (`Intent`), or a value the run saw (a clock, a cache's id, a row, an
+A2A exchange). A call's entry names what it answers (the tool, the model or the ApiNode, and the
+fingerprint of its request), and replay refuses, naming the position, an entry that does not answer
+the call the run makes now: one call's result is never handed to another.
+
+In a durable run each model and tool call is a step: its `Intent` is in the store before it starts
+and its result before the next step begins (`Journal.append`). A step with an intent and no result
+is the only one that runs again on resume, with the same idempotency key (`idempotency_key`: the
+session, the run and the position, hashed).
+
 The journal is internal: what a caller sees of a wait is its `WaitingFor` (kind, node, prompt, tool
 and arguments), never the keys.
 """
@@ -19,11 +30,17 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import hashlib
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from heddle.errors import NeedsSessionError, RunError, SessionError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from heddle.canonical import fingerprint
+from heddle.errors import NeedsSessionError, RunError, SessionError, SessionUnreadable
 
 if TYPE_CHECKING:
     from heddle.surface import Surface
@@ -37,9 +54,123 @@ _SCOPE: contextvars.ContextVar[str] = contextvars.ContextVar("heddle_journal_sco
 
 def arguments_fingerprint(arguments: dict[str, Any]) -> str:
     """What an answer to a call is bound to: sha256 of the canonical JSON of its exact arguments."""
-    from heddle.canonical import fingerprint
-
     return fingerprint(arguments)
+
+
+def call_fingerprint(name: str, request: Any) -> str:
+    """What a recorded call answers: sha256 of the canonical JSON of the name called (a tool, a model, an
+    ApiNode) and its request (a tool's arguments, a model's messages and tools, an ApiNode's inputs)."""
+    return fingerprint({"name": name, "request": request})
+
+
+CallKind = Literal["tool", "model", "api"]
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call the run is about to make, as the journal matches it against what it recorded."""
+
+    kind: CallKind
+    name: str  # the tool's, the model's or the ApiNode's
+    fingerprint: str  # call_fingerprint of its request
+
+    def __str__(self) -> str:
+        return f"a call to {_CALLED[self.kind]} {self.name!r} (request {self.fingerprint})"
+
+
+_CALLED: dict[str, str] = {"tool": "tool", "model": "model", "api": "ApiNode"}
+
+
+class _Entry(BaseModel):
+    # Built at first use: a run outside a session never validates an entry, and pays nothing for them.
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    def answers(self) -> Call | None:
+        """The call this entry answers; None for an entry that is not a call's."""
+        return None
+
+
+class _CallEntry(_Entry):
+    call: CallKind
+    name: str
+    fingerprint: str
+
+    def answers(self) -> Call:
+        return Call(self.call, self.name, self.fingerprint)
+
+
+class NodeFinished(_Entry):
+    """A node that finished: what it produced, the branch it left by, the messages it showed."""
+
+    type: Literal["node"] = "node"
+    outputs: dict[str, Any]
+    branch: str | None
+    shown: list[str]
+
+
+class Intent(_CallEntry):
+    """A step began: the call was made (or was about to be) and its result is not recorded yet."""
+
+    type: Literal["intent"] = "intent"
+
+
+class ModelTurn(_CallEntry):
+    """A model's answer."""
+
+    type: Literal["model"] = "model"
+    call: CallKind = "model"
+    content: str | None
+    finish_reason: str | None
+    tool_calls: list[dict[str, Any]]
+
+
+class ToolDone(_CallEntry):
+    """A tool's (or an ApiNode's) output."""
+
+    type: Literal["tool_done"] = "tool_done"
+    output: dict[str, Any]
+
+
+class ToolFailed(_CallEntry):
+    """A tool's (or an ApiNode's) failure, as its error says it."""
+
+    type: Literal["tool_failed"] = "tool_failed"
+    error: str
+
+
+class Answered(_Entry):
+    """A person's (or a client's) answer to a wait."""
+
+    type: Literal["answered"] = "answered"
+    kind: WaitKind
+    message: str | None = None
+    approved: bool | None = None
+    reason: str | None = None
+    tool_result: Any = None
+    fingerprint: str | None = None
+
+
+class Seen(_Entry):
+    """A value the run saw and must see again when it resumes: a clock, a cache's id, a row read, an
+    exchange with a remote agent."""
+
+    type: Literal["seen"] = "seen"
+    value: Any
+
+
+Entry = Annotated[NodeFinished | Intent | ModelTurn | ToolDone | ToolFailed | Answered | Seen,
+                  Field(discriminator="type")]
+
+
+@functools.cache
+def _entries() -> TypeAdapter[dict[str, Entry]]:
+    return TypeAdapter(dict[str, Entry])
+
+
+_HELD = {"node": "a finished node", "answered": "an answer", "seen": "a value the run saw"}
+
+# The letters that end a position's key: what kind of thing happened there (see Journal.key).
+_KINDS = "tmwhacd"
 
 
 @dataclass(frozen=True)
@@ -112,10 +243,15 @@ class Answer:
             out["fingerprint"] = self.fingerprint
         return out
 
-    def entry(self) -> dict[str, Any]:
+    def entry(self) -> Answered:
         """The answer as the journal keeps it."""
-        return {"kind": self.kind, "message": self.message, "approved": self.approved, "reason": self.reason,
-                "tool_result": self.tool_result, "fingerprint": self.fingerprint}
+        return Answered(kind=self.kind, message=self.message, approved=self.approved, reason=self.reason,
+                        tool_result=self.tool_result, fingerprint=self.fingerprint)
+
+    @classmethod
+    def of(cls, entry: Answered) -> Answer:
+        return cls(kind=entry.kind, message=entry.message, approved=entry.approved, reason=entry.reason,
+                   tool_result=entry.tool_result, fingerprint=entry.fingerprint)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Answer:
@@ -155,30 +291,44 @@ class Suspended(Exception):
 
 # Called after each node finishes, with the journal as it is then: a durable run writes its checkpoint.
 Checkpoint = Callable[["Journal"], Awaitable[None]]
+# Called with each step's intent and result as it is recorded (a durable run's): in the store when it returns.
+Append = Callable[[str, "Entry"], Awaitable[None]]
 
 
 @dataclass
 class Journal:
     """The journal of one run in a session (see the module's docstring).
 
-    `entries` maps keys to what happened there; `waited` is the key of the wait the run stopped at
-    and `answer` the person's answer to it, when the run resumes.
+    `entries` maps positions (keys) to what happened there; `waited` is the key of the wait the run
+    stopped at and `answer` the person's answer to it, when the run resumes. `run` names this run
+    (kept across its resumptions) and `session` its session: with the position, they make each
+    call's idempotency key.
     """
 
-    entries: dict[str, Any] = field(default_factory=dict)
+    entries: dict[str, Entry] = field(default_factory=dict)
     waited: str | None = None
     answer: Answer | None = None
     checkpoint: Checkpoint | None = None
+    append: Append | None = None
+    run: str = field(default_factory=lambda: uuid.uuid4().hex)
+    session: str = ""
     _counters: dict[str, int] = field(default_factory=dict)
+    # The calls recorded as failed, with the exception each raised (see `undo_failure`).
+    _failed: list[tuple[BaseException, str]] = field(default_factory=list)
 
     # ------------------------------------------------------------------ keys
 
     def key(self, kind: str) -> str:
-        """The next key of `kind` in the current scope."""
+        """The next key of `kind` in the current scope. The position (scope and count) is the call's; a
+        position the record holds for another kind of thing is a run that went another way."""
         scope = _SCOPE.get()
         n = self._counters.get(scope, 0) + 1
         self._counters[scope] = n
-        return f"{scope}/{n}{kind}"
+        position = f"{scope}/{n}"
+        for other in _KINDS:
+            if other != kind and position + other in self.entries:
+                raise _diverged(position + kind, self.entries[position + other], None)
+        return position + kind
 
     @staticmethod
     @contextlib.contextmanager
@@ -190,35 +340,120 @@ class Journal:
         finally:
             _SCOPE.reset(token)
 
+    def idempotency_key(self, key: str) -> str:
+        """The key a call at `key` is given (HEDDLE_IDEMPOTENCY_KEY, Idempotency-Key, ...): the same for the
+        same session, run and position, so a step run again after a crash is known to be the same."""
+        digest = hashlib.sha256(f"heddle-step\0{self.session}\0{self.run}\0{key}".encode()).hexdigest()
+        return f"hk-{digest[:40]}"
+
+    # ------------------------------------------------------------------ values seen
+
     def recorded(self, key: str) -> tuple[bool, Any]:
-        if key in self.entries:
-            return True, self.entries[key]
-        return False, None
+        """The value seen at `key` (`record`), if the journal holds one."""
+        entry = self.entries.get(key)
+        if entry is None:
+            return False, None
+        if not isinstance(entry, Seen):
+            raise _diverged(key, entry, None)
+        return True, entry.value
 
     def record(self, key: str, value: Any) -> None:
-        self.entries[key] = value
+        self.entries[key] = Seen(value=value)
 
-    def finished(self, prefix: str, key: str, value: Any) -> None:
+    def finished(self, prefix: str, key: str, value: NodeFinished) -> None:
         """A node finished: keep its outcome and drop what was recorded inside it (never needed again)."""
         inner = prefix + "/"
         for k in [k for k in self.entries if k.startswith(inner)]:
             del self.entries[k]
+        self._failed = [(exc, k) for exc, k in self._failed if not k.startswith(inner)]
         self.entries[key] = value
+
+    def node(self, key: str) -> NodeFinished | None:
+        entry = self.entries.get(key)
+        if entry is None or isinstance(entry, NodeFinished):
+            return entry
+        raise _diverged(key, entry, None)
+
+    # ------------------------------------------------------------------ steps
+
+    def replayed(self, key: str, call: Call) -> Entry | None:
+        """The recorded result of `call` at `key`; None when the call is to be made (nothing is recorded,
+        or only its intent: a step that began and whose result was lost). SessionUnreadable, naming the
+        position, when the record holds another call (or anything else) there."""
+        entry = self.entries.get(key)
+        if entry is None:
+            return None
+        if entry.answers() != call:
+            raise _diverged(key, entry, call)
+        return None if isinstance(entry, Intent) else entry
+
+    async def begin(self, key: str, call: Call) -> None:
+        """A step begins: its intent is recorded (and, in a durable run, in the store) before it starts."""
+        await self._keep(key, Intent(call=call.kind, name=call.name, fingerprint=call.fingerprint))
+
+    async def done(self, key: str, result: Entry) -> None:
+        """A step ended: its result is recorded (and, in a durable run, in the store) before the next one."""
+        await self._keep(key, result)
+
+    async def fail(self, key: str, result: ToolFailed, exc: BaseException) -> None:
+        """A call failed with `exc`: its failure is its result, unless it fails its node (`undo_failure`)."""
+        await self.done(key, result)
+        self._failed.append((exc, key))
+
+    async def undo_failure(self, exc: BaseException) -> None:
+        """A node fails with `exc`: a call whose failure it is (not one an agent handed back to its model)
+        becomes a step begun again, so that a resumed run, once the cause is fixed, makes it again (with
+        its key) rather than fail the same way from the record."""
+        chain: list[BaseException] = []
+        found: BaseException | None = exc
+        while found is not None and all(found is not seen for seen in chain):
+            chain.append(found)
+            found = found.__cause__ or found.__context__
+        for failure, key in self._failed:
+            entry = self.entries.get(key)
+            if isinstance(entry, ToolFailed) and any(failure is seen for seen in chain):
+                await self.begin(key, Call(entry.call, entry.name, entry.fingerprint))
+        self._failed = [(failure, key) for failure, key in self._failed if all(failure is not e for e in chain)]
+
+    async def _keep(self, key: str, entry: Entry) -> None:
+        before = self.entries.get(key)
+        self.entries[key] = entry
+        if self.append is not None:
+            try:
+                await self.append(key, entry)
+            except BaseException:
+                # Not in the store: the journal says no more than the store does (what a crash here leaves).
+                if before is None:
+                    del self.entries[key]
+                else:
+                    self.entries[key] = before
+                raise
+
+    def extend(self, raw: dict[str, Any], *, where: str) -> None:
+        """Add the entries of a durable run's steps (still JSON) to those of its checkpoint."""
+        try:
+            self.entries.update(_entries().validate_python(raw))
+        except ValidationError as exc:
+            raise SessionUnreadable(f"session {self.session!r} in {where}: a step is not one this heddle reads "
+                                    f"({' '.join(str(exc).split())[:200]}); remove the session with "
+                                    f"`heddle sessions rm {self.session}`") from None
 
     # ------------------------------------------------------------------ waiting
 
     def wait(self, waiting: WaitingFor) -> Answer:
         """The answer to this wait: recorded, or the one the run resumes with; else the run stops here."""
         key = self.key("w")
-        found, value = self.recorded(key)
-        if found:
-            return _bound(waiting, Answer(**value))
+        entry = self.entries.get(key)
+        if entry is not None:
+            if not isinstance(entry, Answered):
+                raise _diverged(key, entry, None)
+            return _bound(waiting, Answer.of(entry))
         if self.waited == key and self.answer is not None:
             if self.answer.kind != waiting.kind:  # the session layer checks this before the run starts
                 raise SessionError(f"the run waits for {_what(waiting.kind)} at node {waiting.node!r}, not for "
                                    f"{_what(self.answer.kind)}")
             answer, self.answer = _bound(waiting, self.answer), None
-            self.record(key, answer.entry())
+            self.entries[key] = answer.entry()
             return answer
         if self.answer is not None:
             # Replaying reached a wait that is not the one answered: the document or heddle changed.
@@ -235,23 +470,34 @@ class Journal:
             # Not reached yet, but given: a run resumed from this journal gets the same answer, never
             # waits there again.
             entries = {**entries, self.waited: self.answer.entry()}
-        return {"entries": entries, "waited": self.waited}
+        return {"run": self.run, "entries": {k: v.model_dump(mode="json") for k, v in entries.items()},
+                "waited": self.waited}
 
     @classmethod
     def from_json(cls, data: dict[str, Any], *, answer: Answer | None = None) -> Journal:
-        """A stored journal; ValueError (or TypeError) when it is not the shape heddle writes."""
-        entries, waited = data.get("entries") or {}, data.get("waited")
-        if not isinstance(entries, dict) or not (waited is None or isinstance(waited, str)):
+        """A stored journal; ValueError when it is not the shape heddle writes."""
+        entries, waited, run = data.get("entries") or {}, data.get("waited"), data.get("run")
+        if not isinstance(entries, dict) or not (waited is None or isinstance(waited, str)) \
+                or not isinstance(run, str) or not run:
             raise ValueError("a journal that is not the shape heddle writes")
-        return cls(entries=dict(entries), waited=waited, answer=answer)
+        return cls(entries=_entries().validate_python(entries), waited=waited, answer=answer, run=run)
+
+
+def _diverged(key: str, entry: Entry, call: Call | None) -> SessionUnreadable:
+    """The refusal of a record that holds, at `key`, something other than what the run does there now."""
+    held = entry.answers()
+    what = str(held) if held is not None else _HELD[entry.type]
+    now = str(call) if call is not None else "something else"
+    return SessionUnreadable(
+        f"resuming the session: at journal position {key} the record holds {what}, but the run now makes {now} "
+        "there (the document, its tools or heddle changed, or the run is not deterministic); nothing recorded is "
+        "handed to another call: start a new session for this run")
 
 
 def _bound(waiting: WaitingFor, answer: Answer) -> Answer:
     """`answer`, when it answers the call `waiting` is for: a call's answer is bound to the fingerprint of
     the arguments shown, and a call with any other arguments is never run on it."""
     if waiting.kind != "message" and (answer.fingerprint is None or answer.fingerprint != waiting.fingerprint):
-        from heddle.errors import SessionUnreadable
-
         raise SessionUnreadable(
             f"the call to tool {waiting.tool!r} at node {waiting.node!r} has arguments (fingerprint "
             f"{waiting.fingerprint}) other than those the answer was given for ({answer.fingerprint or 'none'}); it "

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from heddle.agentspec import components as c
+from heddle.agentspec import io
+from heddle.agentspec.templates import render
 from heddle.engine import events as ev
 from heddle.engine import structured
 from heddle.engine.agent import (
@@ -45,10 +47,10 @@ from heddle.engine.agent import (
 from heddle.engine.conversation import Conversation
 from heddle.engine.journal import WaitingFor
 from heddle.engine.seams import AgentRound, ModelRequest, RoundResult, RoundStep, ToolRequest
-from heddle.engine.templates import render
 from heddle.engine.tool_output import limits_of, tool_message
 from heddle.errors import LimitError, NeedsSessionError, RunError, SessionError
 from heddle.safeparse import loads_json
+from heddle.tools.schema import check_arguments, function_definition
 
 if TYPE_CHECKING:
     from heddle.engine.context import RunContext
@@ -125,8 +127,6 @@ class _Turn:
         return ([SEND_MESSAGE] if mode != "always" else []) + ([HANDOFF] if handoff else [])
 
     def definitions(self, agent: c.Agent, extra: list[str]) -> list[dict[str, Any]]:
-        from heddle.tools.schema import function_definition
-
         # The document's own tools for this agent (MCP, as their servers list them) replace the
         # definitions of the same name, as for an Agent.
         offered = self.ctx.document_tools.by_agent.get(agent.id or agent.name, [])
@@ -144,8 +144,6 @@ class _Turn:
         """How the answer gives outputs: the group's, to the user; the agent's own, to another agent."""
         if with_user:
             return answer_shape(self.node)
-        from heddle.agentspec import io
-
         outputs = io.agent_outputs(agent)
         return structured.shape(outputs, optional=frozenset({"result"})) if structured.is_structured(outputs) else None
 
@@ -265,8 +263,6 @@ class _Turn:
     # ------------------------------------------------------------------ the group's tools
 
     def _arguments(self, call: ToolCall, schema: dict[str, Any]) -> tuple[dict[str, Any] | None, Any]:
-        from heddle.tools.schema import check_arguments
-
         try:
             arguments = loads_json(call.arguments or "{}")
         except ValueError as exc:

@@ -5,16 +5,23 @@ from __future__ import annotations
 from typing import Any
 
 from heddle.agentspec import components as c
+from heddle.agentspec import io
+from heddle.agentspec.io import declared_values
+from heddle.agentspec.templates import as_text, render
 from heddle.engine import events as ev
+from heddle.engine import structured
+from heddle.engine.agent import run_agent
+from heddle.engine.composite import run_composite, walk_subflow
 from heddle.engine.context import RunContext
+from heddle.engine.journal import WaitingFor
+from heddle.engine.multiagent import run_multi_agent
 from heddle.engine.seams import ModelRequest, Outcome, ToolRequest
-from heddle.engine.templates import as_text, render
-from heddle.errors import MissingInputError, RunError, ToolInputError
+from heddle.errors import CallDenied, MissingInputError, RunError, ToolInputError
+from heddle.tools.client import as_output
+from heddle.tools.schema import check_arguments, input_schema
 
 
 async def start_node(ctx: RunContext, node: c.StartNode, inputs: dict[str, Any]) -> Outcome:
-    from heddle.agentspec.io import declared_values
-
     out, missing = declared_values(node.inputs or node.outputs, inputs)
     if missing:
         names = ", ".join(repr(m) for m in missing)
@@ -24,8 +31,6 @@ async def start_node(ctx: RunContext, node: c.StartNode, inputs: dict[str, Any])
 
 
 async def tool_node(ctx: RunContext, node: c.ToolNode, inputs: dict[str, Any]) -> Outcome:
-    from heddle.tools.schema import check_arguments, input_schema
-
     tool = node.tool
     if tool.inputs:
         arguments = {p["title"]: inputs[p["title"]] for p in tool.inputs if p["title"] in inputs}
@@ -37,20 +42,14 @@ async def tool_node(ctx: RunContext, node: c.ToolNode, inputs: dict[str, Any]) -
     else:
         # A tool that declares no inputs gets the node's own (none, unless the node declares some).
         arguments = dict(inputs)
-    from heddle.engine.journal import WaitingFor
-
     # Every kind of tool, a ClientTool too, asks a person first when it requires confirmation.
     if tool.requires_confirmation:
         verdict = ctx.wait(WaitingFor("approval", node.name, tool=tool.name, arguments=arguments))
         if not verdict.approved:
-            from heddle.errors import CallDenied
-
             raise CallDenied(f"ToolNode {node.name!r}: the user denied the call to tool {tool.name!r}: "
                              f"{verdict.reason or 'no reason given'}")
     if isinstance(tool, c.ClientTool):
         # The client runs it: the flow waits for its result, which is the node's output.
-        from heddle.tools.client import as_output
-
         answer = ctx.wait(WaitingFor("client_tool", node.name, tool=tool.name, arguments=arguments))
         return as_output(tool, answer.tool_result), None
     async with ctx.workspaces.enter(node.name) as workspace:
@@ -59,9 +58,6 @@ async def tool_node(ctx: RunContext, node: c.ToolNode, inputs: dict[str, Any]) -
 
 
 async def llm_node(ctx: RunContext, node: c.LlmNode, inputs: dict[str, Any]) -> Outcome:
-    from heddle.agentspec import io
-    from heddle.engine import structured
-
     prompt = render(node.prompt_template, inputs)
     outputs = io.outputs_of(node) or []
 
@@ -95,14 +91,17 @@ async def llm_node(ctx: RunContext, node: c.LlmNode, inputs: dict[str, Any]) -> 
 
 
 async def agent_node(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) -> Outcome:
-    from heddle.engine.agent import run_agent
+    if isinstance(node.agent, c.MULTI_AGENT):
+        return await run_multi_agent(ctx, node, inputs), None
+    if isinstance(node.agent, c.A2AAgent):
+        # Here, as ApiNode's below: the HTTP client (httpx) is loaded by a flow that talks over HTTP only.
+        from heddle.engine.a2a import run_a2a_agent
 
+        return await run_a2a_agent(ctx, node, node.agent), None
     return await run_agent(ctx, node, inputs), None
 
 
 async def branching_node(ctx: RunContext, node: c.BranchingNode, inputs: dict[str, Any]) -> Outcome:
-    from heddle.agentspec import io
-
     key = io.titles(io.inputs_of(node))[0]
     value = inputs.get(key)
     text = as_text(value) if value is not None else None
@@ -112,11 +111,8 @@ async def branching_node(ctx: RunContext, node: c.BranchingNode, inputs: dict[st
 
 
 async def flow_node(ctx: RunContext, node: c.FlowNode, inputs: dict[str, Any]) -> Outcome:
-    from heddle.agentspec import io
-    from heddle.engine.run import run_flow
-
     titles = io.titles(io.flow_inputs(node.subflow))
-    walked = await run_flow(ctx, node.subflow, {t: inputs[t] for t in titles if t in inputs})
+    walked = await walk_subflow(ctx, node.subflow, {t: inputs[t] for t in titles if t in inputs})
     # A FlowNode leaves by the branch_name of the subflow's EndNode it reached.
     return walked.outputs, None if walked.branch == "next" else walked.branch
 
@@ -128,9 +124,6 @@ async def output_message_node(ctx: RunContext, node: c.OutputMessageNode, inputs
 
 
 async def input_message_node(ctx: RunContext, node: c.InputMessageNode, inputs: dict[str, Any]) -> Outcome:
-    from heddle.agentspec import io
-    from heddle.engine.journal import WaitingFor
-
     prompt = render(node.message, inputs) if node.message else None
     answer = ctx.wait(WaitingFor("message", node.name, prompt=prompt))
     return {io.titles(io.outputs_of(node))[0]: answer.message or ""}, None
@@ -159,8 +152,6 @@ async def run_node(ctx: RunContext, node: c.Node, inputs: dict[str, Any]) -> Out
 
         return await api_node(ctx, node, inputs)
     if isinstance(node, c.COMPOSITE_NODES):
-        from heddle.engine.composite import run_composite
-
         return await run_composite(ctx, node, inputs)
     step = ctx.seams.node_type(node.component_type)
     if step is None:

@@ -1,5 +1,8 @@
-"""The engine's form of a run's settings: `heddle.settings.RunSettings` (where every default is
-written) turned into workspace and sandbox options, with the surface messages speak to."""
+"""The engine's form of a run's settings, where the engine's defaults are written: the flag table
+(`heddle.settings.RunSettings`) reads them, and its settings turn into these options.
+
+Kept light (the standard library, `heddle.errors` and `heddle.surface`): both shells read it, through
+the flag table, before `--help`; the workspace and egress modules are imported when options are made."""
 
 from __future__ import annotations
 
@@ -7,19 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from heddle.settings import RunSettings, parse_rounds
-from heddle.surface import CLI, Surface
+from heddle.errors import UsageError
+from heddle.surface import NEUTRAL, Surface
 
 if TYPE_CHECKING:
     from heddle.egress import EgressPolicy, Secrets
     from heddle.workspace.sandbox import SandboxPolicy
     from heddle.workspace.workspace import WorkspaceOptions
-
-_DEFAULTS = RunSettings()
-DEFAULT_MAX_ITERATIONS = _DEFAULTS.max_iterations
-DEFAULT_MAX_TOOL_ROUNDS = _DEFAULTS.max_tool_rounds
-DEFAULT_TIMEOUT_S = _DEFAULTS.timeout
-DEFAULT_TOOL_TIMEOUT_S = _DEFAULTS.tool_timeout
 
 
 def _workspace_default() -> WorkspaceOptions:
@@ -36,27 +33,27 @@ def _sandbox_default() -> SandboxPolicy:
 
 @dataclass(frozen=True)
 class RunOptions:
-    max_iterations: int = DEFAULT_MAX_ITERATIONS
-    max_tool_rounds: int | None = DEFAULT_MAX_TOOL_ROUNDS  # None: unlimited
-    max_parallel: int = _DEFAULTS.max_parallel  # subflows one parallel node runs at once
-    timeout: float | None = DEFAULT_TIMEOUT_S  # whole run, seconds
-    tool_timeout: float | None = DEFAULT_TOOL_TIMEOUT_S
+    max_iterations: int = 50
+    max_tool_rounds: int | None = 10  # None: unlimited
+    max_parallel: int = 4  # subflows one parallel node runs at once
+    timeout: float | None = 300.0  # whole run, seconds
+    tool_timeout: float | None = 30.0
     # Characters of one tool result an agent's model gets (heddle.engine.tool_output).
-    tool_output_limit: int = _DEFAULTS.tool_output_limit
-    stream: bool = _DEFAULTS.stream
+    tool_output_limit: int = 30000
+    stream: bool = True
     workspace: WorkspaceOptions = field(default_factory=_workspace_default)
     sandbox: SandboxPolicy = field(default_factory=_sandbox_default)
-    model_timeout: float = _DEFAULTS.model_timeout
-    model_deadline: float = _DEFAULTS.model_deadline
+    model_timeout: float = 120.0  # silence: connecting, or between two pieces of an answer
+    model_deadline: float = 600.0  # one model request, its whole answer read
     # Decoded bytes of one answer read from the network (heddle.bounded), and of a tool's stdout.
-    max_response_bytes: int = _DEFAULTS.max_response_bytes
-    max_tool_stdout_bytes: int = _DEFAULTS.max_tool_stdout_bytes
-    model_retries: int = _DEFAULTS.model_retries
+    max_response_bytes: int = 16 * 2**20
+    max_tool_stdout_bytes: int = 16 * 2**20
+    model_retries: int = 3
     extra: dict[str, Any] = field(default_factory=dict)
     # --model-url: {llm config name or id: URL}, replacing those configs' urls for this run.
     model_urls: Mapping[str, str] = field(default_factory=dict)
-    # Whose flags and units messages about these limits name: the CLI's (seconds) or the server's.
-    surface: Surface = CLI
+    # Whose flags and units messages about these limits name: the shell's (heddle.settings: CLI, SERVER).
+    surface: Surface = NEUTRAL
     # A bundle's sealed egress allow-lists (heddle.egress), which heddle's own requests for the document
     # obey; None: the bundle declares none, and nothing is restricted.
     egress: EgressPolicy | None = None
@@ -80,13 +77,5 @@ def with_egress(options: RunOptions, egress: Mapping[str, tuple[str, ...]] | Non
         try:
             read = Secrets.read(secrets, os.environ)
         except EgressError as exc:
-            from heddle.errors import UsageError
-
             raise UsageError(str(exc)) from None
     return dataclasses.replace(options, egress=EgressPolicy.sealed(egress), secrets=read)
-
-
-def parse_max_tool_rounds(value: str | int | None) -> int | None:
-    """`--max-tool-rounds N|unlimited`."""
-    return parse_rounds(value)
-

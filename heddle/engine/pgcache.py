@@ -21,11 +21,12 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from heddle.agentspec import components as c
-from heddle.engine.transforms import CONVERSATION
 from heddle.errors import RunError
 
 if TYPE_CHECKING:
     from heddle.engine.journal import Journal
+
+CONVERSATION = "conversation"  # the cache key of an agent's conversation (each cache is one agent's)
 
 CONNECT_TIMEOUT_SECONDS = 5
 STATEMENT_TIMEOUT_MS = 10_000

@@ -27,13 +27,24 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from heddle.agentspec import components as c
 from heddle.agentspec import io
+from heddle.agentspec.components import node_key
+from heddle.agentspec.roots import check_message, document_root, message_target
 from heddle.engine import events as ev
-from heddle.engine.context import RunContext
-from heddle.engine.journal import Journal, Suspended, WaitingFor
+from heddle.engine.context import RunContext, TopMessage
+from heddle.engine.journal import Journal, NodeFinished, Suspended, WaitingFor
+from heddle.engine.nodes import run_node
 from heddle.engine.options import RunOptions
 from heddle.engine.seams import NO_PLUGINS, NodeStep, Outcome, Plugins, Rendering
+from heddle.engine.tracing import MeasuredSeams, TracedSeams
 from heddle.errors import GraphError, HeddleError, LimitError, NeedsSessionError, RunError, UsageError
-from heddle.graph import FlowGraph, check_flow, llm_configs, node_key, referenced_tools
+from heddle.graph import FlowGraph, check_flow, llm_configs, referenced_tools
+from heddle.model.endpoints import flow_endpoints
+from heddle.tools.provided import kinds, open_document_tools
+from heddle.tools.spawner import SPAWNER
+from heddle.workspace.egress_proxy import check_relay, check_secrets
+from heddle.workspace.mounts import check_mounts
+from heddle.workspace.sandbox import check_isolation, check_policy
+from heddle.workspace.workspace import Workspaces
 
 if TYPE_CHECKING:
     import httpx
@@ -51,8 +62,6 @@ def resolve_endpoints(flow: c.Flow, *, model_urls: Mapping[str, str] | None = No
     configs = list(llm_configs(flow))
     if not configs and not model_urls:
         return {}  # a flow of tools alone never loads the HTTP client
-    from heddle.model.endpoints import flow_endpoints
-
     return flow_endpoints(configs, model_urls or {})
 
 
@@ -76,6 +85,9 @@ class PreparedRun:
     tracing: Tracing | None = None
     # What is told of its model calls (a server's metrics); None: nothing.
     observer: ModelObserver | None = None
+    # Whether the mounts were measured here and no run has started since: the first run need not walk
+    # them again; a later run of the same preparation (a server's) measures them itself.
+    mounts_fresh: bool = False
 
 
 def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | None, options: RunOptions,
@@ -85,11 +97,6 @@ def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | No
 
     `plugins` (a heddle.plugin_host.PluginHost) adds its node types, tools, files and seams.
     """
-    from heddle.agentspec.roots import document_root
-    from heddle.tools.provided import kinds
-    from heddle.workspace.mounts import check_mounts
-    from heddle.workspace.sandbox import check_policy
-
     plugins = plugins or NO_PLUGINS
     warnings: list[str] = list(document_root(flow).warnings)  # the document reader's come first
     problems = check_flow(flow, tools=plugins.known_tools(tools), tools_dir=tools_dir, warnings=warnings,
@@ -100,22 +107,14 @@ def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | No
     options = plugins.with_files(options)
     check_policy(options.sandbox, explicitly_set=sandbox_flags)
     if options.egress is not None and options.sandbox.safe and not options.sandbox.deny_net:
-        from heddle.workspace.egress_proxy import check_relay
-
         check_relay()
     if options.secrets is not None:
-        from heddle.workspace.egress_proxy import check_secrets
-
         check_secrets(options)
     if options.sandbox.require_isolation is not None:
-        from heddle.workspace.sandbox import check_isolation
-
         check_isolation(options.sandbox, egress=options.egress is not None)
     ws = options.workspace
     check_mounts(ws.mounts, max_entries=ws.max_entries, max_bytes=ws.max_bytes)
     if not options.sandbox.safe and not tools.keys().isdisjoint(referenced_tools(flow)):
-        from heddle.tools.spawner import SPAWNER
-
         # The flow runs tools of the folder: their reaper server's start overlaps what is left before the first call.
         SPAWNER.prestart()
     endpoints = resolve_endpoints(flow, model_urls=options.model_urls)
@@ -128,7 +127,7 @@ def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | No
                 raise UsageError(f"llm config {config.name!r} of {label}: {refused}")
     return PreparedRun(flow, tools, tools_dir, options, endpoints,
                        plugins, tuple(warnings), tuple(kinds(flow)), FlowGraph.build(flow), tracing,
-                       observer)
+                       observer, mounts_fresh=True)
 
 
 def _label(node: c.Node) -> str:
@@ -228,8 +227,6 @@ async def run_flow(ctx: RunContext, flow: c.Flow, inputs: dict[str, Any], *, gra
                    ) -> FlowRun:
     """Walk `flow` from its StartNode (which reads `inputs`) to an EndNode; `graph` is its graph,
     when built before (it is only read)."""
-    from heddle.engine.nodes import run_node
-
     if graph is None or graph.flow is not flow:
         graph = FlowGraph.build(flow)
     wiring = _Wiring(flow)
@@ -294,13 +291,19 @@ async def _journaled_node(ctx: RunContext, journal: Journal, visit: str, node: c
     outputs, branch and messages are the journal's, and it emits nothing); any other runs, its own
     model and tool calls answered from the journal as far as it holds them."""
     with journal.scope(visit) as scope:
-        found, done = journal.recorded(scope)
-        if found:
-            ctx.shown.extend(done["shown"])
-            return dict(done["outputs"]), done["branch"]
+        done = journal.node(scope)
+        if done is not None:
+            ctx.shown.extend(done.shown)
+            return dict(done.outputs), done.branch
         shown = len(ctx.shown)
-        produced, branch = await _one_node(ctx, node, node_input, step)
-        journal.finished(scope, scope, {"outputs": produced, "branch": branch, "shown": ctx.shown[shown:]})
+        try:
+            produced, branch = await _one_node(ctx, node, node_input, step)
+        except (asyncio.CancelledError, Suspended):
+            raise
+        except Exception as exc:
+            await journal.undo_failure(exc)
+            raise
+        journal.finished(scope, scope, NodeFinished(outputs=produced, branch=branch, shown=ctx.shown[shown:]))
     if journal.checkpoint is not None:
         await journal.checkpoint(journal)
     return produced, branch
@@ -316,6 +319,7 @@ def _model_client(prepared: PreparedRun, transport: httpx.AsyncBaseTransport | N
 @contextlib.asynccontextmanager
 async def _open_model_client(prepared: PreparedRun,
                              transport: httpx.AsyncBaseTransport | None) -> AsyncIterator[ModelClient | None]:
+    # Here, not at the top: the model client brings httpx, which a flow that calls no model never loads.
     from heddle.model.client import ModelClient
 
     options = prepared.options
@@ -351,13 +355,14 @@ class RunOutcome:
     # A run in a session that stopped to wait for a person: what it waits for (state and outputs are
     # then empty, `messages` what it showed before it stopped, the question last).
     waiting: WaitingFor | None = None
+    # A run in a session: the store version its turn's last write left the session at (a handle of that
+    # turn names it; reading the store afterwards could see a turn that came after).
+    session_version: int | None = None
 
 
 def refuse_waits_without_session(flow: c.Flow, *, source: str | None = None) -> None:
     """NeedsSessionError when `flow` may wait for a person (heddle.agentspec.waits), naming the first place
     and `source` (the document's file, or the bundle) when the caller knows it."""
-    from heddle.agentspec.roots import document_root
-
     waits = document_root(flow).waits
     if waits:
         more = f" (and {len(waits) - 1} more)" if len(waits) > 1 else ""
@@ -380,11 +385,6 @@ async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *, on_even
     returning the outcome with `waiting` set, and resumes from what the journal holds;
     `conversation` is the session's conversation so far, which the run continues and updates.
     """
-    from heddle.agentspec.roots import check_message, message_target
-    from heddle.engine.context import TopMessage
-    from heddle.tools.provided import open_document_tools
-    from heddle.workspace.workspace import Workspaces
-
     check_message(prepared.flow, message, named="message", give="message=")
     if journal is None:
         refuse_waits_without_session(prepared.flow)
@@ -402,17 +402,14 @@ async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *, on_even
                      journal=journal, conversation=conversation)
     run_seams = prepared.plugins.start_run(ctx, rendering)
     if prepared.observer is not None:
-        from heddle.engine.tracing import MeasuredSeams
-
         run_seams = MeasuredSeams(run_seams, prepared.observer)
     if prepared.tracing is not None:
-        from heddle.engine.tracing import TracedSeams
-
         ctx.tracing = prepared.tracing
         run_seams = TracedSeams(run_seams, prepared.tracing, ctx, prepared.flow)
     async with run_seams as seams:
         ctx.seams = seams
-        workspaces.check()
+        fresh, prepared.mounts_fresh = prepared.mounts_fresh, False
+        workspaces.check(mounts=not fresh)
         started = time.perf_counter()
         ctx.emit(ev.FlowStart(flow=prepared.flow.name, inputs=inputs))
         for warning in prepared.warnings:

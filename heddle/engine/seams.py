@@ -37,6 +37,12 @@ Outcome = tuple[dict[str, Any], str | None]
 NodeStep = Callable[["c.Node", dict[str, Any]], Awaitable[Outcome]]
 
 
+# Where a call's idempotency key (ToolRequest.idempotency_key) reaches it, for each kind of call.
+IDEMPOTENCY_ENV = "HEDDLE_IDEMPOTENCY_KEY"  # a tool's program and a command: its environment
+IDEMPOTENCY_HEADER = "Idempotency-Key"  # RemoteTool and ApiNode requests
+IDEMPOTENCY_META = "heddle/idempotency-key"  # an MCP tools/call's `_meta`
+
+
 @dataclass(frozen=True)
 class ToolRequest:
     node: str
@@ -44,9 +50,18 @@ class ToolRequest:
     arguments: dict[str, Any]
     workspace: Workspace
     call_id: str | None = None  # the model's id for the call, when a model asked for it
+    # In a session, the call's step key (heddle.engine.journal): the same when a step lost in a crash runs
+    # again, for the tool to de-duplicate with (HEDDLE_IDEMPOTENCY_KEY, Idempotency-Key, MCP `_meta`).
+    idempotency_key: str | None = None
 
 
 ToolStep = Callable[[ToolRequest], Awaitable[dict[str, Any]]]
+
+
+def idempotency_env(request: ToolRequest) -> dict[str, str]:
+    """The variable a tool's or a command's process finds its call's idempotency key in: always set, empty
+    outside a session (never a value inherited from heddle's own environment)."""
+    return {IDEMPOTENCY_ENV: request.idempotency_key or ""}
 
 
 @dataclass(frozen=True)

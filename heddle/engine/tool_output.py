@@ -20,7 +20,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from heddle.blocking import WORKSPACE_COPIES, run_blocking
 from heddle.errors import RunError
+from heddle.graph import truncate_of
 
 if TYPE_CHECKING:
     from heddle.agentspec import components as c
@@ -29,43 +31,10 @@ if TYPE_CHECKING:
 
 FOLDER = (".heddle", "tool-output")  # inside the workspace
 MARKER = "[... {lines} lines cut; full output in {path}]"
-TRUNCATE = "truncate"  # the metadata key of a tool's own, tighter limit
 
 _STEM = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 # In JSON text a backslash only ever starts an escape: `\n` there is a line break of the value.
 _BREAK = re.compile(r"\n|\\(?:u[0-9a-fA-F]{4}|.)", re.DOTALL)
-
-
-# --------------------------------------------------------------------------- a tool's own limit
-
-
-def truncate_of(tool: c.Component) -> int | None:
-    """The tool's `metadata.truncate` (a positive whole number of characters), or None when it sets
-    none. ValueError saying what is wrong with one it sets."""
-    metadata = tool.metadata or {}
-    if TRUNCATE not in metadata:
-        return None
-    value = metadata[TRUNCATE]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"metadata.truncate {value!r} is not a positive whole number; give the most characters "
-                         "of one of its results the model gets (e.g. 2000), or drop it")
-    return value
-
-
-def truncate_problems(flow: c.Flow) -> list[str]:
-    """One line for each tool of the document whose `metadata.truncate` is not a positive whole number."""
-    from heddle.agentspec import components as c
-    from heddle.agentspec.walk import document_components
-
-    problems = []
-    for where, component in document_components(flow):
-        if not isinstance(component, (c.ServerTool, c.RemoteTool, c.ClientTool, c.BuiltinTool, c.MCPTool)):
-            continue
-        try:
-            truncate_of(component)
-        except ValueError as exc:
-            problems.append(f"{where}: {component.component_type} {component.name!r} {exc}")
-    return problems
 
 
 def limits_of(tools: Iterable[c.Component]) -> dict[str, int]:
@@ -158,15 +127,13 @@ async def fit_for_model(ctx: RunContext, workspace: Workspace, call_id: str | No
     """`serialized` (a tool result as the model would get it) cut to the run's `--tool-output-limit`,
     or to `limit` (the tool's own `metadata.truncate`) when that is tighter; the whole text is then
     written to the workspace first, so the file the marker names exists while the agent runs."""
-    from heddle.workspace.workspace import in_worker
-
     most = ctx.options.tool_output_limit if limit is None else min(limit, ctx.options.tool_output_limit)
     if len(serialized) <= most:
         return serialized
     stem = file_stem(call_id)
     data = serialized.encode("utf-8")
     try:
-        name = await in_worker(lambda: _write_new(workspace.root, stem, data))
+        name = await run_blocking(WORKSPACE_COPIES, _write_new, workspace.root, stem, data)
     except OSError as exc:
         raise RunError(f"node {workspace.node_name!r}: the result of tool call {call_id!r} is longer than the "
                        f"{most} characters its model may get, and could not be written whole to "

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
+from heddle.engine.journal import Suspended
 from heddle.engine.seams import (
     ModelRequest,
     ModelStep,
@@ -45,6 +46,7 @@ from heddle.engine.seams import (
     ToolStep,
 )
 from heddle.errors import UsageError
+from heddle.version import __version__
 
 if TYPE_CHECKING:
     import httpx
@@ -93,6 +95,7 @@ class TracingUnavailable(UsageError):
 # One provider per configuration in a process: its batch processor and exporter are started once and
 # flushed when the process exits (the SDK's own exit hook).
 _PROVIDERS: dict[tuple[tuple[str, str], ...], Any] = {}
+_TRACERS: dict[tuple[tuple[str, str], ...], Any] = {}
 _MAKING = threading.Lock()
 
 
@@ -103,11 +106,12 @@ def tracer() -> Any | None:
     if endpoint() is None:
         return None
     key = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("OTEL_")))
-    provider = _PROVIDERS.get(key)
-    if provider is not None:
-        return provider.get_tracer("heddle")
-    with _MAKING:  # a following server's worker thread verifies beside the loop
-        return _make(key).get_tracer("heddle")
+    found = _TRACERS.get(key)
+    if found is None:
+        # The SDK makes a new tracer on each get_tracer (some 100 us): asked once a request, it is kept.
+        with _MAKING:  # a following server's worker thread verifies beside the loop
+            found = _TRACERS[key] = _make(key).get_tracer("heddle")
+    return found
 
 
 def _make(key: tuple[tuple[str, str], ...]) -> Any:
@@ -121,7 +125,6 @@ def _make(key: tuple[tuple[str, str], ...]) -> Any:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        from heddle import __version__
 
         # The attributes given here win over the variables': the name only when they give none.
         defaults = {"service.version": __version__}
@@ -227,8 +230,6 @@ class Tracing:
 
 
 def _suspended() -> tuple[type[BaseException], ...]:
-    from heddle.engine.journal import Suspended
-
     return (Suspended,)
 
 

@@ -37,20 +37,19 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from heddle.agentspec import components as c
+from heddle.agentspec.templates import render
+from heddle.engine.pgcache import CONVERSATION, PostgresCache
 from heddle.engine.seams import ModelRequest
-from heddle.engine.templates import render
 from heddle.safeparse import loads_json
 
 if TYPE_CHECKING:
     from heddle.engine.context import RunContext
-    from heddle.engine.pgcache import PostgresCache
 
 Message = dict[str, Any]
 Ask = Callable[[c.LlmConfig, list[str]], Awaitable[str]]
 
 NOTHING_YET = "Nothing summarized yet"
 PROMPT = "{instructions}\n\nPrevious summary:\n{previous}\n\nAdded content:\n"
-CONVERSATION = "conversation"  # the cache key of an agent's conversation (each cache is one agent's)
 
 
 def tokens(chars: int) -> int:
@@ -249,8 +248,6 @@ async def _summarize_conversation(transform: c.ConversationSummarizationTransfor
 def _postgres(ctx: RunContext, node: str, transform: c.MessageSummarizationTransform
               | c.ConversationSummarizationTransform, store: c.PostgresDatabaseDatastore,
               rows: list[dict[str, Any]]) -> PostgresCache:
-    from heddle.engine.pgcache import PostgresCache
-
     # The table's keys are the conversation's id, as the reference's are; a session keeps it (as the
     # one row of this cache's entry) so that its later turns find their summaries, and journals it so
     # that a run resumed before its conversation was stored reads the same rows.

@@ -15,7 +15,7 @@ from typing import IO, TYPE_CHECKING
 
 from heddle.format.errors import BundleLimitError, MalformedBundleError
 from heddle.format.frame import FrameInfo, walk_frame
-from heddle.format.limits import Limits
+from heddle.format.limits import ZSTD_LEVEL, Limits
 from heddle.format.manifest import MODES, PAYLOAD, Manifest
 from heddle.format.tar import (
     BLOCK,
@@ -27,12 +27,10 @@ from heddle.format.tar import (
     header,
     padding,
 )
-from heddle.settings import LEVEL
 
 MANIFEST_ENTRY = ".heddle/manifest.json"
 SIGNATURES_ENTRY = ".heddle/signatures.json"
 META_MODE = 0o644
-ZSTD_LEVEL: int = LEVEL.default
 # More threads than this cost memory (below) and gain little: hashing and reading files do not
 # keep more busy.
 MAX_THREADS = 8

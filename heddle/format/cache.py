@@ -20,13 +20,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from heddle.errors import UsageError
+from heddle.format.manifest import Manifest, MountEntry
 from heddle.format.private import check_private_dir, make_private_dir
 from heddle.format.replaced import replaced
-from heddle.format.snapshot import MAX_SNAPSHOT_BYTES, Snapshot, SnapshotError
+from heddle.format.snapshot import MAX_SNAPSHOT_BYTES, Snapshot, SnapshotError, prove
 
 CACHE_DIR_ENV = "HEDDLE_CACHE_DIR"
 STAGING_PREFIX = ".staging-"
@@ -42,6 +43,11 @@ STALE_SECONDS = 600
 BIRTH_SECONDS = 60
 KEY = re.compile(r"(legacy-)?[0-9a-f]{64}")
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def digest_text(key: str) -> str:
+    """A bundle's digest as every report prints it: a format-1 key (`legacy-<hex>`) as it is, else `sha256:<hex>`."""
+    return key if key.startswith(("sha256:", "legacy-")) else f"sha256:{key}"
 
 
 def default_cache_root() -> Path:
@@ -137,6 +143,10 @@ class EntryInfo:
     @property
     def legacy(self) -> bool:
         return self.key.startswith("legacy-")
+
+    @property
+    def digest(self) -> str:
+        return digest_text(self.key)
 
 
 @dataclass(frozen=True)
@@ -365,3 +375,68 @@ def _dead_staging(path: Path, older_than: float) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+@dataclass(frozen=True)
+class VerifiedTree:
+    """What the format proved of a bundle: `root` is its read-only payload tree in the cache (heddle.bundle.verified
+    reads a `Bundle` from it)."""
+
+    path: Path
+    root: Path
+    manifest: Manifest
+    digest: str
+    signers: list[str]
+    legacy: bool = False
+    cached: bool = False
+    legacy_tools_dir: str | None = field(default=None, repr=False)
+    # Why a cached copy of this digest was not trusted (it was evicted and verified again).
+    repaired: str | None = None
+    # When the latest trusted signature was made (RFC 3339, UTC); None when no signature says.
+    signed_at: str | None = None
+
+    @property
+    def flow_path(self) -> Path:
+        return self.root / self.manifest.flow
+
+    @property
+    def tools_dir(self) -> Path:
+        return self.root / (self.legacy_tools_dir or "tools")
+
+    def tool_path(self, name: str) -> Path:
+        return self.root / self.manifest.tools[name].entry
+
+    def mount_source(self, mount: MountEntry) -> Path:
+        return self.root / mount.prefix
+
+
+def reprove(
+    cache: Cache,
+    key: str,
+    manifest: Manifest,
+    *,
+    deep: bool = False,
+    snapshot: Snapshot | None = None,
+    exact_dirs: bool = True,
+) -> str | None:
+    """Why the cached entry under `key` is not (or no longer) what `manifest` seals, or None.
+
+    Keeps a refreshed snapshot when every file matched but some stat had moved on (a copy,
+    a chmod and back), so the next open is fast again.
+    """
+    problem = cache.entry_problem(key)
+    if problem is not None:
+        return problem
+    try:
+        snap = snapshot if snapshot is not None else cache.snapshot(key)
+    except SnapshotError as exc:
+        return str(exc)
+    if snap.name != manifest.name:
+        return "the snapshot belongs to another bundle"
+    proof = prove(cache.payload(key), snap, manifest, exact_dirs=exact_dirs, deep=deep)
+    if proof.problem is None and proof.fresh is not None:
+        try:
+            cache.rewrite_snapshot(key, proof.fresh)
+        except OSError:
+            pass  # proved all the same; the next open re-hashes again
+    return proof.problem

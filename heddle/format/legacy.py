@@ -17,9 +17,9 @@ import hashlib
 import os
 import zlib
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
-from heddle.format.cache import Cache
+from heddle.format.cache import Cache, VerifiedTree, reprove
 from heddle.format.errors import (
     BundleError,
     BundleLimitError,
@@ -42,9 +42,6 @@ from heddle.format.progress import Progress
 from heddle.format.snapshot import Snapshot, SnapshotError, record
 from heddle.format.staging import StagedFile, StagingTree
 from heddle.format.tar import BLOCK, DIRECTORY, TarReader, describe_type, entry_span
-
-if TYPE_CHECKING:
-    from heddle.format.verify import OpenedBundle
 
 LEGACY_MANIFEST = "heddle.json"
 LEGACY_FORMAT = 1
@@ -293,8 +290,6 @@ def _remembered(raw: bytes, files: list[FileEntry]) -> dict[str, Any]:
 
 def _reopen(cache: Cache, key: str, *, what: str, limits: Limits, deep: bool) -> tuple[Manifest, str | None] | str:
     """The cached format-1 entry's manifest and tools folder once its tree is proved, or why not."""
-    from heddle.format.verify import reprove
-
     try:
         snap = cache.snapshot(key)
     except SnapshotError as exc:
@@ -323,9 +318,7 @@ def open_legacy(
     limits: Limits,
     progress: Progress | None,
     deep: bool = False,
-) -> OpenedBundle:
-    from heddle.format.verify import OpenedBundle
-
+) -> VerifiedTree:
     what = str(path)
     if not allow_unsigned:
         raise UnsignedBundleError(
@@ -339,7 +332,7 @@ def open_legacy(
         reopened = _reopen(cache, key, what=what, limits=limits, deep=deep)
         if not isinstance(reopened, str):
             cache.touch(key)
-            return OpenedBundle(
+            return VerifiedTree(
                 path=path, root=cache.payload(key), manifest=reopened[0], digest=key, signers=[], legacy=True,
                 cached=True, legacy_tools_dir=reopened[1],
             )
@@ -366,7 +359,7 @@ def open_legacy(
         staging.discard()
         raise
     cache.touch(key)
-    return OpenedBundle(
+    return VerifiedTree(
         path=path, root=cache.payload(key), manifest=manifest, digest=key, signers=[], legacy=True,
         cached=False, legacy_tools_dir=tools_dir, repaired=repaired,
     )

@@ -12,6 +12,9 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 
+# zstd's levels; 3 is zstd's own default and `heddle bundle --level`'s (heddle.settings reads these).
+ZSTD_LEVEL, ZSTD_MIN_LEVEL, ZSTD_MAX_LEVEL = 3, 1, 22
+
 
 @dataclass(frozen=True)
 class Limits:

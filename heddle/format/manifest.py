@@ -19,6 +19,7 @@ from operator import itemgetter
 from typing import Any, ClassVar, Literal, NamedTuple, NoReturn
 
 from heddle import canonical
+from heddle.egress import MAX_RULES, EgressError, check_name, parse_rules, parse_secrets
 from heddle.format.errors import (
     BundleError,
     BundleLimitError,
@@ -424,8 +425,6 @@ class _Reader:
         )
 
     def secrets(self, value: Any) -> dict[str, dict[str, Any]]:
-        from heddle.egress import EgressError, parse_secrets
-
         try:
             specs = parse_secrets(value, "secrets")
         except EgressError as exc:
@@ -433,12 +432,10 @@ class _Reader:
         for name, spec in specs.items():
             if spec.to_json() != value[name]:
                 self.fail(f"secrets[{name!r}]", "must be in canonical form (hosts canonical and sorted, each once; "
-                                                "the header as 'Name: value')")
+                                                "the header as 'Name: value'; header or query, not both)")
         return {name: spec.to_json() for name, spec in specs.items()}
 
     def egress(self, value: Any) -> dict[str, tuple[str, ...]]:
-        from heddle.egress import MAX_RULES, EgressError, check_name, parse_rules
-
         if not isinstance(value, dict):
             self.fail("egress", "must be a JSON object of component name to a list of HOST[:PORT]")
         if len(value) > self.limits.max_files:

@@ -6,11 +6,12 @@ level (zstd's worker threads give the same bytes however many there are). The ar
 written to a temporary file beside OUT and renamed over it only once complete, so OUT is
 either the old file, the new one, or absent; never half of one.
 
-Every file is read twice: once to hash it, once to write it. The manifest, which holds every
-hash, is the archive's first entry, and the frame's content checksum runs over the manifest
-and then the payload, so no payload byte can be compressed before every file is hashed;
-keeping the files from the first read would cost their whole size in memory. The hashing
-pass runs on several threads, and the second read mostly comes from the page cache.
+The manifest, which holds every hash, is the archive's first entry, and the frame's content
+checksum runs over the manifest and then the payload, so no payload byte can be compressed
+before every file is hashed. Small files are kept from the hashing read (up to a fixed budget,
+so memory stays flat for any tree) and written from it: most files of a big tree are read once,
+and what is written is what was hashed. A bigger file is read again to be written, mostly from
+the page cache, and refused if it changed in between. The hashing pass runs on several threads.
 """
 
 from __future__ import annotations
@@ -26,15 +27,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
-from heddle import __version__, canonical
+from heddle import canonical
 from heddle.errors import UsageError
 from heddle.format.archive import (
     MANIFEST_ENTRY,
     META_MODE,
     SIGNATURES_ENTRY,
-    ZSTD_LEVEL,
     ArchiveWriter,
     compression_threads,
     payload_name,
@@ -43,7 +43,7 @@ from heddle.format.archive import (
 )
 from heddle.format.errors import PackError
 from heddle.format.keys import SigningKey
-from heddle.format.limits import DEFAULT_LIMITS, Limits
+from heddle.format.limits import DEFAULT_LIMITS, ZSTD_LEVEL, ZSTD_MAX_LEVEL, ZSTD_MIN_LEVEL, Limits
 from heddle.format.manifest import (
     CommandsEntry,
     FileEntry,
@@ -58,12 +58,16 @@ from heddle.format.progress import Progress
 from heddle.format.replaced import check_replaceable, replaced, umasked
 from heddle.format.signing import Signatures, now_stamp, sign
 from heddle.format.tar import MAX_SIZE
-from heddle.settings import LEVEL
+from heddle.format.verify import open_file, sealed_manifest, walk_payload
+from heddle.version import __version__
 
 _CHUNK = 1 << 20
 # What one hashing task takes on: enough that handing it to a thread costs little beside it.
 _BATCH_BYTES = 4 << 20
 _BATCH_FILES = 256
+# Files up to this size are kept from the hashing read, while the kept bytes stay within the budget.
+_KEEP_FILE = 64 << 10
+_KEEP_BUDGET = 32 << 20
 _local = threading.local()
 
 
@@ -77,6 +81,20 @@ class PlanFile:
     source: Path
     mode: int = 0o644
     size: int | None = None
+
+
+class Screen(Protocol):
+    """A look at each file's first bytes, taken from the hashing read (no file is opened for it),
+    and a verdict on the files it flagged, given before any byte of the bundle is written."""
+
+    def flags(self, head: memoryview) -> bool:
+        """Whether the file whose first read brought `head` (the whole of a small file, the first MiB of
+        a bigger one) is one to judge; called on the hashing threads, for every file but an empty one."""
+        ...
+
+    def judge(self, flagged: Sequence[PlanFile]) -> None:
+        """Refuse (raise) what `flagged` holds, or let the packing go on."""
+        ...
 
 
 @dataclass
@@ -98,6 +116,7 @@ class PackPlan:
     release: int | None = None  # the release number sealed in the manifest (`--release N`), if given
     egress: Mapping[str, tuple[str, ...]] | None = None  # the hosts each component may reach, if declared
     secrets: Mapping[str, Mapping[str, Any]] | None = None  # the secrets the tools use unseen, if declared
+    screen: Screen | None = None  # judges the files by their first bytes before anything is written
 
 
 @dataclass(frozen=True)
@@ -190,22 +209,47 @@ def _chunks(fd: int, size: int, item: PlanFile, buffer: memoryview) -> Iterator[
     raise PackError(f"{item.source} changed size while it was being packed; pack again")
 
 
-Hashed = tuple[FileEntry, tuple[int, ...]]
+# A file's manifest entry, the identity it had when hashed, its bytes when they were kept, and
+# whether the screen flagged it.
+Hashed = tuple[FileEntry, tuple[int, ...], bytes | None, bool]
 
 
-def _hash_batch(items: Sequence[PlanFile]) -> list[Hashed]:
-    out = []
+class _Budget:
+    """What is left of the bytes the hashing threads may keep."""
+
+    def __init__(self, size: int) -> None:
+        self._left = size
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> bool:
+        with self._lock:
+            if size > self._left:
+                return False
+            self._left -= size
+            return True
+
+
+def _hash_batch(items: Sequence[PlanFile], budget: _Budget, screen: Screen | None) -> list[Hashed]:
+    out: list[Hashed] = []
     buffer = _buffer()
     for item in items:
         fd = _open_source(item)
         try:
             st = os.fstat(fd)
             digest = hashlib.sha256()
+            kept: list[bytes] | None = [] if st.st_size <= _KEEP_FILE and budget.take(st.st_size) else None
+            flagged = False
+            first = screen is not None
             for chunk in _chunks(fd, st.st_size, item, buffer):
+                if first and screen is not None:
+                    flagged, first = screen.flags(chunk), False
                 digest.update(chunk)
+                if kept is not None:
+                    kept.append(bytes(chunk))
         finally:
             os.close(fd)
-        out.append((FileEntry(item.path, st.st_size, digest.hexdigest(), item.mode), _identity(st)))
+        out.append((FileEntry(item.path, st.st_size, digest.hexdigest(), item.mode), _identity(st),
+                    None if kept is None else b"".join(kept), flagged))
     return out
 
 
@@ -223,25 +267,27 @@ def _batches(files: Sequence[PlanFile], sizes: Sequence[int]) -> Iterator[list[P
 
 
 def _hash_files(
-    files: Sequence[PlanFile], sizes: Sequence[int], progress: Progress | None, threads: int
+    files: Sequence[PlanFile], sizes: Sequence[int], progress: Progress | None, threads: int,
+    screen: Screen | None = None,
 ) -> list[Hashed]:
     """Every file's manifest entry and identity, in order, hashed on `threads` threads."""
     out: list[Hashed] = []
+    budget = _Budget(_KEEP_BUDGET)
 
     def done(rows: list[Hashed]) -> None:
         out.extend(rows)
         if progress is not None:
-            progress.advance(sum(entry.size for entry, _ in rows))
+            progress.advance(sum(row[0].size for row in rows))
 
     if threads <= 1:
         for batch in _batches(files, sizes):
-            done(_hash_batch(batch))
+            done(_hash_batch(batch, budget, screen))
         return out
     pending: deque[Future[list[Hashed]]] = deque()
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="heddle-hash") as pool:
         try:
             for batch in _batches(files, sizes):
-                pending.append(pool.submit(_hash_batch, batch))
+                pending.append(pool.submit(_hash_batch, batch, budget, screen))
                 if len(pending) > 2 * threads:  # a bounded window: memory stays flat for any tree
                     done(pending.popleft().result())
             while pending:
@@ -311,9 +357,11 @@ def pack(
     out = Path(out)
     what = f"bundle {out.name}"
     check_replaceable(Path(out), what="-o")  # before the files are hashed: nothing to undo
-    problem = LEVEL.problem(level) if type(level) is int else f"{LEVEL.flag} {level!r}: must be a whole number"
-    if problem is not None:
-        raise UsageError(problem)
+    if type(level) is not int:
+        raise UsageError(f"level {level!r}: must be a whole number")
+    if not ZSTD_MIN_LEVEL <= level <= ZSTD_MAX_LEVEL:
+        raise UsageError(f"level {level}: must be at {'most' if level > ZSTD_MAX_LEVEL else 'least'} "
+                         f"{ZSTD_MAX_LEVEL if level > ZSTD_MAX_LEVEL else ZSTD_MIN_LEVEL}")
     workers = compression_threads() if threads is None else threads
     mtime = resolve_source_date_epoch(source_date_epoch)
     files = sorted(plan.files, key=lambda f: f.path.encode("utf-8"))
@@ -326,11 +374,13 @@ def pack(
     if progress is not None:
         progress.start(total, f"hashing {out.name}")
     try:
-        hashed = _hash_files(files, sizes, progress, workers)
+        hashed = _hash_files(files, sizes, progress, workers, plan.screen)
+        if plan.screen is not None:
+            plan.screen.judge([item for item, row in zip(files, hashed, strict=True) if row[3]])
         if progress is not None:
             progress.finish()
             progress.start(total, f"packing {out.name}")
-        manifest = build_manifest(plan, [entry for entry, _ in hashed], limits=limits, what=what)
+        manifest = build_manifest(plan, [row[0] for row in hashed], limits=limits, what=what)
         manifest_bytes = canonical.dumps(manifest.to_json(), strict=False)  # build_manifest proved it canonical
         at = signed_at if signed_at is not None else now_stamp()
         signatures = Signatures(tuple(sign(manifest_bytes, k, signed_at=at) for k in _as_signing_keys(signing_key)))
@@ -341,7 +391,14 @@ def pack(
             writer.add(MANIFEST_ENTRY, manifest_bytes, META_MODE, mtime)
             writer.add(SIGNATURES_ENTRY, signatures_bytes, META_MODE, mtime)
             buffer = _buffer()
-            for item, (entry, identity) in zip(files, hashed, strict=True):
+            for item, (entry, identity, kept, _) in zip(files, hashed, strict=True):
+                if kept is not None:  # the bytes that were hashed: nothing to read again
+                    writer.begin(payload_name(entry.path), entry.size, entry.mode, mtime)
+                    writer.write(memoryview(kept))
+                    writer.end()
+                    if progress is not None:
+                        progress.advance(len(kept))
+                    continue
                 fd = _open_source(item)
                 try:
                     if _identity(os.fstat(fd)) != identity:
@@ -393,8 +450,6 @@ def add_signature(path: Path, key: SigningKey, *, limits: Limits = DEFAULT_LIMIT
     a bundle whose bytes do not match what it signs. Other signatures are kept; an earlier
     one by the same key is replaced.
     """
-    from heddle.format.verify import open_file, sealed_manifest, walk_payload
-
     path = Path(path)
     what = str(path)
     with open_file(path) as src:

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from heddle.format.cache import Cache, reprove
 from heddle.format.errors import BundleError
+from heddle.format.signing import decide_trust
 from heddle.format.trust import TrustPolicy
 from heddle.format.verify import Peek
 
@@ -32,10 +34,6 @@ class TrustVerdict:
 def trust_verdict(bundle: Path, seen: Peek, trust: TrustPolicy, *, cache_dir: Path | None = None) -> TrustVerdict:
     """The verdict on the bundle at `bundle`, whose manifest and signatures `seen` holds (from
     `heddle.format.verify.peek`), under `trust`, against the cache at `cache_dir`."""
-    from heddle.format.cache import Cache
-    from heddle.format.signing import decide_trust
-    from heddle.format.verify import reprove
-
     if seen.legacy:
         return TrustVerdict(False, "format-1 gzip bundle: carries no signature")
     try:

@@ -20,7 +20,7 @@ import hashlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -32,52 +32,22 @@ from heddle.format.archive import (
     payload_name,
     read_head,
 )
-from heddle.format.cache import Cache, Staging
+from heddle.format.cache import Cache, Staging, VerifiedTree, reprove
 from heddle.format.errors import ContentMismatchError, MalformedBundleError
 from heddle.format.frame import GZIP_MAGIC
 from heddle.format.keys import PublicKey
+from heddle.format.legacy import open_legacy, read_legacy_manifest
 from heddle.format.limits import DEFAULT_LIMITS, Limits
-from heddle.format.manifest import FileEntry, Manifest, MountEntry
+from heddle.format.manifest import FileEntry, Manifest
 from heddle.format.progress import Progress
 from heddle.format.signing import Signatures, check_signatures
-from heddle.format.snapshot import Snapshot, SnapshotError, prove
+from heddle.format.snapshot import Snapshot
 from heddle.format.staging import StagingTree, StagingWriter
 from heddle.format.tar import Retire, TarHeader, TarReader
+from heddle.safeparse import NotRegularFileError, open_regular
 
 # (sealed flow path, manifest) -> {tool name: input-schema fingerprint}
 ToolFingerprints = Callable[[Path, Manifest], Mapping[str, str]]
-
-
-@dataclass(frozen=True)
-class OpenedBundle:
-    """A verified bundle: `root` is its read-only payload tree in the cache."""
-
-    path: Path
-    root: Path
-    manifest: Manifest
-    digest: str
-    signers: list[str]
-    legacy: bool = False
-    cached: bool = False
-    legacy_tools_dir: str | None = field(default=None, repr=False)
-    # Why a cached copy of this digest was not trusted (it was evicted and verified again).
-    repaired: str | None = None
-    # When the latest trusted signature was made (RFC 3339, UTC); None when no signature says.
-    signed_at: str | None = None
-
-    @property
-    def flow_path(self) -> Path:
-        return self.root / self.manifest.flow
-
-    @property
-    def tools_dir(self) -> Path:
-        return self.root / (self.legacy_tools_dir or "tools")
-
-    def tool_path(self, name: str) -> Path:
-        return self.root / self.manifest.tools[name].entry
-
-    def mount_source(self, mount: MountEntry) -> Path:
-        return self.root / mount.prefix
 
 
 @dataclass(frozen=True)
@@ -124,8 +94,6 @@ def peek(path: Path, *, limits: Limits = DEFAULT_LIMITS) -> Peek:
     what = str(path)
     with open_file(path) as fh:
         if fh.read(2) == GZIP_MAGIC:
-            from heddle.format.legacy import read_legacy_manifest
-
             return Peek(read_legacy_manifest(fh, what=what, limits=limits), Signatures(), b"", True)
         head = read_head(fh, what=what, limits=limits)
         signatures = Signatures.from_bytes(head.signatures_bytes, limits=limits, what=f"{what} signatures")
@@ -136,8 +104,6 @@ def open_file(path: Path) -> BinaryIO:
     """The one descriptor a bundle is read through. A path that is not there is a usage error;
     a folder, FIFO or device is not a bundle, and is refused from its stat, so a FIFO never
     blocks the verifier."""
-    from heddle.safeparse import NotRegularFileError, open_regular
-
     try:
         return os.fdopen(open_regular(path), "rb", buffering=0)
     except FileNotFoundError:
@@ -148,7 +114,7 @@ def open_file(path: Path) -> BinaryIO:
         raise UsageError(f"{path}: cannot be read: {exc.strerror}") from None
 
 
-def open_bundle(
+def verify_bundle(
     path: Path,
     *,
     trusted_keys: Iterable[PublicKey],
@@ -159,7 +125,7 @@ def open_bundle(
     progress: Progress | None = None,
     limits: Limits = DEFAULT_LIMITS,
     tool_fingerprints: ToolFingerprints | None = None,
-) -> OpenedBundle:
+) -> VerifiedTree:
     """Verify the bundle at `path` and return its sealed tree, or raise the outcome.
 
     `tool_fingerprints` maps a flow file to {tool name: input-schema fingerprint}; when
@@ -172,8 +138,6 @@ def open_bundle(
     cache = Cache(cache_root)
     with open_file(path) as fh:
         if fh.read(2) == GZIP_MAGIC:
-            from heddle.format.legacy import open_legacy
-
             return open_legacy(
                 fh, path, allow_unsigned=allow_unsigned, cache=cache, limits=limits, progress=progress, deep=deep
             )
@@ -198,44 +162,12 @@ def open_bundle(
         else:
             _fill(cache, digest, manifest, head.reader, what=what, progress=progress,
                   tool_fingerprints=tool_fingerprints)
-    opened = OpenedBundle(path, cache.payload(digest), manifest, digest, signed.signers, cached=cached,
+    opened = VerifiedTree(path, cache.payload(digest), manifest, digest, signed.signers, cached=cached,
                           repaired=repaired, signed_at=signed.signed_at)
     if cached and tool_fingerprints is not None:
         check_tools(opened.root, manifest, tool_fingerprints, what=what)
     cache.touch(digest)
     return opened
-
-
-def reprove(
-    cache: Cache,
-    key: str,
-    manifest: Manifest,
-    *,
-    deep: bool = False,
-    snapshot: Snapshot | None = None,
-    exact_dirs: bool = True,
-) -> str | None:
-    """Why the cached entry under `key` is not (or no longer) what `manifest` seals, or None.
-
-    Keeps a refreshed snapshot when every file matched but some stat had moved on (a copy,
-    a chmod and back), so the next open is fast again.
-    """
-    problem = cache.entry_problem(key)
-    if problem is not None:
-        return problem
-    try:
-        snap = snapshot if snapshot is not None else cache.snapshot(key)
-    except SnapshotError as exc:
-        return str(exc)
-    if snap.name != manifest.name:
-        return "the snapshot belongs to another bundle"
-    proof = prove(cache.payload(key), snap, manifest, exact_dirs=exact_dirs, deep=deep)
-    if proof.problem is None and proof.fresh is not None:
-        try:
-            cache.rewrite_snapshot(key, proof.fresh)
-        except OSError:
-            pass  # proved all the same; the next open re-hashes again
-    return proof.problem
 
 
 class _Discard:

@@ -14,21 +14,20 @@ import asyncio
 import datetime
 import email.utils
 import json
-import os
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Self
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from heddle.bounded import ACCEPT_ENCODING, Body, BodyError, read_body, size_text
+from heddle.engine.options import RunOptions
 from heddle.errors import ModelError, ModelOverrun, UsageError
+from heddle.lazytls import LazyTLSTransport
+from heddle.model.endpoints import ModelEndpoint, endpoint_url, resolve_api_key
 from heddle.model.sse import event_data, lines
 from heddle.model.turn import AssistantTurn, ToolCall, TurnAssembler, turn_from_completion
 from heddle.safeparse import loads_json
-from heddle.secret_env import is_secret, secret_read
+from heddle.tools.retry import TOTAL_BUDGET_S, recoverable_status, wait_before
 
 if TYPE_CHECKING:
     from heddle.agentspec.components import RetryPolicy
@@ -44,7 +43,6 @@ __all__ = [
 
 _BODY_EXCERPT = 300
 _MAX_RETRY_AFTER_S = 30.0
-_ENV_REF = re.compile(r"^\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))$")
 
 _HINTS = {
     401: "; check the llm config's api_key",
@@ -55,56 +53,6 @@ _HINTS = {
 # Failures where the request can safely be sent again: nothing, or nothing usable, came back.
 _RETRYABLE_TRANSPORT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.WriteError,
                         httpx.RemoteProtocolError)
-
-
-@dataclass(frozen=True)
-class ModelEndpoint:
-    base_url: str  # as written in the flow; normalised with endpoint_url()
-    model_id: str
-    api_key: str | None  # already resolved (no "$NAME" here)
-    params: dict[str, Any] = field(default_factory=dict)  # default_generation_parameters, passed through
-    retry_policy: RetryPolicy | None = None  # the config's own; replaces the client's retries and timeout
-
-
-def endpoint_url(url: str, *, where: str | None = None) -> str:
-    """The base URL requests go under: `/v1` appended when the URL has no path, no trailing slash."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        at = f"{where}: " if where else ""
-        raise UsageError(f"{at}model url {url!r} is not an http(s) URL; write it as http://HOST[:PORT][/PATH]")
-    path = parts.path.rstrip("/")
-    if not path:
-        # Local servers are usually written as bare host:port; their API lives under /v1.
-        path = "/v1"
-    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
-
-
-def resolve_api_key(value: str | None, *, config_type: str, where: str) -> str | None:
-    """Turn the flow's `api_key` into the key to send: `$NAME` reads the environment.
-
-    `where` names the llm config in errors and starts the message, e.g. "llm_config 'gpt' of AgentNode 'a'".
-    """
-    if value is None:
-        if config_type == "OpenAiConfig":
-            return os.environ.get("OPENAI_API_KEY") or None
-        return None
-    if not value.startswith("$"):
-        return value
-    match = _ENV_REF.match(value)
-    if match is None:
-        raise UsageError(f"{where}: api_key {value!r} is not a valid environment variable reference;"
-                         " write it as $NAME")
-    name = match.group(1) or match.group(2)
-    if is_secret(name):
-        raise UsageError(f"{where}: {secret_read('api_key', name)}")
-    key = os.environ.get(name)
-    if key is None:
-        raise UsageError(f"{where}: api_key names environment variable {name}, which is not set;"
-                         f" export {name} before running")
-    if not key:
-        raise UsageError(f"{where}: api_key names environment variable {name}, which is empty;"
-                         f" set {name} to the key")
-    return key
 
 
 class _Retryable(Exception):
@@ -160,14 +108,8 @@ class ModelClient:
         self.backoff = backoff
         self.timeout = timeout  # silence: connecting, or between two reads
         self.deadline = deadline  # one attempt, its whole answer read
-        if max_bytes is None:
-            from heddle.settings import RunSettings
-
-            max_bytes = RunSettings.max_response_bytes
-        self.max_bytes = max_bytes  # of one answer, once decoded
+        self.max_bytes = RunOptions.max_response_bytes if max_bytes is None else max_bytes  # one answer, decoded
         if transport is None:
-            from heddle.lazytls import LazyTLSTransport
-
             # A model at http://127.0.0.1 never needs the certificate store loaded (heddle.lazytls).
             transport = LazyTLSTransport()
         self._http = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(timeout, connect=min(timeout, 15.0)))
@@ -238,8 +180,6 @@ class ModelClient:
         if policy is None:
             delay = self.backoff * float(2 ** attempt)
             return delay if failure.retry_after is None else max(delay, failure.retry_after)
-        from heddle.tools.retry import TOTAL_BUDGET_S, wait_before
-
         # The reference runtime waits what the server's Retry-After says, else the policy's backoff,
         # within one budget for all the attempts.
         delay = failure.retry_after if failure.retry_after is not None else wait_before(policy, attempt,
@@ -269,8 +209,6 @@ class ModelClient:
             async with self._http.stream("POST", url, content=content, headers=headers, timeout=timeout) as response:
                 status = response.status_code
                 if policy is not None and not 200 <= status < 300:
-                    from heddle.tools.retry import recoverable_status
-
                     start = await _read_start(response)
                     if recoverable_status(policy, status, start.decode("utf-8", "replace")):
                         raise _Retryable(f"HTTP {status}", _excerpt(start), _retry_after(response), status)

@@ -9,23 +9,77 @@ is the config's name or id. Every refusal names the config and what to do, befor
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
+from heddle.agentspec.components import GEMINI_API_KEY_VARIABLE, GeminiConfig, written_api_key
 from heddle.errors import UsageError
 from heddle.secret_env import is_secret, secret_read
 
 if TYPE_CHECKING:
-    from heddle.agentspec.components import LlmConfig
-    from heddle.model.client import ModelEndpoint
+    from heddle.agentspec.components import LlmConfig, RetryPolicy
 
 FLAG = "--model-url"
+_ENV_REF = re.compile(r"^\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))$")
+
+
+@dataclass(frozen=True)
+class ModelEndpoint:
+    base_url: str  # as written in the flow; normalised with endpoint_url()
+    model_id: str
+    api_key: str | None  # already resolved (no "$NAME" here)
+    params: dict[str, Any] = field(default_factory=dict)  # default_generation_parameters, passed through
+    retry_policy: RetryPolicy | None = None  # the config's own; replaces the client's retries and timeout
+
+
+def endpoint_url(url: str, *, where: str | None = None) -> str:
+    """The base URL requests go under: `/v1` appended when the URL has no path, no trailing slash."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        at = f"{where}: " if where else ""
+        raise UsageError(f"{at}model url {url!r} is not an http(s) URL; write it as http://HOST[:PORT][/PATH]")
+    path = parts.path.rstrip("/")
+    if not path:
+        # Local servers are usually written as bare host:port; their API lives under /v1.
+        path = "/v1"
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def resolve_api_key(value: str | None, *, config_type: str, where: str) -> str | None:
+    """Turn the flow's `api_key` into the key to send: `$NAME` reads the environment.
+
+    `where` names the llm config in errors and starts the message, e.g. "llm_config 'gpt' of AgentNode 'a'".
+    """
+    if value is None:
+        if config_type == "OpenAiConfig":
+            return os.environ.get("OPENAI_API_KEY") or None
+        return None
+    if not value.startswith("$"):
+        return value
+    match = _ENV_REF.match(value)
+    if match is None:
+        raise UsageError(f"{where}: api_key {value!r} is not a valid environment variable reference;"
+                         " write it as $NAME")
+    name = match.group(1) or match.group(2)
+    if is_secret(name):
+        raise UsageError(f"{where}: {secret_read('api_key', name)}")
+    key = os.environ.get(name)
+    if key is None:
+        raise UsageError(f"{where}: api_key names environment variable {name}, which is not set;"
+                         f" export {name} before running")
+    if not key:
+        raise UsageError(f"{where}: api_key names environment variable {name}, which is empty;"
+                         f" set {name} to the key")
+    return key
+
+
 
 
 def resolve_url(value: str, *, where: str) -> str:
     """The config's `url`: as written, or the value of the variable a `$NAME` (or `${NAME}`) names."""
-    from heddle.model.client import _ENV_REF, endpoint_url
-
     if not value.startswith("$"):
         return value
     match = _ENV_REF.match(value)
@@ -45,8 +99,6 @@ def resolve_url(value: str, *, where: str) -> str:
 
 def parse_model_urls(specs: Iterable[str]) -> dict[str, str]:
     """`NAME=URL` flags as {NAME: URL}; each URL must be an http(s) URL, each NAME given once."""
-    from heddle.model.client import endpoint_url
-
     out: dict[str, str] = {}
     for spec in specs:
         name, sep, url = spec.partition("=")
@@ -89,9 +141,6 @@ def _overrides(configs: Sequence[LlmConfig], model_urls: Mapping[str, str]) -> d
 
 def flow_endpoints(configs: Sequence[tuple[str, LlmConfig]], model_urls: Mapping[str, str]) -> dict[int, ModelEndpoint]:
     """{id(config): endpoint} for the (label, config) pairs of a flow (heddle.graph.llm_configs)."""
-    from heddle.agentspec.components import GEMINI_API_KEY_VARIABLE, GeminiConfig, written_api_key
-    from heddle.model.client import ModelEndpoint, resolve_api_key
-
     overrides = _overrides([cfg for _, cfg in configs], model_urls)
     endpoints: dict[int, ModelEndpoint] = {}
     for label, config in configs:

@@ -11,76 +11,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from heddle.format.limits import DEFAULT_LIMITS, Limits
+from heddle.oci.artifact import TRANSFER_TIMEOUT_S, Pulled, Pushed, Resolved
 
 if TYPE_CHECKING:
     from heddle.format.progress import Progress
     from heddle.oci.reference import Reference, UrlReference
 
-# Seconds one exchange with a registry or URL may take in all, its whole answer read (a manifest,
-# a token, a bundle's download): a server that drips bytes ends here. Silence ends sooner, at the
-# client's read timeout (heddle.oci.client.TIMEOUT). `--transfer-timeout` sets it.
-TRANSFER_TIMEOUT_S = 600.0
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """What a reference names now: the OCI manifest digest, the bundle layer's size, the
-    artifact's annotations. `offline` when it is the last resolution kept in the cache."""
-
-    reference: Reference
-    oci_digest: str
-    size: int
-    annotations: Mapping[str, str]
-    layer_digest: str
-    offline: bool = False
-    manifest: bytes = field(default=b"", repr=False, compare=False)
-
-    @property
-    def bundle_digest(self) -> str | None:
-        """The bundle's own digest as the artifact's annotation states it (checked when pulled)."""
-        from heddle.oci.artifact import BUNDLE_DIGEST
-
-        return self.annotations.get(BUNDLE_DIGEST)
-
-    @property
-    def pinned(self) -> Reference:
-        """The reference by digest: what this resolution names for good."""
-        return self.reference.at(self.oci_digest)
-
-
-@dataclass(frozen=True)
-class Pulled:
-    """A bundle file to open: a local path as given, or a reference's file in the cache."""
-
-    path: Path
-    reference: str | None = None  # as given; None for a local path
-    oci_digest: str | None = None  # the OCI manifest digest, for an oci:// reference
-    resolved: Resolved | None = None
-    downloaded: bool = False  # False when it came from the cache
-
-    @property
-    def name(self) -> str:
-        """How messages name it: the reference, else the path."""
-        return self.reference or str(self.path)
-
-
-@dataclass(frozen=True)
-class Pushed:
-    oci_digest: str
-    bundle_digest: str
-    reference: Reference  # as pushed: with its tag, or none
-    size: int
-    annotations: Mapping[str, str]
-
-    @property
-    def pinned(self) -> Reference:
-        return self.reference.at(self.oci_digest)
-
+__all__ = ["TRANSFER_TIMEOUT_S", "Pulled", "Pushed", "Resolved", "fetch", "pull", "push", "resolve", "source"]
 
 def resolve(ref: str | Reference, *, plain_http: bool = False, offline: bool = False,
             cache_dir: Path | None = None, environ: Mapping[str, str] | None = None,

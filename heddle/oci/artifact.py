@@ -19,10 +19,14 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from heddle.format.errors import MalformedBundleError
+
+if TYPE_CHECKING:
+    from heddle.oci.reference import Reference
 
 ARTIFACT_TYPE = "application/vnd.heddle.bundle.v1"
 LAYER_TYPE = "application/vnd.heddle.bundle.v1+zstd"
@@ -106,6 +110,7 @@ def _descriptor(value: Any, where: str, what: str) -> tuple[str, str, int]:
 
 def read_manifest(raw: bytes, *, what: str, content_type: str | None = None) -> ArtifactManifest:
     """The heddle artifact `raw` describes, or MalformedBundleError (exit 7) naming what it is instead."""
+    # Here, not at the top: the flag table reads this module's TRANSFER_TIMEOUT_S before --help.
     from heddle.safeparse import ParseLimitError, loads_strict_json
 
     if len(raw) > MAX_MANIFEST_BYTES:
@@ -144,3 +149,62 @@ def read_manifest(raw: bytes, *, what: str, content_type: str | None = None) -> 
     if bundle_digest is not None and not _DIGEST.fullmatch(bundle_digest):
         raise MalformedBundleError(f"{what}: its {BUNDLE_DIGEST} annotation {bundle_digest!r} is not a sha256 digest")
     return ArtifactManifest(raw, digest_of(raw), layer_digest, layer_size, dict(annotations))
+
+
+# Seconds one exchange with a registry or URL may take in all, its whole answer read (a manifest,
+# a token, a bundle's download): a server that drips bytes ends here. Silence ends sooner, at the
+# client's read timeout (heddle.oci.client.TIMEOUT). `--transfer-timeout` sets it.
+TRANSFER_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a reference names now: the OCI manifest digest, the bundle layer's size, the
+    artifact's annotations. `offline` when it is the last resolution kept in the cache."""
+
+    reference: Reference
+    oci_digest: str
+    size: int
+    annotations: Mapping[str, str]
+    layer_digest: str
+    offline: bool = False
+    manifest: bytes = field(default=b"", repr=False, compare=False)
+
+    @property
+    def bundle_digest(self) -> str | None:
+        """The bundle's own digest as the artifact's annotation states it (checked when pulled)."""
+        return self.annotations.get(BUNDLE_DIGEST)
+
+    @property
+    def pinned(self) -> Reference:
+        """The reference by digest: what this resolution names for good."""
+        return self.reference.at(self.oci_digest)
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """A bundle file to open: a local path as given, or a reference's file in the cache."""
+
+    path: Path
+    reference: str | None = None  # as given; None for a local path
+    oci_digest: str | None = None  # the OCI manifest digest, for an oci:// reference
+    resolved: Resolved | None = None
+    downloaded: bool = False  # False when it came from the cache
+
+    @property
+    def name(self) -> str:
+        """How messages name it: the reference, else the path."""
+        return self.reference or str(self.path)
+
+
+@dataclass(frozen=True)
+class Pushed:
+    oci_digest: str
+    bundle_digest: str
+    reference: Reference  # as pushed: with its tag, or none
+    size: int
+    annotations: Mapping[str, str]
+
+    @property
+    def pinned(self) -> Reference:
+        return self.reference.at(self.oci_digest)

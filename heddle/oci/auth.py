@@ -27,6 +27,7 @@ from pathlib import Path
 
 from heddle import secret_env
 from heddle.oci.errors import RegistryError
+from heddle.safeparse import ParseLimitError, loads_json, read_regular
 
 USERNAME_ENV = secret_env.REGISTRY_USERNAME
 PASSWORD_ENV = secret_env.REGISTRY_PASSWORD
@@ -107,8 +108,6 @@ def may_carry_credentials(registry_host: str, scheme: str, host: str) -> bool:
 
 
 def _read_config(path: Path) -> dict[str, object] | None:
-    from heddle.safeparse import ParseLimitError, loads_json, read_regular
-
     try:
         data = read_regular(path, max_bytes=MAX_CONFIG_BYTES)
     except FileNotFoundError:
@@ -179,8 +178,6 @@ def _from_helper(name: str, registry: str, where: str, environ: Mapping[str, str
         said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["no message"]
         raise RegistryError(f"credential helper docker-credential-{name} for {registry} exited {done.returncode}: "
                             f"{said[0]}")
-    from heddle.safeparse import loads_json
-
     try:
         answer = loads_json(done.stdout)
     except ValueError:

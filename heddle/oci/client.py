@@ -23,11 +23,13 @@ from typing import Any, Self
 import httpx
 
 from heddle.bounded import ACCEPT_ENCODING, STEP, Body, BodyError, keep_deadline
-from heddle.oci import TRANSFER_TIMEOUT_S
-from heddle.oci.artifact import ACCEPT, MANIFEST_TYPE, MAX_MANIFEST_BYTES
+from heddle.format.errors import MalformedBundleError
+from heddle.oci.artifact import ACCEPT, MANIFEST_TYPE, MAX_MANIFEST_BYTES, TRANSFER_TIMEOUT_S
 from heddle.oci.auth import Challenge, Credentials, find_credentials, may_carry_credentials, parse_challenge
 from heddle.oci.errors import RegistryError
 from heddle.oci.reference import Reference, is_loopback
+from heddle.safeparse import loads_json
+from heddle.version import __version__
 
 # How long a registry may stay silent (connecting, or between two reads); the whole exchange is
 # bounded by its deadline (TRANSFER_TIMEOUT_S).
@@ -60,8 +62,6 @@ def _same_origin(a: httpx.URL, b: httpx.URL) -> bool:
 
 
 def _user_agent() -> str:
-    from heddle import __version__
-
     return f"heddle/{__version__}"
 
 
@@ -87,8 +87,6 @@ def _said(response: httpx.Response) -> str:
         body = read_capped(response, MAX_ERROR_BYTES) or b""
     except (httpx.HTTPError, BodyError):
         body = b""
-    from heddle.safeparse import loads_json
-
     try:
         data = loads_json(body) if body else None
     except ValueError:
@@ -300,8 +298,6 @@ class Registry(Session):
             body = self._read(response, MAX_TOKEN_BYTES, "the token")
         finally:
             response.close()
-        from heddle.safeparse import loads_json
-
         try:
             data: Any = loads_json(body) if body else None
         except ValueError:
@@ -346,8 +342,6 @@ class Registry(Session):
         finally:
             response.close()
         if raw is None:
-            from heddle.format.errors import MalformedBundleError
-
             raise MalformedBundleError(f"{self.ref}: the OCI manifest is over {MAX_MANIFEST_BYTES} bytes")
         return raw, response.headers.get("content-type"), response.headers.get("docker-content-digest")
 

@@ -19,8 +19,8 @@ from heddle.errors import UsageError
 from heddle.format.errors import BundleError, BundleLimitError, ContentMismatchError
 from heddle.format.limits import DEFAULT_LIMITS, Limits
 from heddle.format.progress import Progress
-from heddle.oci import TRANSFER_TIMEOUT_S, Pulled, Resolved
-from heddle.oci.artifact import ArtifactManifest, digest_of, read_manifest
+from heddle.format.verify import peek
+from heddle.oci.artifact import TRANSFER_TIMEOUT_S, ArtifactManifest, Pulled, Resolved, digest_of, read_manifest
 from heddle.oci.client import Registry, Session
 from heddle.oci.errors import RegistryError
 from heddle.oci.reference import Reference, UrlReference, parse_oci, parse_url
@@ -88,8 +88,6 @@ def check_size(size: int, limits: Limits, what: str) -> None:
 
 def _check_bundle(path: Path, stated: str | None, what: str, limits: Limits) -> None:
     """The downloaded file is a bundle (its frame and head read), and the one the artifact says."""
-    from heddle.format.verify import peek
-
     try:
         seen = peek(path, limits=limits)
     except BundleError as exc:

@@ -20,9 +20,12 @@ from pathlib import Path
 import httpx
 
 from heddle.errors import UsageError
+from heddle.format.archive import read_head
+from heddle.format.frame import GZIP_MAGIC
 from heddle.format.limits import DEFAULT_LIMITS
 from heddle.format.progress import Progress
-from heddle.oci import Pushed
+from heddle.format.signing import Signatures
+from heddle.format.verify import open_file, sealed_manifest
 from heddle.oci.artifact import (
     BUNDLE_DIGEST,
     BUNDLE_NAME,
@@ -30,6 +33,7 @@ from heddle.oci.artifact import (
     EMPTY_BLOB,
     EMPTY_DIGEST,
     OWN_ANNOTATIONS,
+    Pushed,
     build_manifest,
     digest_of,
 )
@@ -54,11 +58,6 @@ class BundleFile:
 
 def read_bundle_file(path: Path) -> BundleFile:
     """The file's head, checked as `heddle inspect` checks it, and its own digest."""
-    from heddle.format.archive import read_head
-    from heddle.format.frame import GZIP_MAGIC
-    from heddle.format.signing import Signatures
-    from heddle.format.verify import open_file, sealed_manifest
-
     what = str(path)
     with open_file(path) as fh:
         if fh.read(2) == GZIP_MAGIC:
@@ -91,8 +90,6 @@ def check_annotations(annotations: Mapping[str, str]) -> dict[str, str]:
 
 def _chunks(path: Path, expected: str, size: int, progress: Progress | None, label: str) -> Iterator[bytes]:
     """The file's bytes, once more; refused if they are no longer the ones hashed."""
-    from heddle.format.verify import open_file
-
     digest = hashlib.sha256()
     if progress is not None:
         # Started here, so that a body sent again (after an auth challenge) starts the bar again.

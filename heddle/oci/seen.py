@@ -22,8 +22,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from heddle.errors import UsageError
 from heddle.format.release import DowngradeError, Stamp, lower_bound, refusal
-from heddle.oci import Pulled
+from heddle.format.verify import peek
+from heddle.oci.artifact import Pulled
+from heddle.oci.store import PulledStore
 
 
 def seen_key(pulled: Pulled) -> str | None:
@@ -36,13 +39,11 @@ def seen_key(pulled: Pulled) -> str | None:
 
 
 def remember(key: str, sealed: Any, *, cache_dir: Path | None = None) -> None:
-    """Remember a verified bundle (a SealedRun) as the latest seen under `key`: its time is that of its
+    """Remember a verified bundle (a Bundle) as the latest seen under `key`: its time is that of its
     trusted signatures, so a bundle that did not verify never moves the mark."""
-    from heddle.oci.store import PulledStore
-
     if sealed.legacy:
         return  # a format-1 bundle states no time, release or signature
-    stamp = Stamp(f"sha256:{sealed.digest}", sealed.signed_at, sealed.manifest.release, sealed.manifest.name)
+    stamp = Stamp(sealed.digest, sealed.signed_at, sealed.manifest.release, sealed.manifest.name)
     store = PulledStore(cache_dir)
     old = store.seen(key)
     if old is None or old.digest != stamp.digest or old.signed_at != stamp.signed_at:
@@ -55,14 +56,9 @@ def check_seen(pulled: Pulled, *, allow_downgrade: bool = False, cache_dir: Path
     URL (DowngradeError, exit 11), else remember it (with `record`; a caller that verifies it records it
     with `remember` once it has). With `allow_downgrade` it is accepted, and the returned line says what
     was accepted."""
-    from heddle.format.verify import peek
-    from heddle.oci.store import PulledStore
-
     key = seen_key(pulled)
     if key is None:
         if allow_downgrade:
-            from heddle.errors import UsageError
-
             raise UsageError(f"--allow-downgrade applies to a reference by tag or URL; {pulled.name} names one "
                              "bundle for good: leave it out")
         return None

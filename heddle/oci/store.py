@@ -32,16 +32,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from heddle.errors import UsageError
-from heddle.format.cache import CACHE_DIR_ENV, Cache, Staging, default_cache_root
+from heddle.format.cache import BIRTH_SECONDS, CACHE_DIR_ENV, STALE_SECONDS, Cache, Staging, default_cache_root
 from heddle.format.errors import BundleLimitError, ContentMismatchError, MalformedBundleError
+from heddle.format.release import Stamp
 from heddle.format.replaced import replaced
 from heddle.oci.artifact import MAX_MANIFEST_BYTES, ArtifactManifest, read_manifest
-
-if TYPE_CHECKING:
-    from heddle.format.release import Stamp
 
 PULLED = "pulled"
 BUNDLE = "bundle.heddle"
@@ -344,8 +341,6 @@ class PulledStore:
 
     def seen(self, reference: str) -> Stamp | None:
         """The latest bundle seen under `reference`, or None (a record that does not read is none)."""
-        from heddle.format.release import Stamp
-
         if not self.open(create=False):
             return None
         try:
@@ -416,8 +411,6 @@ class PulledStore:
     def prune(self, *, older_than: float | None) -> tuple[list[PulledEntry], int]:
         """Remove entries unused for `older_than` seconds (all with None) or that would be evicted,
         staging nobody holds, and resolutions whose entry is gone: (removed, staging removed)."""
-        from heddle.format.cache import BIRTH_SECONDS, STALE_SECONDS
-
         if not self.open(create=False):
             return [], 0
         now = time.time()

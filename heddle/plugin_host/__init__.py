@@ -11,6 +11,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# How long a plugin call may stay silent (`--plugin-timeout`) and how often a node runs when a nodeError
+# plugin asks to retry it (`--max-node-attempts`): written here, where the flag table reads them cheaply.
+PLUGIN_TIMEOUT_S, MAX_NODE_ATTEMPTS = 30.0, 3
+
 _EXPORTS = {
     "PluginHost": "heddle.plugin_host.host",
     "PluginManifest": "heddle.plugin_host.manifest",

@@ -8,12 +8,14 @@ import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from heddle.agentspec import components as c
 from heddle.engine.seams import ModelRequest, ToolRequest
+from heddle.errors import ModelError, ToolError
 from heddle.plugin_host.events import LOG_LEVELS, PluginEvent, PluginLog
 from heddle.plugin_host.process import CallbackError, Handler
+from heddle.plugin_host.turns import turn_to_json
 
 if TYPE_CHECKING:
-    from heddle.agentspec import components as c
     from heddle.engine.context import RunContext
     from heddle.model.client import ModelEndpoint
     from heddle.plugin_host.middleware import PluginRun
@@ -31,8 +33,6 @@ class Scope:
 
 def endpoint_of(ctx: RunContext, node: c.Node) -> ModelEndpoint | None:
     """The model endpoint a node talks to, if it has one."""
-    from heddle.agentspec import components as c
-
     if isinstance(node, c.AgentNode):
         # A Swarm's or a ManagerWorkers' agents each have their own model: the node has no one endpoint.
         config: Any = getattr(node.agent, "llm_config", None)
@@ -78,8 +78,6 @@ def handler_for(run: PluginRun, plugin: str, scope: Scope) -> Handler:
 
 
 async def _run_tool(run: PluginRun, plugin: str, scope: Scope, params: dict[str, Any]) -> Any:
-    from heddle.errors import ToolError
-
     name = _string(params, "name", "runTool")
     arguments = params.get("arguments", {})
     if not isinstance(arguments, dict):
@@ -101,9 +99,6 @@ async def _run_tool(run: PluginRun, plugin: str, scope: Scope, params: dict[str,
 
 
 async def _call_model(run: PluginRun, plugin: str, scope: Scope, params: dict[str, Any]) -> Any:
-    from heddle.errors import ModelError
-    from heddle.plugin_host.turns import turn_to_json
-
     if scope.endpoint is None:
         where = f"node {scope.node!r}" if scope.node else "this call"
         raise CallbackError(f"callModel: {where} has no model; give the node an llm_config")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from heddle.egress import merge
 from heddle.plugin_host.manifest import PluginManifest, load_manifest
 
 if TYPE_CHECKING:
@@ -37,8 +38,6 @@ class CarriedPlugins:
     @property
     def egress(self) -> dict[str, tuple[Rule, ...]]:
         """What the plugins' manifests declare their tools may reach (heddle.egress)."""
-        from heddle.egress import merge
-
         return merge(*(m.egress for m in self.manifests))
 
 def read_carried(paths: Iterable[str | Path]) -> CarriedPlugins:

@@ -11,6 +11,7 @@ from typing import Any
 
 from heddle.plugin_host.errors import PluginLoadError
 from heddle.plugin_host.manifest import Component
+from heddle.safeparse import json_problem, loads_strict_json
 
 
 def parse_config_option(spec: str) -> tuple[str, Any]:
@@ -29,8 +30,6 @@ def parse_config_option(spec: str) -> tuple[str, Any]:
         except OSError as exc:
             raise PluginLoadError(f"{source}=@{path}: cannot read {path}: {exc.strerror}") from None
         source = f"{source}=@{path}"
-    from heddle.safeparse import json_problem, loads_strict_json
-
     try:
         return ctype, loads_strict_json(text)
     except ValueError as exc:

@@ -17,6 +17,7 @@ from heddle.plugin_host.errors import PluginError
 from heddle.plugin_host.process import PluginCallError
 
 if TYPE_CHECKING:
+    from heddle.blocking import Tasks
     from heddle.engine.events import Event
     from heddle.engine.options import RunOptions
     from heddle.plugin_host.host import PluginHost
@@ -38,7 +39,8 @@ def encoder_for(host: PluginHost | None, protocol: str) -> Component:
 class EncoderSink:
     """An event sink (call it with each event, on the loop) that renders one run through an encoder plugin."""
 
-    def __init__(self, host: PluginHost, protocol: str, write: Write, *, run_id: str, options: RunOptions) -> None:
+    def __init__(self, host: PluginHost, protocol: str, write: Write, *, run_id: str, options: RunOptions,
+                 tasks: Tasks) -> None:
         self.component = encoder_for(host, protocol)
         self.content_type = self.component.content_type
         self._process = host.process(self.component.plugin, options)
@@ -46,7 +48,7 @@ class EncoderSink:
         self._write = write
         self.run_id = run_id
         self._queue: asyncio.Queue[Event | None] = asyncio.Queue()  # None: the run ended
-        self._task = asyncio.create_task(self._drain())
+        self._task = tasks.start(self._drain())  # the run's: its end stops it
         self._error: BaseException | None = None
         self._waiting: dict[str, Any] | None = None
 
@@ -97,6 +99,3 @@ class EncoderSink:
         if error is not None:
             outcome = {"error": {"kind": getattr(error, "kind", "error"), "message": str(error)}}
         await self._call("finishEncode", outcome)
-
-    def cancel(self) -> None:
-        self._task.cancel()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import os
 import tempfile
 import uuid
@@ -18,22 +17,35 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from heddle.agentspec import components as c
+from heddle.agentspec.components import node_key
+from heddle.blocking import WORKSPACE_COPIES, run_blocking
+from heddle.graph import FlowGraph, subflows
+from heddle.plugin_host import MAX_NODE_ATTEMPTS, PLUGIN_TIMEOUT_S
 from heddle.plugin_host.config import parse_config_options, resolve_configs
-from heddle.plugin_host.errors import PluginLoadError
-from heddle.plugin_host.manifest import CAPABILITIES, Component, Phase, PluginManifest, PluginTool, load_manifest
-from heddle.settings import RunSettings
+from heddle.plugin_host.errors import PluginError, PluginLoadError
+from heddle.plugin_host.launch import Launch, plan_launch
+from heddle.plugin_host.manifest import (
+    CAPABILITIES,
+    Component,
+    Phase,
+    PluginManifest,
+    PluginTool,
+    discovered_tools,
+    load_manifest,
+)
+from heddle.plugin_host.middleware import PluginRun
+from heddle.plugin_host.process import PluginCallError, PluginProcess
+from heddle.plugin_host.protocol import LIST_TOOLS
+from heddle.workspace.mounts import Mount
+from heddle.workspace.treecopy import remove_tree
+from heddle.workspace.workspace import make_keep_root
 
 if TYPE_CHECKING:
-    from heddle.agentspec import components as c
     from heddle.engine.context import RunContext
     from heddle.engine.options import RunOptions
     from heddle.engine.seams import Rendering
-    from heddle.plugin_host.middleware import PluginRun
-    from heddle.plugin_host.process import PluginProcess
-
-# Written once, with the run settings.
-DEFAULT_TIMEOUT_S: float = RunSettings.plugin_timeout
-DEFAULT_MAX_NODE_ATTEMPTS: int = RunSettings.max_node_attempts
+    from heddle.workspace.egress_proxy import EgressCall
 
 
 def new_run_id() -> str:
@@ -47,7 +59,7 @@ class PluginHost:
     it they stop when each run ends."""
 
     def __init__(self, manifests: Sequence[PluginManifest], *, configs: Mapping[str, Any] | None = None,
-                 timeout: float = DEFAULT_TIMEOUT_S, max_node_attempts: int = DEFAULT_MAX_NODE_ATTEMPTS,
+                 timeout: float = PLUGIN_TIMEOUT_S, max_node_attempts: int = MAX_NODE_ATTEMPTS,
                  grant: Iterable[str] | None = None, require_settings: bool = True,
                  keep_running: bool = False) -> None:
         if not timeout > 0:
@@ -140,9 +152,6 @@ class PluginHost:
     def check_flow(self, flow: c.Flow) -> list[str]:
         """Problems with the plugin nodes of `flow` (and its subflows): branches without an edge,
         edges leaving by a branch the node type does not have."""
-        from heddle.agentspec import components as c
-        from heddle.graph import FlowGraph, node_key, subflows
-
         problems: list[str] = []
 
         def walk(f: c.Flow, prefix: str) -> None:
@@ -175,8 +184,6 @@ class PluginHost:
 
     def with_files(self, options: RunOptions) -> RunOptions:
         """`options` with every plugin's `files` added as read-only mounts of every workspace."""
-        from heddle.workspace.mounts import Mount
-
         mounts = [Mount(source=m.root.joinpath(*PurePosixPath(rel).parts), dest=PurePosixPath(rel), mode="ro")
                   for m in self.manifests.values() for rel in m.files]
         if not mounts:
@@ -191,8 +198,6 @@ class PluginHost:
         if plugin not in self._homes:
             keep_root = options.workspace.keep_root
             if keep_root is not None:
-                from heddle.workspace.workspace import make_keep_root
-
                 home = make_keep_root(Path(keep_root)) / f"plugin-{plugin}"
                 home.mkdir(0o700, exist_ok=True)
                 self._homes[plugin] = (Path(os.path.realpath(home)), True)
@@ -205,17 +210,19 @@ class PluginHost:
         """The plugin's process, made (not started) on first use with the first run's sandbox policy."""
         proc = self._processes.get(plugin)
         if proc is None:
-            from heddle.plugin_host.launch import Launch, plan_launch
-            from heddle.plugin_host.process import PluginProcess
+            from heddle.workspace.egress_proxy import process_guard
 
             manifest = self.manifests[plugin]
             policy = options.sandbox
 
-            def launch() -> Launch:
-                return plan_launch(manifest, home=self.home(plugin, options), policy=policy)
+            def launch(egress: EgressCall | None = None) -> Launch:
+                return plan_launch(manifest, home=self.home(plugin, options), policy=policy, egress=egress)
 
+            # Under --safe with an allow-list, its one way out is a proxy that admits what the plugin's own
+            # entry and its tools' admit: one process serves them all.
+            guard = process_guard(options, plugin, [plugin, *(tool.name for tool in manifest.tools)])
             proc = PluginProcess(plugin, launch, timeout=self.timeout, capabilities=self.granted[plugin],
-                                 surface=options.surface)
+                                 surface=options.surface, egress=guard)
             self._processes[plugin] = proc
         return proc
 
@@ -223,11 +230,6 @@ class PluginHost:
         """Start each plugin whose manifest declares `discoverTools` and ask it which tools it serves
         (`listTools`, --discover-tools): they join the plugin tools, answered by its process. A listed
         tool never replaces another, so a name already taken is refused. Asked once per host."""
-        from heddle.plugin_host.errors import PluginError
-        from heddle.plugin_host.manifest import discovered_tools
-        from heddle.plugin_host.process import PluginCallError
-        from heddle.plugin_host.protocol import LIST_TOOLS
-
         if self.discovered:
             return
         for manifest in self.manifests.values():
@@ -252,15 +254,10 @@ class PluginHost:
 
     def start_run(self, ctx: RunContext, rendering: Rendering | None) -> PluginRun:
         """The seams of one run, under an id its encoder and its middleware calls share."""
-        from heddle.plugin_host.middleware import PluginRun
-
         return PluginRun(self, ctx, new_run_id(), rendering)
 
     async def aclose(self) -> None:
         """Stop every plugin process and remove the homes heddle made for them."""
-        from heddle.workspace.treecopy import remove_tree
-        from heddle.workspace.workspace import in_worker
-
         processes, self._processes = self._processes, {}
         for proc in processes.values():
             await proc.close()
@@ -268,7 +265,7 @@ class PluginHost:
         for home, kept in homes.values():
             if not kept:
                 with contextlib.suppress(OSError):
-                    await in_worker(functools.partial(remove_tree, home))
+                    await run_blocking(WORKSPACE_COPIES, remove_tree, home)
 
     def describe(self) -> list[dict[str, Any]]:
         """What `heddle validate` reports about the loaded plugins."""

@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING
 from heddle.plugin_host.errors import PluginError
 from heddle.plugin_host.manifest import PluginManifest
 from heddle.secret_env import without_secrets
+from heddle.workspace.sandbox import confine
 
 if TYPE_CHECKING:
+    from heddle.workspace.egress_proxy import EgressCall
     from heddle.workspace.sandbox import SandboxPolicy
 
 PYTHON_COMMANDS = ("python", "python3")
@@ -47,9 +49,7 @@ class _Home:
 
 
 def _heddle_source_root() -> Path:
-    import heddle
-
-    return Path(os.path.realpath(Path(heddle.__file__).parent.parent))
+    return Path(os.path.realpath(Path(__file__).parents[2]))
 
 
 def _python(confined: bool) -> tuple[str, tuple[Path, ...]]:
@@ -81,8 +81,9 @@ def _argv(manifest: PluginManifest, confined: bool) -> tuple[list[str], tuple[Pa
 
 
 def plan_launch(manifest: PluginManifest, *, home: Path, policy: SandboxPolicy,
-                base_env: Mapping[str, str] | None = None) -> Launch:
-    """The process to start for `manifest`, running in `home`, confined when `policy.safe`."""
+                base_env: Mapping[str, str] | None = None, egress: EgressCall | None = None) -> Launch:
+    """The process to start for `manifest`, running in `home`, confined when `policy.safe`; with `egress`, in a
+    network namespace of its own whose one way out is that egress proxy (heddle.workspace.egress_proxy)."""
     argv, readable, python = _argv(manifest, policy.safe)
     # A plugin is code a bundle brought, like a tool: heddle's own secrets stay with heddle.
     env = without_secrets(os.environ if base_env is None else base_env)
@@ -98,7 +99,6 @@ def plan_launch(manifest: PluginManifest, *, home: Path, policy: SandboxPolicy,
     if not policy.safe:
         return Launch(tuple(argv), env, home)
 
-    from heddle.workspace.sandbox import confine
 
     extra_read: list[Path] = [*readable]
     allow_env = [*policy.allow_env, *own]
@@ -110,5 +110,5 @@ def plan_launch(manifest: PluginManifest, *, home: Path, policy: SandboxPolicy,
         extra_read.append(source / "heddle")
     confined = replace(policy, allow_read=(*policy.allow_read, *extra_read), allow_env=tuple(allow_env))
     argv, env = confine(confined, argv, workspace=_Home(home), tools_dir=manifest.root,  # type: ignore[arg-type]
-                        env=env)
+                        env=env, egress=egress)
     return Launch(tuple(argv), env, home)

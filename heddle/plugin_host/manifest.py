@@ -15,7 +15,11 @@ from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
 
+from heddle.agentspec.components import KNOWN_COMPONENT_TYPES
+from heddle.canonical import CanonicalJSONError, fingerprint
+from heddle.egress import EgressError, parse_section
 from heddle.plugin_host.errors import PluginLoadError
+from heddle.safeparse import ParseLimitError, loads_strict_json
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -87,8 +91,6 @@ class PluginTool:
 
     @property
     def fingerprint(self) -> str:
-        from heddle.canonical import fingerprint
-
         return fingerprint(self.input_schema)
 
 
@@ -114,8 +116,6 @@ class PluginManifest:
 
     @property
     def fingerprint(self) -> str:
-        from heddle.canonical import fingerprint
-
         return fingerprint(self.data)
 
 
@@ -333,8 +333,6 @@ def _check_json_schema(schema: Any, source: str, where: str) -> None:
 
 
 def _component(plugin: str, i: int, raw: dict[str, Any], source: str) -> Component:
-    from heddle.agentspec.components import KNOWN_COMPONENT_TYPES
-
     where = f"components[{i}]"
     ctype = raw["componentType"]
     if ctype in KNOWN_COMPONENT_TYPES:
@@ -462,8 +460,6 @@ def parse_manifest(data: Any, *, path: Path) -> PluginManifest:
 
 
 def _egress(value: Any, name: str, tools: tuple[PluginTool, ...], source: str) -> dict[str, tuple[Rule, ...]]:
-    from heddle.egress import EgressError, parse_section
-
     try:
         section = parse_section(value, f"{source}: egress")
     except EgressError as exc:
@@ -478,9 +474,6 @@ def _egress(value: Any, name: str, tools: tuple[PluginTool, ...], source: str) -
 
 def load_manifest(path: str | Path) -> PluginManifest:
     """Read and check the manifest at `path` (a `plugin.json`, or a folder holding one)."""
-    from heddle.canonical import CanonicalJSONError
-    from heddle.safeparse import ParseLimitError, loads_strict_json
-
     p = Path(path)
     if p.is_dir():
         p = p / MANIFEST_NAME

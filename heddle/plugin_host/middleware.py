@@ -16,6 +16,7 @@ import functools
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from heddle.blocking import Tasks
 from heddle.engine import events as ev
 from heddle.engine.journal import Suspended
 from heddle.engine.seams import (
@@ -33,10 +34,13 @@ from heddle.engine.seams import (
 )
 from heddle.errors import ToolError
 from heddle.plugin_host.callbacks import Scope, endpoint_of, handler_for
+from heddle.plugin_host.encoder import EncoderSink
 from heddle.plugin_host.errors import PluginError, PluginRejected
 from heddle.plugin_host.manifest import Component, Phase
+from heddle.plugin_host.nodes import execute_plugin_node
 from heddle.plugin_host.process import OnPartial, PluginCallError
 from heddle.plugin_host.seams import Verdict, parse_verdict
+from heddle.plugin_host.tools import ProvidedPluginTool
 from heddle.plugin_host.turns import turn_from_json, turn_to_json
 
 if TYPE_CHECKING:
@@ -44,7 +48,6 @@ if TYPE_CHECKING:
     from heddle.engine.context import RunContext
     from heddle.model.client import ModelEndpoint
     from heddle.model.turn import AssistantTurn
-    from heddle.plugin_host.encoder import EncoderSink
     from heddle.plugin_host.host import PluginHost
     from heddle.plugin_host.process import PluginProcess
     from heddle.workspace.workspace import Workspace
@@ -75,6 +78,7 @@ class PluginRun:
         self.run_id = run_id
         self._rendering = rendering
         self._encoder: EncoderSink | None = None
+        self._tasks = Tasks()  # the run's own tasks (its encoder's): stopped when it ends
         self._finished = False
         self._nodes: list[c.Node] = []  # the nodes running now, innermost last (FlowNodes nest)
 
@@ -82,12 +86,10 @@ class PluginRun:
 
     async def __aenter__(self) -> Self:
         if self._rendering is not None:
-            from heddle.plugin_host.encoder import EncoderSink
-
             rendering = self._rendering
             try:
                 self._encoder = EncoderSink(self.host, rendering.protocol, rendering.write, run_id=self.run_id,
-                                            options=self.ctx.options)
+                                            options=self.ctx.options, tasks=self._tasks)
             except BaseException:
                 await self._stop_processes()
                 raise
@@ -97,12 +99,11 @@ class PluginRun:
                         tb: TracebackType | None) -> None:
         try:
             encoder = self._encoder
-            if encoder is not None:
-                if isinstance(exc, Exception) and not self._finished:
-                    # The error is the run's answer; an encoder failing to render it must not hide it.
-                    with contextlib.suppress(Exception):
-                        await encoder.finish(error=exc)
-                encoder.cancel()
+            if encoder is not None and isinstance(exc, Exception) and not self._finished:
+                # The error is the run's answer; an encoder failing to render it must not hide it.
+                with contextlib.suppress(Exception):
+                    await encoder.finish(error=exc)
+            await self._tasks.aclose()
         finally:
             await self._stop_processes()
 
@@ -178,16 +179,12 @@ class PluginRun:
         comp = self.host.node_component(component_type)
         if comp is None:
             return None
-        from heddle.plugin_host.nodes import execute_plugin_node
-
         return functools.partial(execute_plugin_node, self, comp)
 
     def tool(self, name: str) -> ProvidedTool | None:
         tool = self.host.tools.get(name)
         if tool is None:
             return None
-        from heddle.plugin_host.tools import ProvidedPluginTool
-
         return ProvidedPluginTool(self, tool)
 
     # ---------------------------------------------------------------- node and nodeError

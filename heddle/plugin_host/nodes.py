@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from heddle.agentspec import components as c
+from heddle.agentspec.io import declared_values
+from heddle.blocking import WORKSPACE_COPIES, run_blocking
 from heddle.engine import events as ev
 from heddle.engine.seams import Outcome
 from heddle.errors import RunError
@@ -23,6 +24,8 @@ from heddle.plugin_host.callbacks import Scope, endpoint_of
 from heddle.plugin_host.errors import PluginError
 from heddle.plugin_host.manifest import Component
 from heddle.plugin_host.process import PluginCallError
+from heddle.workspace.treecopy import remove_tree
+from heddle.workspace.workspace import Workspaces
 
 if TYPE_CHECKING:
     from heddle.plugin_host.middleware import PluginRun
@@ -30,8 +33,6 @@ if TYPE_CHECKING:
 
 
 def _inputs(node: c.PluginNode, declared: list[dict[str, Any]], values: dict[str, Any]) -> dict[str, Any]:
-    from heddle.agentspec.io import declared_values
-
     if not declared:
         return dict(values)
     out, missing = declared_values(declared, values)
@@ -45,9 +46,6 @@ def _inputs(node: c.PluginNode, declared: list[dict[str, Any]], values: dict[str
 @contextlib.asynccontextmanager
 async def plugin_workspace(run: PluginRun, plugin: str, node_name: str) -> AsyncIterator[Workspace]:
     """A workspace built like every other, but inside the plugin's home."""
-    from heddle.workspace.treecopy import remove_tree
-    from heddle.workspace.workspace import Workspaces, in_worker
-
     ctx = run.ctx
     home = run.host.home(plugin, ctx.options)
     shared = ctx.workspaces
@@ -62,7 +60,7 @@ async def plugin_workspace(run: PluginRun, plugin: str, node_name: str) -> Async
         if shared.options.keep_root is None and root is not None:
             # `owner` keeps its workspaces (they are in the plugin's home): removed here once closed.
             with contextlib.suppress(OSError):
-                await in_worker(functools.partial(remove_tree, root))
+                await run_blocking(WORKSPACE_COPIES, remove_tree, root)
 
 
 async def execute_plugin_node(run: PluginRun, comp: Component, node: c.Node, node_input: dict[str, Any]) -> Outcome:

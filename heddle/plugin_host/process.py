@@ -15,12 +15,16 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from heddle.blocking import Tasks
 from heddle.plugin_host import protocol
 from heddle.plugin_host.errors import PluginError
 from heddle.plugin_host.launch import Launch
-from heddle.surface import CLI, Surface
+from heddle.surface import NEUTRAL, Surface
+
+if TYPE_CHECKING:
+    from heddle.workspace.egress_proxy import EgressCall
 
 # Answers a plugin's request (method, params); raising CallbackError answers with an error.
 Handler = Callable[[str, dict[str, Any]], Awaitable[Any]]
@@ -48,6 +52,7 @@ class _Pending:
     on_partial: OnPartial | None
     last_heard: float
     busy: int = 0  # our answers to the plugin's requests for this call still being worked out
+    answers: Tasks = field(default_factory=Tasks)  # those answers: the call's end stops them
 
     def touch(self) -> None:
         self.last_heard = asyncio.get_running_loop().time()
@@ -60,11 +65,13 @@ class _Running:
     proc: asyncio.subprocess.Process
     stderr: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=STDERR_LINES))
     pending: dict[int, _Pending] = field(default_factory=dict)
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    readers: tuple[asyncio.Task[None], ...] = ()
     dead: bool = False
     killed: bool = False  # set the moment heddle kills it, before its reader notices the exit
     reason: str | None = None  # why heddle killed it, when it did
     ended: str | None = None  # how it ended, with "{method}" for the call it ended during
+    # What lives as long as the process: its egress proxy, when it has one.
+    closing: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
 
     @property
     def usable(self) -> bool:
@@ -93,9 +100,13 @@ class _Running:
 class PluginProcess:
     """A plugin's process, as calls: `await call(method, params)` starts it when needed."""
 
-    def __init__(self, name: str, launch: Callable[[], Launch], *, timeout: float, capabilities: frozenset[str],
-                 surface: Surface = CLI, max_line: int = protocol.MAX_LINE) -> None:
+    def __init__(self, name: str, launch: Callable[..., Launch], *, timeout: float, capabilities: frozenset[str],
+                 surface: Surface = NEUTRAL, max_line: int = protocol.MAX_LINE,
+                 egress: Callable[[], contextlib.AbstractAsyncContextManager[EgressCall]] | None = None) -> None:
         self.name = name
+        # Each process's egress proxy (heddle.workspace.egress_proxy), opened before it starts and handed to
+        # `launch`, closed when it ends.
+        self._egress = egress
         # The longest line heddle reads from it: a session store's answers carry whole records.
         self.max_line = max_line
         self._launch = launch
@@ -104,6 +115,8 @@ class PluginProcess:
         self.capabilities = capabilities
         self._running: _Running | None = None
         self._start_lock = asyncio.Lock()
+        # The readers of every process started: the host's close (ours) stops those still running.
+        self._tasks = Tasks()
         self._next_id = 0
         self.starts = 0
 
@@ -155,6 +168,7 @@ class PluginProcess:
             running.pending.pop(call_id, None)
             if not pending.future.done():
                 pending.future.cancel()
+            await pending.answers.aclose()
 
     # ---------------------------------------------------------------- life
 
@@ -184,25 +198,34 @@ class PluginProcess:
             return running
 
     async def _spawn(self) -> _Running:
-        launch = self._launch()
+        closing = contextlib.AsyncExitStack()
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *launch.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, cwd=str(launch.cwd), env=launch.env,
-                start_new_session=True, limit=self.max_line,
-            )
-        except FileNotFoundError:
-            raise PluginError(self.name, f"cannot start {launch.argv[0]}: not found") from None
-        except PermissionError:
-            raise PluginError(self.name, f"cannot start {launch.argv[0]}: not executable; run chmod +x on it") from None
-        except OSError as exc:
-            hint = " (a script needs a #! line)" if exc.errno == 8 else ""
-            raise PluginError(self.name, f"cannot start {launch.argv[0]}: {exc.strerror}{hint}") from None
+            if self._egress is not None:
+                launch = self._launch(await closing.enter_async_context(self._egress()))
+            else:
+                launch = self._launch()
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *launch.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE, cwd=str(launch.cwd), env=launch.env,
+                    start_new_session=True, limit=self.max_line,
+                )
+            except FileNotFoundError:
+                raise PluginError(self.name, f"cannot start {launch.argv[0]}: not found") from None
+            except PermissionError:
+                raise PluginError(self.name, f"cannot start {launch.argv[0]}: not executable; run chmod +x on "
+                                             "it") from None
+            except OSError as exc:
+                hint = " (a script needs a #! line)" if exc.errno == 8 else ""
+                raise PluginError(self.name, f"cannot start {launch.argv[0]}: {exc.strerror}{hint}") from None
+        except BaseException:
+            await closing.aclose()
+            raise
         self.starts += 1
-        running = _Running(proc)
-        err = asyncio.create_task(self._read_stderr(running))
-        out = asyncio.create_task(self._read_stdout(running, err))
-        running.tasks.update((err, out))
+        running = _Running(proc, closing=closing)
+        err = self._tasks.start(self._read_stderr(running))
+        out = self._tasks.start(self._read_stdout(running, err))
+        running.readers = (err, out)
         return running
 
     async def _read_stderr(self, running: _Running) -> None:
@@ -249,6 +272,7 @@ class PluginProcess:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(running.proc.pid, signal.SIGKILL)  # children it left must not outlive it
         code = await running.proc.wait()
+        await running.closing.aclose()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(stderr_task), 1.0)
         tail = running.last_stderr()
@@ -310,9 +334,7 @@ class PluginProcess:
             return
         pending.busy += 1
         pending.touch()
-        task = asyncio.create_task(self._answer(running, request, pending))
-        running.tasks.add(task)
-        task.add_done_callback(running.tasks.discard)
+        pending.answers.start(self._answer(running, request, pending))
 
     async def _answer(self, running: _Running, request: protocol.Request, pending: _Pending) -> None:
         assert pending.handler is not None
@@ -339,17 +361,22 @@ class PluginProcess:
     async def close(self) -> None:
         """Ask the process to shut down, then make sure it and its children are gone."""
         running, self._running = self._running, None
-        if running is None:
-            return
+        try:
+            if running is not None:
+                await self._stop(running)
+        finally:
+            await self._tasks.aclose()
+
+    async def _stop(self, running: _Running) -> None:
         if not running.dead:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._call(running, "shutdown", {}, None, None), SHUTDOWN_GRACE_S)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(running.proc.wait(), SHUTDOWN_GRACE_S)
         running.kill()
-        for task in list(running.tasks):
+        # The readers see the exit and fail the calls still in flight with it; the rest are cancelled.
+        for task in running.readers:
             if not task.done():
                 with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
                     await asyncio.wait_for(asyncio.shield(task), 1.0)
-        for task in list(running.tasks):
-            task.cancel()
+        await running.closing.aclose()

@@ -12,6 +12,7 @@ from heddle.errors import ToolError
 from heddle.plugin_host.errors import PluginError
 from heddle.plugin_host.manifest import PluginTool
 from heddle.plugin_host.process import PluginCallError
+from heddle.tools.schema import check_arguments
 
 if TYPE_CHECKING:
     from heddle.plugin_host.middleware import PluginRun
@@ -26,8 +27,6 @@ class ProvidedPluginTool:
     tool: PluginTool
 
     def check(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        from heddle.tools.schema import check_arguments
-
         tool = self.tool
         filled, problem = check_arguments(tool.input_schema, arguments)
         if problem is not None or filled is None:
@@ -46,7 +45,8 @@ class ProvidedPluginTool:
         # A tool its process listed (--discover-tools) belongs to no component: it is asked by name.
         assert tool.component_type is not None or tool.discovered
         params = {"tool": tool.name, "arguments": request.arguments, "callId": request.call_id,
-                  "node": run.node_ref(request.node), "workspace": str(request.workspace.root)}
+                  "idempotencyKey": request.idempotency_key, "node": run.node_ref(request.node),
+                  "workspace": str(request.workspace.root)}
         try:
             result = await run.ask(tool.plugin, tool.component_type, "callTool", params,
                                    run.scope(request.node, request.workspace))

@@ -19,12 +19,15 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from heddle.server.metrics import Metrics
+
+if TYPE_CHECKING:
+    from heddle.server.service import Job, Service
 
 log = logging.getLogger("heddle.server.access")
 
@@ -102,18 +105,15 @@ class AccessLog:
                 cause["error"], extra={"fields": cause})
 
 
-def run_fields(service: Any, job: Any) -> dict[str, str]:
+def run_fields(service: Service, job: Job) -> dict[str, str]:
     """What the log line of a request says of the run it started: its session and the digest it runs
     (a bundle's, or in a session the digest of the flow the session is bound to)."""
     fields: dict[str, str] = {}
     if job.session is not None:
         fields["session"] = job.session.session_id
-    lease = job.lease
-    sealed = lease.edition.sealed if lease is not None else None
-    if sealed is not None and job.prepared is lease.edition.bundle_run:
-        from heddle.server.served_bundle import digest_of
-
-        fields["digest"] = digest_of(sealed)
+    edition = job.lease.edition if job.lease is not None else None
+    if edition is not None and edition.sealed is not None and job.prepared is edition.bundle_run:
+        fields["digest"] = edition.sealed.digest
     elif job.digest:
         fields["digest"] = job.digest
     return fields

@@ -20,6 +20,7 @@ from heddle.server.body import Gone, read_json_object
 from heddle.server.errors import ApiError, as_api_error, bad_request, error_body
 from heddle.server.guard import guard_middleware
 from heddle.server.service import Service
+from heddle.server.surfaces.agui import PROTOCOL as AGUI
 
 log = logging.getLogger("heddle.server")
 
@@ -66,7 +67,7 @@ def build_app(service: Service) -> Starlette:
         return _JSON(service.capabilities())
 
     async def tools(request: Request) -> Response:
-        return _JSON(service.tool_listing)
+        return _JSON(service.edition.tool_listing)
 
     async def openapi(request: Request) -> Response:
         from heddle.server.openapi import openapi_document
@@ -81,6 +82,10 @@ def build_app(service: Service) -> Starlette:
         from heddle.server.run_response import RunResponse
 
         protocol = request.query_params.get("protocol")
+        if protocol == AGUI and AGUI in config.surfaces:
+            from heddle.server.surfaces.agui import agui_run
+
+            return await agui_run(service, await read_json_object(request, config.max_body_bytes))
         encoder = service.encoder(protocol)
         stream = _stream_flag(request) or protocol == "heddle"
         body = await read_json_object(request, config.max_body_bytes)
@@ -106,6 +111,15 @@ def build_app(service: Service) -> Starlette:
             await service.delete_session(session_id)
             return Response(status_code=204)
         return _JSON(await service.session_summary(session_id))
+
+    async def session_events(request: Request) -> Response:
+        from starlette.responses import StreamingResponse
+
+        from heddle.server import sse
+        from heddle.server.sessions import followed
+
+        frames = await followed(service, request.path_params["session_id"])
+        return StreamingResponse(frames, headers={k.decode(): v.decode() for k, v in sse.HEADERS})
 
     async def on_api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
@@ -155,7 +169,21 @@ def build_app(service: Service) -> Starlette:
         Route("/v1/validate", validate, methods=["POST"]),
         Route("/v1/sessions", new_session, methods=["POST"]),
         Route("/v1/sessions/{session_id}", session, methods=["GET", "DELETE"]),
+        Route("/v1/sessions/{session_id}/events", session_events, methods=["GET"]),
     ]
+    if "runs" not in config.surfaces:
+        # --serve without runs: /v1/runs and its sessions are not served (the other surfaces keep theirs).
+        routes = [r for r in routes if not r.path.startswith(("/v1/runs", "/v1/sessions"))]
+    from heddle.server.surfaces import surface_routes
+
+    # The other protocols --serve names (MCP, A2A, the Responses API): routes of their own. Each must be a
+    # Route: the guard's body check and the access log read a route's own path and methods, so a Mount (or
+    # anything else) would serve paths they do not know.
+    for route in surface_routes(service):
+        if not isinstance(route, Route):
+            raise TypeError(f"a surface's route must be a starlette Route, not {type(route).__name__} "
+                            f"({getattr(route, 'path', route)!r}): the guard and the access log match Routes only")
+        routes.append(route)
     middleware = guard_middleware(host=config.host, allowed_hosts=config.allowed_hosts,
                                   cors_origins=config.cors_origins, auth=auth,
                                   body_paths=[r.path for r in routes if "POST" in (r.methods or ())])

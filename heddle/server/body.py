@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
+from starlette.types import Receive
 
 from heddle.canonical import CanonicalJSONError
 from heddle.safeparse import ParseLimitError, loads_strict_json
@@ -17,6 +18,15 @@ DISCARD_LIMIT = 8 << 20
 
 class Gone(Exception):
     """The client went away while sending its body; there is no one to answer."""
+
+
+async def disconnected(receive: Receive) -> None:
+    """Returns when the client has closed the connection (its request body already read): what every
+    route that runs something watches, so that a caller who leaves stops its run at once."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
 
 
 def _too_large(limit: int) -> ApiError:

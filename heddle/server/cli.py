@@ -1,28 +1,32 @@
 """`heddle-server`: serve flows, or one sealed bundle, over HTTP.
 
-Only the standard library is imported at start-up, so `--help` and `--version` stay fast;
-the server and the engine are imported once the command line has been read.
+A typer command whose options are built from the settings table as `heddle run`'s are
+(heddle.shell_options): the same help, units, completion and did-you-mean. Only typer and the
+table are imported to read the command line, so `--help` stays fast; the server and the engine
+are imported once it has been read.
 """
 
 from __future__ import annotations
 
-import argparse
+import functools
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from heddle.textsafe import write_line
 
 if TYPE_CHECKING:
+    from heddle.bundle.verified import Bundle
     from heddle.format.trust import TrustPolicy
     from heddle.oci import Pulled
     from heddle.server.config import ServerConfig
     from heddle.settings import Setting
 
 EPILOG = """\
-environment:
+Environment:
   HEDDLE_AUTH_TOKEN       bearer token every route but /healthz and /readyz requires
                           (--auth-token wins; prefer this over the flag, which others can see in ps)
   HEDDLE_STREAM           1 (default) or 0: whether models are asked to stream their answers
@@ -32,14 +36,14 @@ environment:
   HEDDLE_SESSION_KEY      the key session records are authenticated with (--session-key FILE wins);
                           a postgres:// or plugin store needs one, the same on every replica
 
-browsers and proxies (every route, /healthz and /readyz too):
+Browsers and proxies (every route, /healthz and /readyz too):
   Host     must name this server, at any port: localhost, 127.0.0.1, [::1], the --host address,
            or an --allowed-host name; with a wildcard --host (0.0.0.0, ::) any IP address too,
            so probes that send the pod's IP pass. Otherwise 421 (this stops DNS rebinding).
   Origin   a request that carries one (a web page's) needs --cors-origin to allow it, else 403.
   bodies   POST bodies must be Content-Type: application/json (charset=utf-8 at most), else 415.
 
-examples:
+Examples:
   heddle-server --bundle app.heddle --trust me.pub --port 4319
   heddle-server --flows-root flows --tools-dir tools --safe --deny-net
   heddle-server --bundle app.heddle --trust me.pub --session-store postgres://heddle@db/heddle
@@ -48,44 +52,10 @@ examples:
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line naming the flag at fault, as every heddle command reports bad input.
-        self.exit(2, f"error: {message}; see heddle-server --help\n")
-
-
-def _reader(spec: Setting) -> Callable[[str], str]:
-    """An argparse `type` that refuses what `spec` cannot read (argparse names the flag), and keeps
-    the text: config_from reads it again, to note a plain duration once and check its range."""
-
-    def read(text: str) -> str:
-        if spec.kind != "rounds":  # refused by config_from, naming the limit's own rule
-            try:
-                spec.read(text, plain="ms")
-            except ValueError as exc:
-                raise argparse.ArgumentTypeError(str(exc)) from None
-        return text
-
-    return read
-
-
-def _help(spec: Setting) -> str:
-    shown = spec.show_default()
-    return spec.help_for("ms") + (f" [default: {shown}]" if shown is not None else "")
-
-
-def _add(group: argparse._ArgumentGroup, spec: Setting) -> None:
-    assert spec.flag is not None
-    # Every default is None here, so config_from knows what was given; the defaults are the table's.
-    if spec.kind == "flag":
-        group.add_argument(spec.flag, dest=spec.name, action="store_const", const=not spec.default, default=None,
-                           help=_help(spec))
-    elif spec.kind in ("paths", "texts"):
-        group.add_argument(spec.flag, dest=spec.name, action="append", default=None, metavar=spec.metavar,
-                           type=Path if spec.kind == "paths" else str, help=_help(spec))
-    else:
-        group.add_argument(spec.flag, dest=spec.name, default=None, metavar=spec.metavar,
-                           type=Path if spec.kind == "path" else _reader(spec), help=_help(spec))
+DESCRIPTION = "Serve Agent Spec flows, or one sealed .heddle bundle, over HTTP."
+QUIET_HELP = "Print no notes on stderr (the log and the warnings stay, as --log-level says)."
+VERBOSE_HELP = "Also say on stderr what the server serves as it starts: its protocols, its limits, its sessions."
+_CTX = "heddle_click_context"
 
 
 def _flags() -> list[Setting]:
@@ -96,37 +66,90 @@ def _flags() -> list[Setting]:
     return [s for s in (*server_settings(), *SETTINGS) if s.server and s.flag is not None]
 
 
-def parser() -> argparse.ArgumentParser:
+@dataclass(frozen=True)
+class _Parsed:
+    """The command line read: each option's value, and the names given on it."""
+
+    values: Mapping[str, Any]
+    given: frozenset[str]
+
+
+@functools.cache
+def command() -> Any:
+    """The click command heddle-server is, its options built from the table as `heddle run`'s are."""
+    import inspect
+
+    import typer
+    from typer.core import TyperCommand
+
     from heddle import __version__
     from heddle.server.config import GROUPS
+    from heddle.shell_options import format_sections, option, quicken
 
-    p = _Parser(prog="heddle-server", description="Serve Agent Spec flows, or one sealed .heddle bundle, over HTTP.",
-                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"heddle-server {__version__}")
-    flags = _flags()
-    groups: dict[str, argparse._ArgumentGroup] = {}
-    for title in dict.fromkeys(GROUPS.values()):
-        groups[title] = p.add_argument_group(title)
-    for spec in flags:
-        _add(groups[GROUPS[spec.group]], spec)
-    return p
+    order = list(dict.fromkeys(GROUPS.values()))
+
+    class ServerCommand(TyperCommand):
+        def get_params(self, ctx: Any) -> list[Any]:
+            params = super().get_params(ctx)
+            quicken(params)
+            return params
+
+        def format_options(self, ctx: Any, formatter: Any) -> None:
+            format_sections(self, ctx, formatter, order)
+
+        def format_epilog(self, ctx: Any, formatter: Any) -> None:
+            formatter.write("\n" + EPILOG)  # as written: click would rewrap its columns
+
+    def version(given: bool) -> None:
+        if given:
+            typer.echo(f"heddle-server {__version__}")
+            raise typer.Exit()
+
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    params = []
+    for spec in _flags():
+        annotation, typed = option(spec, plain="ms", panel=GROUPS[spec.group])
+        params.append(inspect.Parameter(spec.name, keyword, default=typed, annotation=annotation))
+    params += [
+        inspect.Parameter("quiet", keyword, annotation=bool, default=typer.Option(False, "--quiet", "-q",
+                                                                                  help=QUIET_HELP)),
+        inspect.Parameter("verbose", keyword, annotation=bool, default=typer.Option(False, "--verbose", "-v",
+                                                                                    help=VERBOSE_HELP)),
+        inspect.Parameter("version", keyword, annotation=bool, default=typer.Option(
+            False, "--version", callback=version, is_eager=True, help="Print the version and exit.")),
+        inspect.Parameter(_CTX, keyword, annotation=typer.Context),
+    ]
+
+    def read(**values: Any) -> _Parsed:
+        ctx = values.pop(_CTX)
+        sources = {name: ctx.get_parameter_source(name) for name in values}
+        return _Parsed(values, frozenset(n for n, source in sources.items() if source and source.name != "DEFAULT"))
+
+    read.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    read.__annotations__ = {p.name: p.annotation for p in params}
+    app = typer.Typer(rich_markup_mode=None, pretty_exceptions_enable=False, add_completion=True,
+                      context_settings={"help_option_names": ["-h", "--help"],
+                                        **({"color": False} if "NO_COLOR" in os.environ else {})})
+    app.command(cls=ServerCommand, help=DESCRIPTION, epilog=EPILOG)(read)
+    return typer.main.get_command(app)
 
 
-def _value(spec: Setting, raw: Any) -> Any:
+def parse(argv: Sequence[str]) -> _Parsed | int:
+    """The command line read, or the exit status of one that was answered already (--help, --version,
+    completion); UsageError, naming the option, for one that cannot be read."""
+    from heddle.errors import UsageError
+    from heddle.shell_options import usage_error_types
 
-    if spec.kind in ("paths", "texts"):
-        return tuple(raw)
-    if spec.kind in ("flag", "path"):
-        return raw
-    if spec.kind == "text":
-        return str(raw)
-    value, note = spec.parse(str(raw), plain="ms")
-    if note is not None:
-        write_line(sys.stderr, f"note: {note}")
-    return value
+    try:
+        parsed = command().main(args=list(argv), prog_name="heddle-server", standalone_mode=False)
+    except usage_error_types() as exc:
+        raise UsageError(f"{exc.format_message().rstrip('.')}; see heddle-server --help") from None  # type: ignore[attr-defined]
+    return parsed if isinstance(parsed, _Parsed) else int(parsed or 0)
 
 
-def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerConfig:
+def config_from(argv: Sequence[str] | _Parsed, environ: Mapping[str, str]) -> ServerConfig:
+    """The settings the command line and the environment give; UsageError naming the one at fault."""
+    from heddle.errors import UsageError
     from heddle.server.config import (
         ENV_LLM_DEFAULT_KEY,
         ENV_SESSION_KEY,
@@ -138,13 +161,24 @@ def config_from(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerC
         stream_from_env,
     )
     from heddle.settings import BY_NAME, RunSettings
+    from heddle.shell_options import value
+
+    parsed = argv if isinstance(argv, _Parsed) else parse(argv)
+    assert isinstance(parsed, _Parsed), "--help and --version are answered by run()"
+    quiet, verbose = parsed.values["quiet"], parsed.values["verbose"]
+    if quiet and verbose:
+        raise UsageError("give --quiet or --verbose, not both")
+
+    def note(text: str) -> None:
+        if not quiet:
+            write_line(sys.stderr, f"note: {text}")
 
     own: dict[str, Any] = {}
     run: dict[str, Any] = {}
     for spec in _flags():
-        raw = getattr(args, spec.name)
-        if raw is not None:
-            (run if spec.name in BY_NAME else own)[spec.name] = _value(spec, raw)
+        if spec.name in parsed.given:
+            raw = parsed.values[spec.name]
+            (run if spec.name in BY_NAME else own)[spec.name] = value(spec, raw, plain="ms", note=note)
     # The server reads whether models stream from the environment, not a flag.
     if ENV_STREAM in environ:
         run["stream"] = stream_from_env(environ)
@@ -180,7 +214,6 @@ def _announce(url: str) -> None:
 
 def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """The whole command; returns the exit status."""
-    args = parser().parse_args(argv)
     environ = os.environ if environ is None else environ
 
     from dataclasses import replace
@@ -190,7 +223,10 @@ def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = N
     try:
         from heddle.server.config import check_config
 
-        config = config_from(args, environ)
+        parsed = parse(sys.argv[1:] if argv is None else argv)
+        if isinstance(parsed, int):
+            return parsed
+        config = config_from(parsed, environ)
         warnings = check_config(config)
         from heddle.server.config import DEFAULT_MAX_CONNECTIONS
         from heddle.server.connections import connection_cap
@@ -200,10 +236,10 @@ def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = N
         config = replace(config, work_dir=_prepare_work_dir(config.work_dir), max_connections=connections)
         # The engine and the HTTP stack load only once the command line has passed its checks.
         from heddle.server.serve import serve
-        from heddle.server.served_bundle import close_served, digest_of, open_served, pull_served
+        from heddle.server.served_bundle import close_served, open_served, pull_served
         from heddle.server.service import Service
 
-        sealed: Any = None
+        sealed: Bundle | None = None
         pulled: Pulled | None = None
         policy: TrustPolicy | None = None
         if config.bundle is not None:
@@ -212,7 +248,7 @@ def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = N
             # Trust is decided here, once, and handed down whole (a following server's new digests too).
             policy = TrustPolicy.from_names(config.trust, allow_unsigned=config.allow_unsigned)
             pulled = pull_served(config)
-            sealed = open_served(config, policy, pulled).runnable
+            sealed = open_served(config, policy, pulled)
             if config.expect_name is not None and sealed.flow.name != config.expect_name:
                 close_served(sealed)
                 from heddle.format.release import DowngradeError
@@ -236,8 +272,13 @@ def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = N
                                         expect_name=config.expect_name)
         for warning in warnings:
             write_line(sys.stderr, f"warning: {warning}")
-        if sealed is not None:
-            write_line(sys.stderr, f"heddle-server: serving bundle {sealed.name!r} {digest_of(sealed)}")
+        if sealed is not None and not parsed.values["quiet"]:
+            write_line(sys.stderr, f"heddle-server: serving bundle {sealed.name!r} {sealed.digest}")
+        if parsed.values["verbose"]:
+            # The kind alone: a postgres:// URL may carry its password.
+            store = (config.settings.session_store or "none (stateless)").split(":", 1)[0]
+            write_line(sys.stderr, f"heddle-server: answering on {', '.join(sorted(config.surfaces))}; up to "
+                                   f"{config.max_concurrent} runs at once (--max-concurrent); sessions: {store}")
         return serve(service, on_ready=_announce)
     except HeddleError as exc:
         write_line(sys.stderr, f"error: {exc.message}")
@@ -248,4 +289,10 @@ def run(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = N
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--version"]:
+        # The fast path: what the option prints, without building the command.
+        from heddle import __version__
+
+        write_line(sys.stdout, f"heddle-server {__version__}")
+        sys.exit(0)
     sys.exit(run())

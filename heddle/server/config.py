@@ -90,6 +90,23 @@ class ServerConfig:
     flows_root: Path | None = field(default=None, metadata=_own(
         kind="path", flag="--flows-root", metavar="DIR", group=SOURCE,
         help="Requests may name flows under DIR with flowPath."))
+    # None: served_surfaces' default (every surface with a bundle; runs and ag-ui without one).
+    serve: str | None = field(default=None, metadata=_own(
+        kind="text", flag="--serve", metavar="SURFACE,...", group=SOURCE,
+        shown="runs,mcp,a2a,responses,ag-ui with --bundle; runs,ag-ui without",
+        help="The protocols to answer on, comma-separated: runs (/v1/runs and /v1/sessions), mcp (/mcp), a2a "
+             "(/.well-known/agent-card.json, /a2a), responses (/v1/responses, /v1/models) and ag-ui (?protocol=ag-ui "
+             "on the stream of /v1/runs). mcp, a2a and responses serve one agent, so need --bundle."))
+    card_key: Path | None = field(default=None, metadata=_own(
+        kind="path", flag="--card-key", metavar="KEY", group=BUNDLES, shown="none (the card is not signed)",
+        help="With a2a served: sign the A2A agent card (JWS over its JCS form) with this Ed25519 key from `heddle "
+             "keygen` (HEDDLE_KEY_PASSPHRASE unlocks an encrypted one); the signature's kid is its key id. Needs "
+             "--public-url, the address the signed card names."))
+    public_url: str | None = field(default=None, metadata=_own(
+        kind="text", flag="--public-url", metavar="URL", group=NETWORK,
+        shown="none (the card names the address each request was sent to)",
+        help="The address callers reach this server at (https://agents.example.com), as the A2A agent card names "
+             "it."))
     host: str = field(default="127.0.0.1", metadata=_own(
         kind="text", flag="--host", metavar="ADDRESS", group=NETWORK, shown="127.0.0.1",
         help="Address to listen on."))
@@ -145,6 +162,11 @@ class ServerConfig:
         kind="duration", flag="--session-idle-timeout", metavar="DURATION", minimum=1, group=SESSIONS,
         help="A session not written for this long (waiting for an answer, or between turns) expires: it is "
              "removed, and a request naming it gets 404 as for one that never was."))
+    # None: not given, so on with a postgres:// store (where replicas share runs) and off with the others.
+    recover: bool | None = field(default=None, metadata=_own(
+        kind="switch", flag="--recover/--no-recover", group=SESSIONS, shown="on with a postgres:// store, else off",
+        help="Finish the session runs of a server that died: a run whose owner's lease (--session-lease) expired "
+             "is resumed here from its checkpoint, if this server serves the bundle it started with."))
     log_format: str = field(default=LOG_FORMAT.default, metadata=_shared(LOG_FORMAT))
     log_level: str = field(default=LOG_LEVEL.default, metadata=_shared(LOG_LEVEL))
     # The run settings as the command line gave them (a bundle's proposals are settled later),
@@ -155,6 +177,11 @@ class ServerConfig:
     max_body_bytes: int = MAX_BODY_BYTES
     # $HEDDLE_SESSION_KEY as the server's environment gives it (None: not set): the session store's key.
     session_key_env: str | None = None
+
+    @property
+    def surfaces(self) -> frozenset[str]:
+        """The protocols this server answers on (`--serve`, or its default); UsageError for a bad one."""
+        return served_surfaces(self.serve, bundle=self.bundle is not None)
 
     @property
     def plugins(self) -> tuple[Path, ...]:
@@ -168,10 +195,57 @@ class ServerConfig:
 
 
 # Where each group of flags is shown in --help, in this order.
-GROUPS: Mapping[str, str] = {SOURCE: "what to serve", BUNDLES: "what to serve", NETWORK: "network",
-                             LIMITS: "limits", REQUESTS: "request code and models", SESSIONS: "sessions",
-                             "plugins": "plugins", "workspaces": "workspaces", "sandbox": "sandbox",
-                             OBSERVABILITY: "logs and traces"}
+GROUPS: Mapping[str, str] = {SOURCE: "What to serve", BUNDLES: "What to serve", NETWORK: "Network",
+                             LIMITS: "Limits", REQUESTS: "Request code and models", SESSIONS: "Sessions",
+                             "plugins": "Plugins", "workspaces": "Workspaces", "sandbox": "Sandbox",
+                             OBSERVABILITY: "Logs and traces"}
+
+
+# Every surface `--serve` names, in the order they are listed; the last three speak for one agent.
+SURFACES: tuple[str, ...] = ("runs", "mcp", "a2a", "responses", "ag-ui")
+ONE_AGENT_SURFACES = frozenset({"mcp", "a2a", "responses"})
+
+
+# The module each surface needs beyond heddle's own dependencies, and the extra that installs it.
+SURFACE_PACKAGES: Mapping[str, tuple[str, str]] = {"a2a": ("a2a.server", "heddle[a2a]")}
+
+
+def _absent(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is None
+    except ImportError:
+        return True
+
+
+def missing_package(surface: str) -> str | None:
+    """The extra to install for `surface`, when its package is not installed; else None."""
+    needed = SURFACE_PACKAGES.get(surface)
+    return needed[1] if needed is not None and _absent(needed[0]) else None
+
+
+def served_surfaces(serve: str | None, *, bundle: bool) -> frozenset[str]:
+    """What `--serve` chooses: every surface by default with a bundle; runs and ag-ui without one (the
+    others answer as one agent, which only a bundle is). Refuses an unknown surface by name."""
+    if serve is None:
+        # A surface whose optional package is not installed is left out of the default (--serve names it to
+        # be told how to install it).
+        return frozenset(SURFACES) - (frozenset() if bundle else ONE_AGENT_SURFACES) - frozenset(
+            surface for surface in SURFACE_PACKAGES if missing_package(surface))
+    names = [name.strip().lower() for name in serve.split(",")]
+    unknown = [name for name in names if name not in SURFACES]
+    if unknown:
+        what = f"{unknown[0]!r} is not a surface" if unknown[0] else "a surface is missing"
+        raise UsageError(f"--serve {serve!r}: {what}; give some of {','.join(SURFACES)}, comma-separated")
+    chosen = frozenset(names)
+    one_agent = sorted(chosen & ONE_AGENT_SURFACES)
+    if one_agent and not bundle:
+        raise UsageError(f"--serve {one_agent[0]} answers as one agent, and this server serves no bundle; give "
+                         f"--bundle X.heddle or drop {one_agent[0]} from --serve")
+    if "ag-ui" in chosen and "runs" not in chosen:
+        raise UsageError("--serve ag-ui is an encoding of the stream of /v1/runs; add runs to --serve")
+    return chosen
 
 
 def server_settings() -> tuple[Setting, ...]:
@@ -201,6 +275,17 @@ def check_origin(origin: str) -> None:
             or parts.username is not None:
         raise UsageError(f"--cors-origin {origin!r}: give an origin such as https://app.example.com "
                          "(scheme, host and port only), or *")
+
+
+def check_public_url(url: str) -> None:
+    """`--public-url`: an http(s) URL naming a host, and no query or fragment."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment \
+            or parts.username is not None:
+        raise UsageError(f"--public-url {url!r}: give the http(s) address callers reach this server at, such as "
+                         "https://agents.example.com")
 
 
 def check_allowed_host(name: str) -> None:
@@ -297,6 +382,10 @@ def check_config(config: ServerConfig) -> list[str]:
         if ignored:
             raise UsageError(f"{', '.join(ignored)} cannot be used with --bundle {config.bundle}: "
                              "a bundle server runs only the sealed flow and its own tools")
+    if config.bundle is not None and (config.settings.egress or config.settings.secrets):
+        flag = "--egress" if config.settings.egress else "--secret"
+        raise UsageError(f"{flag} applies to the documents requests send; bundle {config.bundle} has its egress list "
+                         "and secrets sealed in it: seal it again with them (heddle bundle), or drop them")
     if config.settings.plugin_configs and not config.plugins and config.bundle is None:
         raise UsageError("--plugin-config sets a plugin component's settings; load the plugin with --plugin MANIFEST")
     bundle_only = [name for name, given in (("--trust", bool(config.trust)),
@@ -318,6 +407,24 @@ def check_config(config: ServerConfig) -> list[str]:
             raise UsageError("--pull-interval resolves the tag on every interval, and --offline never asks the "
                              "registry; drop one of them")
     check_session_flags(config.settings)
+    surfaces = config.surfaces
+    for surface in sorted(surfaces):
+        extra = missing_package(surface)
+        if extra is not None:
+            raise UsageError(f"--serve {surface} needs a package this installation lacks; install it with "
+                             f"pip install '{extra}', or drop {surface} from --serve")
+    if config.card_key is not None and "a2a" not in surfaces:
+        raise UsageError("--card-key signs the A2A agent card, and this server serves no a2a; give --bundle "
+                         "(and a2a in --serve) or drop --card-key")
+    if config.card_key is not None and _absent("jwt"):
+        raise UsageError("--card-key signs with a2a-sdk's JWS helpers, which need PyJWT; install them with "
+                         "pip install 'heddle[a2a]'")
+    if config.card_key is not None and config.public_url is None:
+        # A card signed with the address a request named would vouch for whatever Host a caller sent.
+        raise UsageError("--card-key signs the agent card, which names this server's address; give that address "
+                         "with --public-url https://HOST")
+    if config.public_url is not None:
+        check_public_url(config.public_url)
     for flag, folder in (("--tools-dir", config.tools_dir), ("--flows-root", config.flows_root)):
         if folder is not None and not folder.is_dir():
             what = "does not exist" if not folder.exists() else "is not a folder"

@@ -27,7 +27,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from heddle.errors import UsageError
 from heddle.server.errors import error_body
-from heddle.surface import SERVER
+from heddle.settings import SERVER
 from heddle.tcp import no_delay
 
 # How long a refused connection is kept to read what the client sends, so closing it does not

@@ -9,33 +9,29 @@ are released only once its last run has ended.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from heddle.blocking import WORKSPACE_COPIES, run_blocking
+
 if TYPE_CHECKING:
+    from heddle.bundle.verified import Bundle
+    from heddle.core import RunCore
     from heddle.engine.run import PreparedRun
+    from heddle.engine.tracing import ModelObserver
     from heddle.server.config import ServerConfig
     from heddle.server.model_policy import ModelPolicy
-    from heddle.tools.commands import CommandSet
 
 log = logging.getLogger("heddle.server")
 
 
 @dataclass(eq=False)
 class Edition:
-    """One bundle's tools, plugins, options and prepared run, as a server serves them."""
+    """One bundle's run core (tools, plugins, options) and prepared run, as a server serves them."""
 
-    sealed: Any  # the bundle's SealedRun, or None for a server of flows
-    tools: dict[str, Path]
-    tools_dir: Path | None
-    commands: CommandSet | None
-    host: Any  # the PluginHost of its runs, or None
-    node_types: frozenset[str]
-    options: Any  # the engine's RunOptions
+    core: RunCore
     bundle_run: PreparedRun | None
     tool_listing: dict[str, Any] = field(default_factory=dict)
     oci_digest: str | None = None  # the registry's digest of the artifact it came from, when it came from one
@@ -43,6 +39,11 @@ class Edition:
     _retired: bool = False
     _closed: bool = False
     _on_idle: Callable[[Edition], None] | None = None
+
+    @property
+    def sealed(self) -> Bundle | None:
+        """The bundle served, or None for a server of flows."""
+        return self.core.bundle
 
     def lease(self) -> Lease:
         """A hold on this edition for one request; released exactly once."""
@@ -69,10 +70,9 @@ class Edition:
             return
         self._closed = True
         try:
-            if self.host is not None:
-                await self.host.aclose()
+            await self.core.aclose()
         finally:
-            await asyncio.to_thread(close_served, self.sealed)
+            await run_blocking(WORKSPACE_COPIES, close_served, self.sealed)
 
     def close_unused(self) -> None:
         """Release an edition that was built but never served (its plugin processes never started)."""
@@ -96,46 +96,45 @@ class Lease:
             self.edition._release()
 
 
-def build_edition(config: ServerConfig, policy: ModelPolicy, sealed: Any = None, observer: Any = None) -> Edition:
+def build_edition(config: ServerConfig, policy: ModelPolicy, sealed: Bundle | None = None,
+                  observer: ModelObserver | None = None) -> Edition:
     """Everything a server runs of `sealed` (or of its flags), checked and prepared: every refusal
     that needs no request is made here. Blocking (plugin discovery, the sandbox probe, preparing
     the run): call it before the loop starts or in a worker thread."""
-    from heddle.engine.run import prepare_run
-    from heddle.runs import discover_apart, tracing_for
-    from heddle.server.service import load_plugins, run_options, run_settings
+    from heddle.core import RunCore
+    from heddle.runs import discover_apart
+    from heddle.settings import SERVER
     from heddle.tools.catalog import catalog
-    from heddle.tools.command_run import with_commands
-    from heddle.tools.registry import discover_tools
     from heddle.workspace.sandbox import check_policy
     from heddle.workspace.workspace import Workspaces
 
+    # A host's processes start on first use (discovery stops its own): one refused below leaves nothing behind;
+    # keep_running: they serve every run of this server and stop with it (Service.aclose).
     if sealed is not None:
-        tools: dict[str, Path] = dict(sealed.tools)
-        tools_dir: Path | None = sealed.tools_dir
-        commands: CommandSet | None = sealed.commands
+        core = RunCore.of_bundle(sealed, config.settings, given=config.given, surface=SERVER, keep_running=True)
     else:
-        from heddle.tools.commands import read_commands
-
-        tools = discover_tools(config.tools_dir)
-        tools_dir = config.tools_dir.absolute() if config.tools_dir else None
-        commands = read_commands(config.commands) if config.commands is not None else None
-    # A host's processes start on first use (discovery stops its own): one refused below leaves nothing behind.
-    host = load_plugins(config, sealed)
-    node_types: frozenset[str] = host.node_types() if host is not None else frozenset()
-    options = run_options(config, sealed)
+        core = RunCore.of_settings(config.settings, tools_dir=config.tools_dir, commands=config.commands,
+                                   surface=SERVER, keep_running=True)
+    options = core.options_for()
     check_policy(options.sandbox, explicitly_set=config.sandbox_flags)
-    Workspaces(options.workspace, tools, tools_dir=tools_dir, warn=lambda message: None).check()
+    if sealed is None and (core.settings.egress or core.settings.secrets):
+        # A flag that cannot be read, a secret's missing variable or one no tool could use: refused at start-up,
+        # not at every request (each request's document gets its list as `heddle run` gives one, at prepare).
+        from heddle.bundle.egress import parse_flags, parse_secret_flags
+        from heddle.engine.options import with_egress
+        from heddle.workspace.egress_proxy import check_secrets
+
+        parse_flags(core.settings.egress)
+        check_secrets(with_egress(options, {}, parse_secret_flags(core.settings.secrets, {})))
+    Workspaces(options.workspace, core.tools, tools_dir=core.tools_dir, warn=lambda message: None).check()
     # --discover-tools: the plugins asked now which tools they serve (never a plugin a request brings).
-    discover_apart(host, run_settings(config, sealed), options)
+    discover_apart(core.host, core.settings, options)
     bundle_run = None
     if sealed is not None:
-        bundle_run = prepare_run(sealed.flow, tools=tools, tools_dir=tools_dir, options=options,
-                                 sandbox_flags=config.sandbox_flags, plugins=with_commands(host, commands, sealed.flow),
-                                 tracing=tracing_for(config.settings, sealed), observer=observer)
+        bundle_run = core.prepare(sealed.flow, observer=observer)
         policy.assign_keys(sealed.flow, bundle_run.endpoints, from_request=False)
     # What GET /v1/tools answers, listed once (a plugin tool taking a tools folder's name is refused now):
     # without paths, programs or argv templates.
-    listing = catalog(tools=tools, flow=sealed.flow if sealed is not None else None, host=host,
-                      commands=commands or ()).as_json(public=True)
-    return Edition(sealed, tools, tools_dir, commands, host, node_types, options, bundle_run, listing)
-
+    listing = catalog(tools=core.tools, flow=sealed.flow if sealed is not None else None, host=core.host,
+                      commands=core.commands or ()).as_json(public=True)
+    return Edition(core, bundle_run, listing)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from heddle.errors import (
@@ -62,3 +63,21 @@ def status_of(exc: HeddleError) -> int:
 
 def as_api_error(exc: HeddleError) -> ApiError:
     return ApiError(status_of(exc), exc.kind, exc.message)
+
+
+# What a caller hears of a run the server stopped (--drain-timeout passed, or a second signal).
+CANCELLED: tuple[int, dict[str, Any]] = (
+    503, error_body("cancelled", "the server is shutting down and stopped this run (--drain-timeout passed); "
+                                 "retry on another instance"))
+
+
+def run_failure(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """The status and error body of a run that failed with `exc`: a caller's mistake found once a
+    session's turn was known (ApiError), heddle's own error, or else a 500 logged with its cause."""
+    if isinstance(exc, ApiError):
+        return exc.status, error_body(exc.type, exc.message)
+    if isinstance(exc, HeddleError):
+        return status_of(exc), error_body(exc.kind, exc.message)
+    logging.getLogger("heddle.server").error("run failed unexpectedly", exc_info=exc)
+    return 500, error_body("internal_error", f"the run failed unexpectedly ({type(exc).__name__}); "
+                                             "see the server log")

@@ -38,6 +38,7 @@ from heddle.errors import HeddleError
 from heddle.format.release import DowngradeError, Stamp, refusal
 
 if TYPE_CHECKING:
+    from heddle.bundle.verified import Bundle
     from heddle.format.trust import TrustPolicy
     from heddle.oci import Resolved
     from heddle.server.config import ServerConfig
@@ -88,7 +89,7 @@ def open_edition(config: ServerConfig, trust: TrustPolicy, service: Service, pat
         return Refused(exc)
 
     try:
-        sealed = open_served(config, trust, Pulled(path, config.bundle, digest)).runnable
+        sealed = open_served(config, trust, Pulled(path, config.bundle, digest))
     except HeddleError as exc:
         raise refused(exc) from exc
     try:
@@ -298,10 +299,9 @@ class Follower:
         self.service.swap(outcome.edition)
         self.digest = outcome.digest
         sealed = outcome.edition.sealed
+        assert sealed is not None, "a following server serves a bundle"
         self.stamp = stamp_of(sealed)
-        from heddle.server.served_bundle import digest_of
-
-        _say(f"serving bundle {sealed.name!r} {digest_of(sealed)} ({self.source.reference} at {self.digest})")
+        _say(f"serving bundle {sealed.name!r} {sealed.digest} ({self.source.reference} at {self.digest})")
 
     def _refuse(self, digest: str | None, error: HeddleError, now: float) -> None:
         if digest is None and self.last_refusal is not None and self.last_refusal.digest is None \
@@ -326,15 +326,15 @@ class Follower:
         return out
 
 
-def stamp_of(sealed: Any) -> Stamp:
+def stamp_of(sealed: Bundle | None) -> Stamp:
     """What orders a served bundle: its digest, signing time and release, and its flow's name and id."""
-    from heddle.server.served_bundle import digest_of
+    assert sealed is not None, "a following server serves a bundle"
 
-    return Stamp(digest_of(sealed), sealed.signed_at, sealed.manifest.release, sealed.flow.name,
+    return Stamp(sealed.digest, sealed.signed_at, sealed.manifest.release, sealed.flow.name,
                  sealed.flow.id or None)
 
 
 def _duration(seconds: float) -> str:
-    from heddle.surface import SERVER
+    from heddle.settings import SERVER
 
     return SERVER.duration(seconds)

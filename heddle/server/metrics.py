@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:
+    from heddle.bundle.verified import Bundle
 
 # Runs take from milliseconds (a tool chain) to minutes (an agent with a slow model).
 RUN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -87,17 +90,15 @@ class Metrics:
         self._serving = False
         self._by_outcome: dict[str, Any] = {}
 
-    def bundle_served(self, sealed: Any, oci_digest: str | None) -> None:
-        """`sealed` (a SealedRun, or None for a server of flows) is what is served from now on."""
+    def bundle_served(self, sealed: Bundle | None, oci_digest: str | None) -> None:
+        """`sealed` (a Bundle, or None for a server of flows) is what is served from now on."""
         if sealed is None:
             return
-        from heddle.bundle.verified import digest_text
-
         if self._serving:
             self.swaps.inc()
         self._serving = True
         self.bundle.clear()
-        self.bundle.labels(name=sealed.name, digest=digest_text(str(sealed.digest)), oci_digest=oci_digest or "").set(1)
+        self.bundle.labels(name=sealed.name, digest=sealed.digest, oci_digest=oci_digest or "").set(1)
 
     def bundle_refused(self, oci_digest: str, reason: str, when: float) -> None:
         self.refusals.inc()

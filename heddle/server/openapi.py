@@ -135,7 +135,12 @@ def _schemas() -> dict[str, Any]:
                            "digest": {"type": "string"},
                            "turns": {"type": "integer", "minimum": 0},
                            "created": {"type": "number"}, "updated": {"type": "number"},
-                           "waiting_for": _ref("WaitingFor")}},
+                           "waiting_for": _ref("WaitingFor"),
+                           "last": {"type": "object", "required": ["outputs"],
+                                    "description": "The last run that finished: its outputs, and `recovered` "
+                                                   "when a replica finished it for one that died.",
+                                    "properties": {"outputs": {"type": "object"},
+                                                   "recovered": {"type": "boolean"}}}}},
         "ValidateRequest": {
             "type": "object",
             "additionalProperties": False,
@@ -227,6 +232,8 @@ def _schemas() -> dict[str, Any]:
                 "sandbox": {"type": "object"},
                 "tools": {"type": "array", "items": {"type": "string"}},
                 "protocols": {"type": "array", "items": {"type": "string"}},
+                "serve": {"type": "array", "items": {"enum": ["runs", "mcp", "a2a", "responses", "ag-ui"]},
+                          "description": "The surfaces it answers on (--serve; docs/serving.md)."},
                 "events": {"type": "array", "items": {"type": "string"}},
                 "limits": {"type": "object"},
                 "runsInFlight": {"type": "integer", "minimum": 0},
@@ -369,7 +376,8 @@ def openapi_document(version: str, *, auth: bool = False) -> dict[str, Any]:
                                 "description": "Stream the run's events as Server-Sent Events."},
                                {"name": "protocol", "in": "query", "required": False, "schema": {"type": "string"},
                                 "description": "Render the run in this protocol (GET /v1/capabilities lists them): "
-                                               "'heddle' is the event stream, others are encoder plugins."}],
+                                               "'heddle' is the event stream, 'ag-ui' AG-UI's events (the body "
+                                               "may then be AG-UI's RunAgentInput), others are encoder plugins."}],
                 "requestBody": {"required": False, "content": {JSON: {"schema": _ref("RunRequest")}}},
                 "responses": run_responses,
             }},
@@ -395,6 +403,31 @@ def openapi_document(version: str, *, auth: bool = False) -> dict[str, Any]:
                         "responses": {"200": _json(_ref("SessionSummary"), "The session."), **session_errors}},
                 "delete": {"operationId": "deleteSession", "summary": "Remove a session.",
                            "responses": {"204": {"description": "Removed."}, **session_errors}},
+            },
+            "/v1/sessions/{session_id}/events": {
+                "parameters": session_param,
+                "get": {"operationId": "followSession",
+                        "summary": "Reconnect to a session's run: the outcome of its run once it has one, as the "
+                                   "last frame of the run's own stream would carry it.",
+                        "responses": {
+                            "200": {"description": "Server-Sent Events: keep-alive comments while the run goes on "
+                                                   "(on this replica, on another, or taken over from a replica that "
+                                                   "died), then one last frame: 'flow_complete' {type, session, "
+                                                   "outputs, recovered} (recovered: true when a replica finished "
+                                                   "the run for one that died), 'waiting' {type, status, session, "
+                                                   "waiting_for}, or 'error' {error: {type, message}} (the run "
+                                                   "failed and waits for a resume, the session was removed, or the "
+                                                   "server began to drain).",
+                                    "content": {"text/event-stream": {"schema": {
+                                        "type": "object", "required": ["event", "data"],
+                                        "properties": {"event": {"type": "string",
+                                                                 "enum": ["flow_complete", "waiting", "error"]},
+                                                       "data": {"type": "string",
+                                                                "description": "The frame as one line of JSON."}}}}}},
+                            **session_errors,
+                            "409": _error("The session has no run to follow: it has not run yet, or its last run "
+                                          "stopped without finishing (continue it with \"resume\": true)."),
+                        }},
             },
         },
         "components": {"schemas": _schemas()},

@@ -16,40 +16,31 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from starlette.types import Receive, Scope, Send
 
-from heddle.errors import HeddleError, SessionError
 from heddle.server import sse
 from heddle.server.admission import Ticket
-from heddle.server.errors import ApiError, error_body, status_of
-from heddle.server.service import Job, Service, check_run
+from heddle.server.body import disconnected
+from heddle.server.errors import CANCELLED, run_failure
+from heddle.server.service import Job, Service
 
 if TYPE_CHECKING:
     from heddle.engine.events import Event, EventSink
     from heddle.engine.run import RunOutcome
+    from heddle.plugin_host.manifest import Component
 
 # The run's task answers the final state and outputs; its queue carries events (or an encoder's text) and _DONE.
-RunTask = asyncio.Task["RunOutcome"]
+RunTask: TypeAlias = "asyncio.Task[RunOutcome]"
 Items = asyncio.Queue[Any]
 
 log = logging.getLogger("heddle.server")
 
-KEEPALIVE_S = 15.0
 _DONE = object()
 _HOLD = object()  # on an encoder's queue: what follows renders the end of a run in a session
-
-
-async def _disconnected(receive: Receive) -> None:
-    """Returns when the client has closed the connection (the request body is already read)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 async def _settle(task: asyncio.Task[Any]) -> None:
@@ -64,29 +55,17 @@ def _outcome(run: RunTask) -> str:
     return "error" if run.exception() is not None else "ok"
 
 
-def _failure(exc: BaseException) -> tuple[int, dict[str, Any]]:
-    if isinstance(exc, ApiError):  # a caller's mistake found once a session's turn was known
-        return exc.status, error_body(exc.type, exc.message)
-    if isinstance(exc, HeddleError):
-        return status_of(exc), error_body(exc.kind, exc.message)
-    log.error("run failed unexpectedly", exc_info=exc)
-    return 500, error_body("internal_error", f"the run failed unexpectedly ({type(exc).__name__}); "
-                                             "see the server log")
-
-
 def _reason(run: RunTask) -> str:
     failure = None if run.cancelled() else run.exception()
-    return "cancelled" if failure is None else str(_failure(failure)[1]["error"]["message"])
+    return "cancelled" if failure is None else str(run_failure(failure)[1]["error"]["message"])
 
-
-_CANCELLED = (503, error_body("cancelled", "the server is shutting down and stopped this run "
-                                           "(--drain-timeout passed); retry on another instance"))
 
 
 class RunResponse:
     """An ASGI response that runs the job while it answers."""
 
-    def __init__(self, service: Service, job: Job, ticket: Ticket, *, stream: bool, encoder: Any = None) -> None:
+    def __init__(self, service: Service, job: Job, ticket: Ticket, *, stream: bool,
+                 encoder: Component | None = None) -> None:
         self.service = service
         self.job = job
         self.ticket = ticket
@@ -98,15 +77,10 @@ class RunResponse:
     def _sink(self, queue: Items | None, *, rendered: Items | None = None) -> EventSink:
         from heddle.engine import events as ev
 
-        loop = asyncio.get_running_loop()
-        loop_thread = threading.get_ident()
-        metrics, job = self.service.metrics, self.job
+        job = self.job
 
         def deliver(event: Event) -> None:
             self.started.set()
-            if isinstance(event, ev.ToolResult):
-                metrics.tool_called(job.tool_label(event.tool), event.ok, event.duration_ms)
-                metrics.command_called(job.tool_label(event.tool), event.output, event.duration_ms)
             if job.session is not None and isinstance(event, (ev.FlowComplete, ev.Waiting)):
                 self.last = event
                 if rendered is not None:
@@ -115,68 +89,17 @@ class RunResponse:
             if queue is not None:
                 queue.put_nowait(event)
 
-        def on_event(event: Event) -> None:
-            if threading.get_ident() == loop_thread:
-                deliver(event)
-            else:
-                loop.call_soon_threadsafe(deliver, event)
-
-        return on_event
+        return deliver
 
     def _start(self, queue: Items | None, *, rendered: Items | None = None) -> RunTask:
-        job = self.job
-        sink = self._sink(queue, rendered=rendered)
-        from heddle.engine.run import run_prepared
         from heddle.engine.seams import Rendering
 
         rendering = None
         if self.encoder is not None:
             assert rendered is not None, "an encoder needs somewhere to write"
+            assert self.encoder.protocol is not None, "an encoder names its protocol"
             rendering = Rendering(self.encoder.protocol, rendered.put_nowait)
-        if job.session is None:
-            run = run_prepared(job.prepared, job.inputs, on_event=sink, rendering=rendering, message=job.message)
-        else:
-            run = self._turn(sink, rendering)
-        task = asyncio.create_task(run)
-        self.ticket.attach(task)
-        task.add_done_callback(self.service.metrics.run_ended)
-        return task
-
-    async def _turn(self, sink: EventSink, rendering: Any) -> RunOutcome:
-        """The job as one turn of its session: started, continued or resumed, then written back."""
-        from heddle.engine.run import run_prepared
-        from heddle.server.sessions import for_http
-        from heddle.sessions.turn import Turn, run_turn
-
-        job, use = self.job, self.job.session
-        assert use is not None
-
-        async def one(turn: Turn) -> RunOutcome:
-            check_run(job.prepared.flow, turn.inputs, turn.message, source=job.source)
-            return await run_prepared(job.prepared, turn.inputs, on_event=sink, rendering=rendering,
-                                      message=turn.message, journal=turn.journal, conversation=turn.conversation)
-
-        try:
-            done = await run_turn(use, digest=job.digest, document=job.document, inputs=job.inputs,
-                                  inputs_given=job.inputs_given, message=job.message, run=one)
-        except SessionError as exc:
-            raise for_http(exc, use.store.name) from None
-        return done.outcome
-
-    def _body(self, outcome: RunOutcome) -> dict[str, Any]:
-        """The answer of a run that ended: its result, or in a session what it waits for."""
-        session = self.job.session
-        if outcome.waiting is not None:
-            from heddle.server.sessions import waiting_body
-
-            assert session is not None, "only a run in a session waits"
-            return waiting_body(self.job.flow_name, session.session_id, outcome)
-        body: dict[str, Any] = {"flow": self.job.flow_name, "state": outcome.state, "outputs": outcome.outputs}
-        if outcome.messages:  # what the run showed its person (heddle.agentspec.messages)
-            body["messages"] = list(outcome.messages)
-        if session is not None:
-            body["session"] = session.session_id
-        return body
+        return self.service.start(self.job, self.ticket, self._sink(queue, rendered=rendered), rendering=rendering)
 
     def _last_frame(self, run: RunTask) -> bytes:
         """A session run's last event, once its turn is written: `flow_complete` with the session,
@@ -188,7 +111,7 @@ class RunResponse:
         data = {**last.to_dict(), "session": session.session_id}
         outcome = run.result()
         if outcome.waiting is not None:
-            data.update(self._body(outcome))
+            data.update(self.job.answer(outcome))
         return sse.frame(last.type, data)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -232,7 +155,7 @@ class RunResponse:
         def watch() -> None:
             nonlocal gone
             if waiting and not run.done():
-                gone = loop.create_task(_disconnected(receive))
+                gone = loop.create_task(disconnected(receive))
                 gone.add_done_callback(client_left)
 
         loop.call_soon(watch)  # after the run's first step, which create_task scheduled before it
@@ -259,11 +182,11 @@ class RunResponse:
             return "disconnected"
         failure = None if run.cancelled() else run.exception()
         if run.cancelled():
-            status, body = _CANCELLED
+            status, body = CANCELLED
         elif failure is not None:
-            status, body = _failure(failure)
+            status, body = run_failure(failure)
         else:
-            status, body = 200, self._body(run.result())
+            status, body = 200, self.job.answer(run.result())
         await self._send_json(send, status, body)
         return _outcome(run)
 
@@ -281,10 +204,10 @@ class RunResponse:
 
         def tail() -> bytes:
             if run.cancelled():
-                return sse.frame("error", _CANCELLED[1])
+                return sse.frame("error", CANCELLED[1])
             failure = run.exception()
             if failure is not None:
-                return sse.frame("error", _failure(failure)[1])
+                return sse.frame("error", run_failure(failure)[1])
             return self._last_frame(run)
 
         return await self._relay(run, queue, receive, send, headers=sse.HEADERS,
@@ -293,6 +216,7 @@ class RunResponse:
 
     async def _encoded(self, receive: Receive, send: Send) -> str:
         """The run rendered by an encoder plugin, its output passed on as it is written."""
+        assert self.encoder is not None
         queue: Items = asyncio.Queue()
         run = self._start(None, rendered=queue)
         content_type = (self.encoder.content_type or "text/plain; charset=utf-8").encode("latin-1")
@@ -325,7 +249,7 @@ class RunResponse:
         """Send what the run puts on `queue` as it comes, then `tail()`; stop the run if the client goes.
         After a _HOLD item, what comes is kept in `held` for `tail` to send or drop."""
         run.add_done_callback(lambda _: queue.put_nowait(_DONE))
-        gone = asyncio.create_task(_disconnected(receive))
+        gone = asyncio.create_task(disconnected(receive))
         getter: asyncio.Task[Any] | None = None
         holding = False
         try:
@@ -335,14 +259,14 @@ class RunResponse:
             if run.done() and not self.started.is_set():
                 # Refused before it started: an answer with the status, as a buffered request gets.
                 failure = None if run.cancelled() else run.exception()
-                status, body = _CANCELLED if failure is None else _failure(failure)
+                status, body = CANCELLED if failure is None else run_failure(failure)
                 await self._send_json(send, status, body)
                 return _outcome(run)
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             while True:
                 if getter is None:
                     getter = asyncio.create_task(queue.get())
-                done, _ = await asyncio.wait({getter, gone}, timeout=KEEPALIVE_S if keepalive else None,
+                done, _ = await asyncio.wait({getter, gone}, timeout=sse.KEEPALIVE_S if keepalive else None,
                                              return_when=asyncio.FIRST_COMPLETED)
                 if gone in done:
                     return "disconnected"

@@ -19,7 +19,7 @@ import uvicorn
 
 from heddle.server.errors import ServeError
 from heddle.server.service import Service
-from heddle.surface import SERVER
+from heddle.settings import SERVER
 from heddle.textsafe import write_line
 
 log = logging.getLogger("heddle.server")
@@ -86,14 +86,21 @@ class DrainingServer(uvicorn.Server):
         self._drain: asyncio.Task[None] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.service.sessions is not None:
+            # A store reached on first use (a plugin's process) is reached now, before anything is served.
+            await self.service.sessions.open()
         await super().startup(sockets)
         if self.started:
             if self.service.follower is not None:
                 self.service.follower.start()
+            if self.service.recovery is not None:
+                self.service.recovery.start()
             self._on_ready()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await super().shutdown(sockets)
+        if self.service.recovery is not None:
+            await self.service.recovery.aclose()
         if self.service.follower is not None:
             self.service.follower.stop()
             await self.service.follower.wait_stopped()
@@ -130,6 +137,8 @@ class DrainingServer(uvicorn.Server):
     async def _drain_then_exit(self) -> None:
         admission = self.service.admission
         admission.start_draining()
+        if self.service.recovery is not None:
+            await self.service.recovery.stop()  # runs it recovered drain as the others do
         if self.service.follower is not None:
             # No bundle is swapped in while the runs in flight drain.
             self.service.follower.stop()

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from heddle.bundle.runnable import SealedRun
     from heddle.bundle.verified import Bundle
     from heddle.format.trust import TrustPolicy
     from heddle.oci import Pulled
@@ -41,13 +40,7 @@ def open_served(config: ServerConfig, trust: TrustPolicy, pulled: Pulled | None 
         raise type(exc)(exc.message.replace(str(pulled.path), pulled.reference)) from None
 
 
-def digest_of(sealed: SealedRun) -> str:
-    """The digest as the server reports it: always with its `sha256:`."""
-    digest = str(sealed.digest)
-    return digest if digest.startswith("sha256:") else f"sha256:{digest}"
-
-
-def close_served(sealed: SealedRun | None) -> None:
+def close_served(sealed: Bundle | None) -> None:
     """Remove the data folder opening made for `rw` mounts, unless the operator gave it."""
     from heddle.bundle.verified import remove_data_dir
 

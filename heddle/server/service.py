@@ -9,14 +9,17 @@ turn of heddle.sessions.turn, bound to the bundle's digest or to the digest of t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from heddle.blocking import FLOW_PREPARATION, STORE_READS, WORKSPACE_COPIES, run_blocking, run_blocking_undoable
 from heddle.errors import HeddleError, SessionError, SessionNotFound
 from heddle.server.admission import Admission
-from heddle.server.config import ENV_SESSION_KEY, ServerConfig
+from heddle.server.config import ENV_SESSION_KEY, SURFACES, ServerConfig
 from heddle.server.edition import Edition, Lease, build_edition
 from heddle.server.errors import ApiError, bad_request
 from heddle.server.flow_cache import FlowCache, Ready
@@ -24,17 +27,22 @@ from heddle.server.metrics import REQUEST_TOOL, Metrics
 from heddle.server.model_policy import ModelPolicy, check_allow_net
 from heddle.server.request_code import ToolFolder
 from heddle.server.run_request import SESSIONS_OFF, RunRequest, missing_inputs, parse_run_request
-from heddle.server.served_bundle import digest_of
-from heddle.settings import RunSettings
-from heddle.tools.command_run import with_commands
 
 if TYPE_CHECKING:
     from heddle.agentspec.components import Flow
-    from heddle.engine.run import PreparedRun
+    from heddle.bundle.verified import Bundle
+    from heddle.core import RunCore
+    from heddle.engine.events import Event, EventSink
+    from heddle.engine.run import PreparedRun, RunOutcome
+    from heddle.engine.seams import Rendering
+    from heddle.plugin_host.host import PluginHost
+    from heddle.plugin_host.manifest import Component
+    from heddle.server.admission import Ticket
+    from heddle.server.follow import Follower
     from heddle.server.model_policy import PolicyPlan
+    from heddle.server.recovery import Recovery
     from heddle.sessions.store import SessionStore
     from heddle.sessions.turn import SessionUse
-    from heddle.tools.commands import CommandSet
 
 T = TypeVar("T")
 
@@ -77,14 +85,101 @@ class Job:
         folder, self.folder = self.folder, None
         try:
             if folder is not None:
-                await asyncio.to_thread(folder.close)
+                await run_blocking(WORKSPACE_COPIES, folder.close)
         finally:
             self.close()
+
+    async def run(self, on_event: EventSink, rendering: Rendering | None = None) -> RunOutcome:
+        """The job on the core of the edition it was prepared on; in a session, one turn of it (started,
+        continued or resumed, then written back), its session errors in the request's terms."""
+        from heddle.server.sessions import for_http
+
+        assert self.lease is not None, "a job holds the edition it was prepared on"
+        try:
+            return await self.lease.edition.core.run(
+                self.prepared, self.inputs, message=self.message, on_event=on_event, rendering=rendering,
+                session=self.session, digest=self.digest, document=self.document, inputs_given=self.inputs_given,
+                check=lambda flow, inputs, message: check_run(flow, inputs, message, source=self.source))
+        except SessionError as exc:
+            raise for_http(exc, self.session.store.name if self.session is not None else "") from None
+
+    def answer(self, outcome: RunOutcome) -> dict[str, Any]:
+        """POST /v1/runs's answer of a run that ended: its result, or in a session what it waits for."""
+        session = self.session
+        if outcome.waiting is not None:
+            from heddle.server.sessions import waiting_body
+
+            assert session is not None, "only a run in a session waits"
+            return waiting_body(self.flow_name, session.session_id, outcome)
+        body: dict[str, Any] = {"flow": self.flow_name, "state": outcome.state, "outputs": outcome.outputs}
+        if outcome.messages:  # what the run showed its person (heddle.agentspec.messages)
+            body["messages"] = list(outcome.messages)
+        if session is not None:
+            body["session"] = session.session_id
+        return body
+
+
+@dataclass(eq=False)
+class Submitted:
+    """A run a surface started (`Service.submit`): its job and its task. `aclose()` in a `finally`: a run
+    still going is cancelled (its tools killed); slot, folder and metrics released."""
+
+    service: Service
+    job: Job
+    ticket: Ticket
+    on_event: EventSink
+    task: asyncio.Task[RunOutcome] | None = None
+    began: float = field(default_factory=time.perf_counter)
+    # A session run's last event (flow_complete, waiting), held until its turn is written: a caller never
+    # sees an end that a conflicting write then took back.
+    held: list[Event] = field(default_factory=list)
+    _closed: bool = False
+
+    @property
+    def session(self) -> str | None:
+        return self.job.session.session_id if self.job.session is not None else None
+
+    def deliver(self, event: Event) -> None:
+        from heddle.engine.events import FlowComplete, Waiting
+
+        if self.job.session is not None and isinstance(event, FlowComplete | Waiting):
+            self.held.append(event)
+        else:
+            self.on_event(event)
+
+    async def outcome(self) -> RunOutcome:
+        """The run's end (the outcome's `waiting` is set when it stopped to wait for a person), then a
+        session's held last event; raises its error (a HeddleError, or an ApiError for a caller's
+        mistake found once its turn was known)."""
+        assert self.task is not None
+        outcome = await self.task
+        while self.held:
+            self.on_event(self.held.pop(0))
+        return outcome
+
+    def answer(self, outcome: RunOutcome) -> dict[str, Any]:
+        """POST /v1/runs's JSON answer: the result, or in a session what the run waits for."""
+        return self.job.answer(outcome)
+
+    async def aclose(self) -> None:
+        task = self.task
+        if self._closed or task is None:
+            return
+        self._closed = True
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+        try:
+            await self.job.aclose()
+        finally:
+            self.ticket.release()
+            ended = "cancelled" if task.cancelled() else "error" if task.exception() is not None else "ok"
+            self.service.metrics.run_finished(ended, time.perf_counter() - self.began)
 
 
 @dataclass
 class _Resolved:
-    flow: Any
+    flow: Flow
     tools: dict[str, Path]
     tools_dir: Path | None
     source: str
@@ -96,49 +191,11 @@ class _Resolved:
     ready: Ready | None = None  # the flow as read (and prepared) from its document, perhaps kept (flow_cache)
 
 
-def run_settings(config: ServerConfig, sealed: Any = None) -> RunSettings:
-    """The settings of every run of this server: with a bundle, settled as `heddle run` settles
-    them (its proposals yield to flags given; its own mounts and plugins come first)."""
-    from heddle.settings import settle
-
-    if sealed is None:
-        return config.settings
-    # Every proposal the manifest makes (a bundle of the old format has only its tool-round limit).
-    manifest = getattr(sealed, "manifest", None)
-    proposals = manifest.proposals if manifest is not None else {"max_tool_rounds": sealed.max_tool_rounds}
-    return settle(config.settings, proposals, given=config.given,
-                  mounts=sealed.mounts, plugins=getattr(sealed, "plugins", ()))
-
-
-def load_plugins(config: ServerConfig, sealed: Any = None) -> Any:
-    """One PluginHost for the whole server (a bundle's own plugins first, then --plugin), or None.
-    Manifests are read and settings checked now; plugin processes start on first use."""
-    settings = run_settings(config, sealed)
-    if not settings.plugins:
-        return None
-    from heddle.plugin_host import PluginHost
-
-    # keep_running: the processes serve every run of this server and stop with it (Service.aclose).
-    return PluginHost.load(list(settings.plugins), config_specs=settings.plugin_configs,
-                           timeout=settings.plugin_timeout, max_node_attempts=settings.max_node_attempts,
-                           keep_running=True)
-
-
-def run_options(config: ServerConfig, sealed: Any = None) -> Any:
-    """The engine's RunOptions for every run of this server, its messages in the server's units."""
-    from heddle.engine.options import with_egress
-    from heddle.surface import SERVER
-
-    manifest = getattr(sealed, "manifest", None)
-    return with_egress(run_settings(config, sealed).run_options(surface=SERVER), getattr(manifest, "egress", None),
-                       getattr(manifest, "secrets", None))
-
-
 def _ms(seconds: float | None) -> int | None:
     return None if seconds is None else round(seconds * 1000)
 
 
-def open_sessions(config: ServerConfig, host: Any = None) -> SessionStore | None:
+def open_sessions(config: ServerConfig, host: PluginHost | None = None) -> SessionStore | None:
     """The `--session-store`, opened and reachable (StoreUnavailable naming it and the cause), or
     None: without one the server is stateless."""
     settings = config.settings
@@ -173,7 +230,7 @@ def check_run(flow: Flow, inputs: dict[str, Any], message: str | None, *, source
 class Service:
     """The server's state: its configuration, what it runs, its run slots and its metrics."""
 
-    def __init__(self, config: ServerConfig, *, sealed: Any = None, oci_digest: str | None = None) -> None:
+    def __init__(self, config: ServerConfig, *, sealed: Bundle | None = None, oci_digest: str | None = None) -> None:
         self.config = config
         self.metrics = Metrics(config.max_concurrent)
         self.admission = Admission(config.max_concurrent, self.metrics)
@@ -187,7 +244,7 @@ class Service:
         self._retired: set[Edition] = set()  # swapped out, closed once their last run ends (or at aclose)
         # Request flows as read and prepared, by document (heddle.server.flow_cache).
         self.flows = FlowCache()
-        self.follower: Any = None  # a heddle.server.follow.Follower when --pull-interval follows a tag
+        self.follower: Follower | None = None  # when --pull-interval follows a tag
         self.metrics.bundle_served(sealed, oci_digest)
         # Last, so that nothing else can fail once it is open: the caller closes it (aclose).
         self.sessions = open_sessions(config, self.host)
@@ -195,49 +252,33 @@ class Service:
             from heddle.server.sessions import Expiring
 
             self.sessions = Expiring(self.sessions, config.session_idle_timeout)
+        self.edition.core.sessions = self.sessions
+        self.recovery: Recovery | None = None  # started with the port open (heddle.server.serve)
+        if self.sessions is not None:
+            from heddle.server.recovery import Recovery, recovers
+
+            if recovers(config):
+                self.recovery = Recovery(self, self.sessions, lease=self.core.settings.session_lease)
 
     # What the served edition holds, read through the one reference a swap changes.
     @property
-    def sealed(self) -> Any:
-        return self.edition.sealed
+    def core(self) -> RunCore:
+        return self.edition.core
 
     @property
-    def tools(self) -> dict[str, Path]:
-        return self.edition.tools
+    def sealed(self) -> Bundle | None:
+        return self.edition.core.bundle
 
     @property
-    def tools_dir(self) -> Path | None:
-        return self.edition.tools_dir
-
-    @property
-    def commands(self) -> CommandSet | None:
-        return self.edition.commands
-
-    @property
-    def host(self) -> Any:
-        return self.edition.host
-
-    @property
-    def node_types(self) -> frozenset[str]:
-        return self.edition.node_types
-
-    @property
-    def options(self) -> Any:
-        return self.edition.options
-
-    @property
-    def bundle_run(self) -> PreparedRun | None:
-        return self.edition.bundle_run
-
-    @property
-    def tool_listing(self) -> dict[str, Any]:
-        return self.edition.tool_listing
+    def host(self) -> PluginHost | None:
+        return self.edition.core.host
 
     def swap(self, edition: Edition) -> Edition:
         """Serve `edition` from the next request on. One assignment on the event loop, so a request is
         prepared wholly on the old edition or wholly on the new; runs already going keep the old one
         (their lease), which is closed once the last of them ends."""
         old, self.edition = self.edition, edition
+        edition.core.sessions = self.sessions
         self.metrics.bundle_served(edition.sealed, edition.oci_digest)
         self._retired.add(old)
         old.retire(self._close_later)
@@ -256,23 +297,25 @@ class Service:
 
     # ------------------------------------------------------------------ requests
 
-    def _refuse_for_bundle(self, request: RunRequest) -> None:
+    @staticmethod
+    def _refuse_for_bundle(sealed: Bundle, request: RunRequest) -> None:
         named = [name for name, given in (("flow", request.flow is not None),
                                           ("flowPath", request.flow_path is not None),
                                           ("tools", bool(request.tools))) if given]
         if named:
-            raise bad_request(f"request field {named[0]!r}: this server runs the bundle {self.sealed.name!r} "
-                              f"({digest_of(self.sealed)}) and nothing else; send only 'inputs'", "bundle_only")
+            raise bad_request(f"request field {named[0]!r}: this server runs the bundle {sealed.name!r} "
+                              f"({sealed.digest}) and nothing else; send only 'inputs'", "bundle_only")
 
     async def _resolve(self, body: dict[str, Any], *, run: bool = False) -> _Resolved:
         request = parse_run_request(body, allow_request_code=self.config.allow_request_code,
                                     sessions=self.sessions is not None if run else None)
         edition = self.edition
-        if self.sealed is not None:
-            self._refuse_for_bundle(request)
-            self._strict(self.sealed.flow)
-            return _Resolved(self.sealed.flow, self.tools, self.tools_dir, f"bundle {self.sealed.name}",
-                             False, inputs={**self.sealed.input, **request.inputs}, message=request.message,
+        sealed = edition.sealed
+        if sealed is not None:
+            self._refuse_for_bundle(sealed, request)
+            self._strict(sealed.flow)
+            return _Resolved(sealed.flow, edition.core.tools, edition.core.tools_dir, f"bundle {sealed.name}",
+                             False, inputs={**sealed.input, **request.inputs}, message=request.message,
                              request=request)
         # A request's own tools make its preparation its own: such a flow is read (or found) here and
         # prepared later, with them.
@@ -283,18 +326,20 @@ class Service:
             if self.config.flows_root is None:
                 raise bad_request("request field 'flowPath': this server has no --flows-root; send the "
                                   "document itself as 'flow'", "no_flows_root")
-            ready = await asyncio.to_thread(self._ready_file, self.config.flows_root, request.flow_path, edition,
-                                            prepare=not request.tools)
+            ready = await run_blocking(FLOW_PREPARATION, self._ready_file, self.config.flows_root, request.flow_path,
+                                       edition, prepare=not request.tools)
             source, from_request = f"flowPath {request.flow_path}", False
         else:
             raise bad_request("the request names no flow; give 'flow' (the document) or 'flowPath'")
         self._strict(ready.flow)
-        tools, tools_dir, folder = dict(self.tools), self.tools_dir, None
+        tools, tools_dir, folder = dict(edition.core.tools), edition.core.tools_dir, None
         if request.tools:
             clash = sorted(t.name for t in request.tools if t.name in tools or t.name in self._command_names())
             if clash:
                 raise bad_request(f"tools: {clash[0]!r} is already a tool of this server; give yours another name")
-            folder = await asyncio.to_thread(ToolFolder, request.tools, parent=self.config.work_dir)
+            # A request cancelled while its tools are written leaves no folder behind.
+            folder = await run_blocking_undoable(
+                WORKSPACE_COPIES, lambda: ToolFolder(request.tools, parent=self.config.work_dir), ToolFolder.close)
             tools.update(folder.tools)
             tools_dir = tools_dir or folder.root
         return _Resolved(ready.flow, tools, tools_dir, source, from_request, folder, dict(request.inputs),
@@ -309,15 +354,9 @@ class Service:
 
     def _preparer(self, edition: Edition, *, from_request: bool) -> Callable[[Flow], PreparedRun]:
         """How a request flow without tools of its own is prepared on `edition` (in a worker thread)."""
-        from heddle.engine.run import prepare_run
-        from heddle.runs import tracing_for
 
         def prepare(flow: Flow) -> PreparedRun:
-            prepared = prepare_run(flow, tools=dict(edition.tools), tools_dir=edition.tools_dir,
-                                   options=edition.options, sandbox_flags=self.config.sandbox_flags,
-                                   plugins=with_commands(edition.host, edition.commands, flow),
-                                   tracing=tracing_for(self.config.settings),
-                                   observer=self.metrics.observer(from_request=from_request))
+            prepared = edition.core.prepare(flow, observer=self.metrics.observer(from_request=from_request))
             self.policy.assign_keys(flow, prepared.endpoints, from_request=from_request)
             return prepared
 
@@ -334,9 +373,10 @@ class Service:
             kept = self.flows.get(keyed[0], edition)
             if kept is not None:
                 return kept
-        ready = await asyncio.to_thread(read_ready, lambda: flow_from_value(value, node_types=edition.node_types),
-                                        self._preparer(edition, from_request=True) if prepare else None,
-                                        edition=edition, plan=self.policy.plan, size=keyed[1] if keyed else 0)
+        ready = await run_blocking(FLOW_PREPARATION, read_ready,
+                                   lambda: flow_from_value(value, node_types=edition.core.node_types),
+                                   self._preparer(edition, from_request=True) if prepare else None,
+                                   edition=edition, plan=self.policy.plan, size=keyed[1] if keyed else 0)
         if keyed is not None:
             self.flows.put(keyed[0], ready)
         return ready
@@ -354,7 +394,7 @@ class Service:
         kept = self.flows.get(key, edition)
         if kept is not None:
             return kept
-        ready = read_ready(lambda: flow_from_text(text, name, node_types=edition.node_types),
+        ready = read_ready(lambda: flow_from_text(text, name, node_types=edition.core.node_types),
                            self._preparer(edition, from_request=False) if prepare else None,
                            edition=edition, plan=None, size=len(data))
         self.flows.put(key, ready)
@@ -374,28 +414,63 @@ class Service:
             if request.session is None:
                 self._refuse_waits(resolved.flow, resolved.source)
                 check_run(resolved.flow, resolved.inputs, resolved.message, source=resolved.source)
-            prepared = lease.edition.bundle_run or await self._prepare(resolved)
+            prepared = lease.edition.bundle_run or await self._prepare(resolved, lease.edition.core)
         except BaseException:
             lease.release()
             if resolved.folder is not None:
-                await asyncio.to_thread(resolved.folder.close)
+                await run_blocking(WORKSPACE_COPIES, resolved.folder.close)
             raise
         # The server's plugins, if any, are in `prepared`: its runs go through their seams.
-        job = Job(prepared, resolved.inputs, frozenset(self.tools) | self._plugin_tools() | self._command_names(),
+        job = Job(prepared, resolved.inputs, frozenset(self.core.tools) | self._plugin_tools() | self._command_names(),
                   resolved.folder,
                   resolved.message, source=resolved.source, lease=lease)
         if request.session is not None:
             # In a session the message and the inputs are checked once the turn is known: a run that
             # resumes keeps the ones it started with (heddle.sessions.turn).
-            from heddle.sessions.turn import SessionUse
-            from heddle.surface import SERVER
-
-            assert self.sessions is not None, "parse_run_request refuses a session when there is no store"
-            job.session = SessionUse(self.sessions, request.session, answer=request.answer, resume=request.resume,
-                                     create=False, surface=SERVER)
+            job.session = lease.edition.core.session(request.session, answer=request.answer, resume=request.resume)
             job.digest, job.document = self._binding(resolved)
             job.inputs_given = request.inputs_given
         return job
+
+    def start(self, job: Job, ticket: Ticket, on_event: EventSink, *,
+              rendering: Rendering | None = None) -> asyncio.Task[RunOutcome]:
+        """Run `job` as a task of its own, which draining cancels; its tool calls counted, its events
+        handed to `on_event` on the loop's thread, in order."""
+        from heddle.engine.events import ToolResult
+
+        loop, loop_thread, metrics = asyncio.get_running_loop(), threading.get_ident(), self.metrics
+
+        def deliver(event: Event) -> None:
+            if isinstance(event, ToolResult):
+                metrics.tool_called(job.tool_label(event.tool), event.ok, event.duration_ms)
+                metrics.command_called(job.tool_label(event.tool), event.output, event.duration_ms)
+            on_event(event)
+
+        def sink(event: Event) -> None:
+            if threading.get_ident() == loop_thread:
+                deliver(event)
+            else:
+                loop.call_soon_threadsafe(deliver, event)
+
+        task = asyncio.create_task(job.run(sink, rendering))
+        ticket.attach(task)
+        task.add_done_callback(metrics.run_ended)
+        return task
+
+    async def submit(self, body: dict[str, Any], on_event: EventSink, *,
+                     rendering: Rendering | None = None) -> Submitted:
+        """What POST /v1/runs does with `body` (its shape), for another surface: a slot taken (ApiError
+        429 busy, 503 draining), the request prepared (a 4xx for what is wrong with it), the run started."""
+        ticket = self.admission.admit()
+        try:
+            job = await self.prepare(body)
+        except BaseException:
+            ticket.release()
+            raise
+        self.metrics.run_accepted()
+        run = Submitted(self, job, ticket, on_event)
+        run.task = self.start(job, ticket, run.deliver, rendering=rendering)
+        return run
 
     def _refuse_waits(self, flow: Flow, source: str) -> None:
         """A document that may wait for a person, run without a session: refused before it starts."""
@@ -415,9 +490,7 @@ class Service:
         the request named as heddle read it (as `heddle run` binds a document, so that an edit that
         changes what runs changes it), and its name for messages."""
         if self.sealed is not None:
-            from heddle.bundle.verified import digest_text
-
-            return digest_text(str(self.sealed.digest)), f"bundle {self.sealed.name!r}"
+            return self.core.digest, f"bundle {self.sealed.name!r}"
         from heddle.sessions.turn import flow_digest
 
         digest = resolved.ready.binding() if resolved.ready is not None else flow_digest(resolved.flow)
@@ -431,12 +504,12 @@ class Service:
             raise bad_request(SESSIONS_OFF[0].upper() + SESSIONS_OFF[1:], "sessions_off")
         return self.sessions
 
-    async def _call(self, store: SessionStore, call: Callable[[], T]) -> T:
-        """A store call, off the event loop; its errors in the request's terms."""
+    async def _call(self, store: SessionStore, call: Awaitable[T]) -> T:
+        """A store call; its errors in the request's terms."""
         from heddle.server.sessions import for_http
 
         try:
-            return await asyncio.to_thread(call)
+            return await call
         except SessionError as exc:
             raise for_http(exc, store.name) from None
 
@@ -447,24 +520,22 @@ class Service:
         from heddle.sessions.record import Record
 
         store = self._store()
-        await self._call(store, lambda: self._room(store))
+        await self._call(store, self._room(store))
         sid = new_session_id()
         digest, document = "", ""
         if self.sealed is not None:
-            from heddle.bundle.verified import digest_text
-
-            digest, document = digest_text(str(self.sealed.digest)), f"bundle {self.sealed.name!r}"
+            digest, document = self.sealed.digest, f"bundle {self.sealed.name!r}"
         data = Record(id=sid, digest=digest, document=document).encode()
-        await self._call(store, lambda: store.create(sid, data))
+        await self._call(store, store.create(sid, data))
         return sid
 
-    def _room(self, store: SessionStore) -> None:
+    async def _room(self, store: SessionStore) -> None:
         """Room for one more session under --max-sessions (expired ones are removed first); 507 when
         there is none. Servers sharing a store count it together, so at most a creation racing this
         one may pass the cap."""
         from heddle.server.sessions import Expiring
 
-        live = store.sweep() if isinstance(store, Expiring) else len(store.index())
+        live = await store.sweep() if isinstance(store, Expiring) else len(await store.index())
         if live >= self.config.max_sessions:
             raise ApiError(507, "too_many_sessions",
                            f"this server holds {live} sessions, its cap (--max-sessions {self.config.max_sessions}); "
@@ -481,23 +552,21 @@ class Service:
 
         store = self._store()
         check_session_id(session_id)
-        stored = await self._call(store, lambda: store.get(session_id))
+        stored = await self._call(store, store.get(session_id))
         if stored is None:
             raise self._unknown(session_id)
-        return await self._call(store, lambda: decode(session_id, stored.data, store=store.name).summary())
+        return await self._call(store, run_blocking(STORE_READS, lambda: decode(session_id, stored.data,
+                                                                               store=store.name).summary()))
 
     async def delete_session(self, session_id: str) -> None:
         from heddle.sessions.store import check_session_id
 
         store = self._store()
         check_session_id(session_id)
-        if not await self._call(store, lambda: store.delete(session_id)):
+        if not await self._call(store, store.delete(session_id)):
             raise self._unknown(session_id)
 
-    async def _prepare(self, resolved: _Resolved) -> Any:
-        from heddle.engine.run import prepare_run
-        from heddle.runs import tracing_for
-
+    async def _prepare(self, resolved: _Resolved, core: RunCore) -> PreparedRun:
         ready = resolved.ready
         if resolved.from_request:
             # Every request: the plan's refusals raised and its addresses resolved again.
@@ -508,12 +577,9 @@ class Service:
                 raise ready.failure
             if ready.run is not None:
                 return ready.run
-        prepared = await asyncio.to_thread(
-            prepare_run, resolved.flow, tools=resolved.tools, tools_dir=resolved.tools_dir,
-            options=self.options, sandbox_flags=self.config.sandbox_flags,
-            plugins=with_commands(self.host, self.commands, resolved.flow),
-            tracing=tracing_for(self.config.settings),
-            observer=self.metrics.observer(from_request=resolved.from_request))
+        prepared = await run_blocking(FLOW_PREPARATION, lambda: core.prepare(
+            resolved.flow, tools=resolved.tools, tools_dir=resolved.tools_dir,
+            observer=self.metrics.observer(from_request=resolved.from_request)))
         self.policy.assign_keys(resolved.flow, prepared.endpoints, from_request=resolved.from_request)
         return prepared
 
@@ -528,25 +594,25 @@ class Service:
             lease.release()
             raise
         try:
-            plugins = with_commands(self.host, self.commands, resolved.flow)
+            plugins = lease.edition.core.plugins_for(resolved.flow)
             tools = plugins.known_tools(resolved.tools) if plugins is not None else resolved.tools
             report = validation_report(resolved.flow, tools=tools, source=resolved.source,
                                        tools_dir=resolved.tools_dir)
             if self.sealed is not None:
-                report["bundle"] = {"name": self.sealed.name, "digest": digest_of(self.sealed)}
+                report["bundle"] = {"name": self.sealed.name, "digest": self.sealed.digest}
             if self.host is not None:
                 report["plugins"] = self.plugin_rows()
             if report["valid"]:
                 # What the graph check cannot see: model URLs and keys, sandbox, mounts, plugins.
                 try:
-                    await self._prepare(resolved)
+                    await self._prepare(resolved, lease.edition.core)
                 except (ApiError, HeddleError) as exc:
                     report["problems"].append(exc.message)
                 report["valid"] = not report["problems"]
         finally:
             lease.release()
             if resolved.folder is not None:
-                await asyncio.to_thread(resolved.folder.close)
+                await run_blocking(WORKSPACE_COPIES, resolved.folder.close)
         return report
 
     # ------------------------------------------------------------------ plugins
@@ -555,13 +621,14 @@ class Service:
         return frozenset(self.host.tools) if self.host is not None else frozenset()
 
     def _command_names(self) -> frozenset[str]:
-        return frozenset(self.commands.commands) if self.commands is not None else frozenset()
+        return frozenset(self.core.commands.commands) if self.core.commands is not None else frozenset()
 
     def protocols(self) -> list[str]:
         """How a run's events can be rendered: heddle's own, and each loaded encoder plugin's."""
-        return ["heddle", *sorted(self.host.encoders if self.host is not None else ())]
+        built_in = ["ag-ui"] if "ag-ui" in self.config.surfaces else []
+        return ["heddle", *built_in, *sorted(self.host.encoders if self.host is not None else ())]
 
-    def encoder(self, protocol: str | None) -> Any:
+    def encoder(self, protocol: str | None) -> Component | None:
         """The encoder component for `?protocol=`, None for heddle's own events, or the 400."""
         if protocol is None or protocol == "heddle":
             return None
@@ -587,7 +654,7 @@ class Service:
         finally:
             if self.sessions is not None:
                 sessions, self.sessions = self.sessions, None
-                await asyncio.to_thread(sessions.close)
+                await sessions.close()
 
     # ------------------------------------------------------------------ description
 
@@ -595,7 +662,7 @@ class Service:
         from heddle import __version__
         from heddle.engine.events import EVENT_TYPES
 
-        config, options = self.config, self.options
+        config, options = self.config, self.core.options
         caps: dict[str, Any] = {
             "version": __version__,
             "allowRequestCode": config.allow_request_code,
@@ -604,8 +671,10 @@ class Service:
             "sessions": self.sessions is not None,
             "sandbox": {"safe": options.sandbox.safe, "backend": options.sandbox.backend,
                         "denyNet": options.sandbox.deny_net},
-            "tools": sorted({*self.tools, *self._command_names()}),
+            "tools": sorted({*self.core.tools, *self._command_names()}),
             "protocols": self.protocols(),
+            # The surfaces answered on (--serve), in the order they are documented.
+            "serve": [name for name in SURFACES if name in config.surfaces],
             "events": list(EVENT_TYPES),
             "limits": {
                 "maxConcurrent": config.max_concurrent,
@@ -630,7 +699,7 @@ class Service:
         if self.host is not None:
             caps["plugins"] = self.plugin_rows()
         if self.sealed is not None:
-            caps["bundle"] = {"name": self.sealed.name, "digest": digest_of(self.sealed),
+            caps["bundle"] = {"name": self.sealed.name, "digest": self.sealed.digest,
                               "signers": list(self.sealed.signers), "tools": dict(self.sealed.tool_fingerprints)}
             if self.edition.oci_digest is not None:
                 caps["bundle"]["ociDigest"] = self.edition.oci_digest

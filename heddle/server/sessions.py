@@ -12,10 +12,15 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
-from heddle.errors import SessionError, SessionUnreadable
+from heddle.errors import SessionConflict, SessionError, SessionNotFound, SessionUnreadable
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from heddle.engine.run import RunOutcome
+    from heddle.server.service import Service
+    from heddle.sessions.record import Record
+    from heddle.sessions.steps import StepLog, Steps
     from heddle.sessions.store import Index, SessionStore, Stored
 
 STORE = "this server's session store"
@@ -51,44 +56,85 @@ class Expiring:
     def _expired(self, updated: float) -> bool:
         return updated < time.time() - self.idle
 
-    def get(self, session_id: str) -> Stored | None:
-        stored = self.store.get(session_id)
+    async def open(self) -> None:
+        await self.store.open()
+
+    async def get(self, session_id: str) -> Stored | None:
+        stored = await self.store.get(session_id)
         if stored is not None and self._expired(stored.updated):
-            self.store.delete(session_id)
+            await self.store.delete(session_id)
             return None
         return stored
 
-    def create(self, session_id: str, data: bytes) -> Stored:
-        return self.store.create(session_id, data)
+    async def create(self, session_id: str, data: bytes) -> Stored:
+        return await self.store.create(session_id, data)
 
-    def replace(self, session_id: str, data: bytes, *, version: int) -> Stored:
-        return self.store.replace(session_id, data, version=version)
+    async def replace(self, session_id: str, data: bytes, *, version: int) -> Stored:
+        return await self.store.replace(session_id, data, version=version)
 
-    def delete(self, session_id: str) -> bool:
+    async def claim(self, session_id: str, data: bytes, *, version: int) -> Stored:
+        claim = getattr(self.store, "claim", None)
+        if claim is None:
+            return await self.store.replace(session_id, data, version=version)
+        saved: Stored = await claim(session_id, data, version=version)
+        return saved
+
+    async def delete(self, session_id: str) -> bool:
         try:
-            found = self.get(session_id) is not None  # an expired session is gone already
+            found = await self.get(session_id) is not None  # an expired session is gone already
         except SessionUnreadable:
             found = True  # removing it is how its caller gets rid of it
-        return found and self.store.delete(session_id)
+        return found and await self.store.delete(session_id)
 
-    def list(self) -> list[Stored]:
-        return [s for s in self.store.list() if not self._expired(s.updated)]
+    async def list(self) -> list[Stored]:
+        return [s for s in await self.store.list() if not self._expired(s.updated)]
 
-    def index(self) -> Index:
-        return [(sid, updated) for sid, updated in self.store.index() if not self._expired(updated)]
+    async def index(self) -> Index:
+        return [(sid, updated) for sid, updated in await self.store.index() if not self._expired(updated)]
 
-    def sweep(self) -> int:
+    # A durable run's steps (heddle.sessions.steps), appended to the store beneath where it keeps them.
+    @property
+    def keeps_steps(self) -> bool:
+        from heddle.sessions.steps import StepLog
+
+        return isinstance(self.store, StepLog) and bool(getattr(self.store, "keeps_steps", True))
+
+    async def append_step(self, session_id: str, base: int, seq: int, data: bytes) -> None:
+        await self._steps().append_step(session_id, base, seq, data)
+
+    async def steps(self, session_id: str, base: int) -> Steps:
+        return await self._steps().steps(session_id, base)
+
+    async def drop_steps(self, session_id: str, below: int) -> None:
+        await self._steps().drop_steps(session_id, below)
+
+    def _steps(self) -> StepLog:
+        from heddle.sessions.steps import StepLog
+
+        assert isinstance(self.store, StepLog), "steps go only to a store that keeps them (keeps_steps)"
+        return self.store
+
+    async def index_page(self, *, since: float | None, until: float, after: tuple[float, str] | None,
+                         limit: int) -> Index:
+        from heddle.sessions.store import index_page
+
+        # Expired sessions are not listed (as `index`), left out by the store so that a page stays whole.
+        expired = time.time() - self.idle
+        since = expired if since is None else max(since, expired)
+        return await index_page(self.store, since=since, until=until, after=after, limit=limit)
+
+    async def sweep(self) -> int:
         """Remove the expired sessions; the number of the others."""
         live = 0
-        for sid, updated in self.store.index():
+        for sid, updated in await self.store.index():
             if self._expired(updated):
-                self.store.delete(sid)
+                await self.store.delete(sid)
             else:
                 live += 1
         return live
 
-    def close(self) -> None:
-        self.store.close()
+    async def close(self) -> None:
+        await self.store.close()
 
 
 def waiting_body(flow: str, session: str, outcome: RunOutcome) -> dict[str, Any]:
@@ -97,3 +143,81 @@ def waiting_body(flow: str, session: str, outcome: RunOutcome) -> dict[str, Any]
     assert outcome.waiting is not None
     return {"status": "waiting", "flow": flow, "session": session, "waiting_for": outcome.waiting.as_json(),
             "messages": list(outcome.messages)}
+
+
+# How often a client following a session's run (GET /v1/sessions/{id}/events) has the record read again.
+FOLLOW_EVERY = 0.5
+
+
+def _going(record: Record) -> bool:
+    """A run someone runs, or that a replica recovers once its owner's lease expired (a run that failed
+    has no owner: it waits for a person's resume)."""
+    return record.running and record.owner is not None
+
+
+def _outcome_frame(session_id: str, record: Record) -> bytes | None:
+    """The last frame of the stream of the session's last run, as the run's own stream ends it: a
+    finished run's outputs (and whether another replica finished it), or what it waits for."""
+    from heddle.server import sse
+
+    if record.pending is None and record.last is not None:
+        return sse.frame("flow_complete", {"type": "flow_complete", "session": session_id,
+                                           "outputs": record.last.get("outputs"),
+                                           "recovered": bool(record.last.get("recovered"))})
+    if record.pending is not None and record.pending.waiting_for is not None:
+        return sse.frame("waiting", {"type": "waiting", "status": "waiting", "session": session_id,
+                                     "waiting_for": record.pending.waiting_for.as_json()})
+    return None
+
+
+async def followed(service: Service, session_id: str) -> AsyncIterator[bytes]:
+    """The stream of GET /v1/sessions/{id}/events: for a client whose stream of a session's run was cut
+    (the replica running it died, the connection dropped), the run's outcome once it has one, as that
+    stream's last frame. Refused before the stream starts (SessionConflict) when the session has no
+    run to follow: it never ran, or its run failed and waits for a resume."""
+    from heddle.sessions.record import decode
+
+    await service.session_summary(session_id)  # 400, 404 and an unreadable record: refused in the caller's words
+    store = service.sessions
+    assert store is not None, "session_summary refuses a server without sessions"
+    stored = await store.get(session_id)
+    record = decode(session_id, stored.data, store=store.name) if stored is not None else None
+    if record is None or not (_going(record) or _outcome_frame(session_id, record)):
+        raise SessionConflict(f"session {session_id!r} has no run to follow: it has not run yet, or its last run "
+                              'stopped without finishing; continue it with "resume": true')
+    return _follow(service, store, session_id, record)
+
+
+async def _follow(service: Service, store: SessionStore, session_id: str, record: Record) -> AsyncIterator[bytes]:
+    import asyncio
+
+    from heddle.server import sse
+    from heddle.server.errors import error_body
+    from heddle.sessions.record import decode
+
+    quiet = 0.0  # since the last bytes sent
+    while _going(record):
+        if service.admission.draining:
+            yield sse.frame("error", error_body("draining", "the server is shutting down; follow the session on "
+                                                           "another replica"))
+            return
+        if quiet >= sse.KEEPALIVE_S:
+            quiet = 0.0
+            yield sse.KEEPALIVE
+        await asyncio.sleep(FOLLOW_EVERY)
+        quiet += FOLLOW_EVERY
+        try:
+            stored = await store.get(session_id)
+            if stored is None:
+                raise SessionNotFound(f"session {session_id!r} was removed while its run was followed")
+            record = decode(session_id, stored.data, store=store.name)
+        except SessionError as exc:
+            refused = for_http(exc, store.name)
+            yield sse.frame("error", error_body(refused.kind, refused.message))
+            return
+    frame = _outcome_frame(session_id, record)
+    if frame is None:
+        frame = sse.frame("error", error_body("session_conflict", f"session {session_id!r}: its run stopped without "
+                                                                  'finishing; continue it with "resume": true'))
+    yield frame
+

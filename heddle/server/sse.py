@@ -14,6 +14,8 @@ HEADERS = [
 
 # A comment line: keeps idle proxies and load balancers from closing a quiet stream.
 KEEPALIVE = b": keep-alive\n\n"
+# How long a stream may stay quiet before it is sent.
+KEEPALIVE_S = 15.0
 
 
 def frame(event: str, data: Any) -> bytes:

@@ -13,6 +13,7 @@ folder is refused, not followed.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import fcntl
 import os
@@ -24,9 +25,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from heddle.blocking import STORE_READS, STORE_WRITES, run_blocking
 from heddle.errors import SessionError, StoreUnavailable
 from heddle.safeparse import file_kind
 from heddle.sessions.private import FILE_MODE, data_home, make_private_dirs
+from heddle.sessions.steps import Steps, step_taken
 from heddle.sessions.store import (
     MAX_SESSION_BYTES,
     Index,
@@ -40,6 +43,10 @@ from heddle.sessions.store import (
 
 SUFFIX = ".json"
 LOCK_SUFFIX = ".lock"
+STEPS_SUFFIX = ".steps"
+_STEP_LINE = re.compile(rb"([1-9][0-9]{0,18}) ([1-9][0-9]{0,18}) ")
+# A run's steps between two checkpoints are within the record's cap, each sealed with some room.
+MAX_STEPS_FILE_BYTES = 2 * MAX_SESSION_BYTES
 _HEADER = re.compile(rb'\{"id":"([A-Za-z0-9._-]{1,128})","version":([1-9][0-9]{0,18}),'
                      rb'"updated":([0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?),"record":')
 _TRAILER = b"}\n"
@@ -130,7 +137,8 @@ class FileStore:
         if fd is None:
             return None
         try:
-            raw = self._read_all(fd, filename)
+            raw = self._read_capped(fd, filename, MAX_SESSION_BYTES + _HEADER_ROOM,
+                                    "larger than any session heddle writes; move it away")
         finally:
             os.close(fd)
         head = _HEADER.match(raw)
@@ -142,8 +150,8 @@ class FileStore:
                                    f"{session_id!r}; a session's file is named after it: move it away")
         return Stored(session_id, int(head.group(2)), raw[head.end() : -len(_TRAILER)], float(head.group(3)))
 
-    def _read_all(self, fd: int, filename: str) -> bytes:
-        cap = MAX_SESSION_BYTES + _HEADER_ROOM
+    def _read_capped(self, fd: int, filename: str, cap: int, too_big: str) -> bytes:
+        """The file open at `fd`, refused once it is over `cap` bytes (`too_big`: why no file heddle wrote is)."""
         chunks: list[bytes] = []
         size = 0
         try:
@@ -156,13 +164,17 @@ class FileStore:
         except OSError as exc:
             raise self._unavailable(f"cannot read {filename}", exc) from None
         if size > cap:
-            raise StoreUnavailable(f"{self.name}: {filename} is over {cap} bytes, larger than any session heddle "
-                                   "writes; move it away")
+            raise StoreUnavailable(f"{self.name}: {filename} is over {cap} bytes, {too_big}")
         return b"".join(chunks)
 
     def _write(self, session_id: str, version: int, data: bytes) -> Stored:
         now = time.time()
-        content = _encode(session_id, version, now, data)
+        self._rewrite(session_id, SUFFIX, _encode(session_id, version, now, data), f"session {session_id!r}")
+        return Stored(session_id, version, data, now)
+
+    def _rewrite(self, session_id: str, suffix: str, content: bytes, what: str) -> None:
+        """The session's file of `suffix` made `content`, whole or not at all: written beside it, synced,
+        renamed over it."""
         dir_fd = self._dir_fd()
         # Hidden (a leading dot no session name has) so neither list() nor a session's name meets it.
         temp = f".{session_id}.{secrets.token_hex(8)}.tmp"
@@ -175,13 +187,12 @@ class FileStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(temp, session_id + SUFFIX, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.replace(temp, session_id + suffix, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(temp, dir_fd=dir_fd)
-            raise self._unavailable(f"cannot write session {session_id!r}", exc) from None
+            raise self._unavailable(f"cannot write {what}", exc) from None
         self._sync_dir()
-        return Stored(session_id, version, data, now)
 
     def _sync_dir(self) -> None:
         # The rename (or unlink) is durable once the folder is: a crash then keeps the new record.
@@ -232,10 +243,36 @@ class FileStore:
 
     # ------------------------------------------------------------------ the protocol
 
-    def get(self, session_id: str) -> Stored | None:
+    async def open(self) -> None:
+        """Opened already, when it was made."""
+
+    async def get(self, session_id: str) -> Stored | None:
+        return await run_blocking(STORE_READS, self._get, session_id)
+
+    async def create(self, session_id: str, data: bytes) -> Stored:
+        return await run_blocking(STORE_WRITES, self._create, session_id, data)
+
+    async def replace(self, session_id: str, data: bytes, *, version: int) -> Stored:
+        return await run_blocking(STORE_WRITES, self._replace, session_id, data, version=version)
+
+    async def delete(self, session_id: str) -> bool:
+        return await run_blocking(STORE_WRITES, self._delete, session_id)
+
+    async def list(self) -> list[Stored]:
+        return await run_blocking(STORE_READS, self._list)
+
+    async def index(self) -> Index:
+        return await run_blocking(STORE_READS, self._index)
+
+    async def close(self) -> None:
+        self._close()
+
+    # ------------------------------------------------------------------ the protocol's work, in a worker thread
+
+    def _get(self, session_id: str) -> Stored | None:
         return self._read(check_session_id(session_id))
 
-    def create(self, session_id: str, data: bytes) -> Stored:
+    def _create(self, session_id: str, data: bytes) -> Stored:
         check_session_id(session_id)
         check_size(session_id, data, store=self.name)
         with self._locked(session_id):
@@ -243,7 +280,7 @@ class FileStore:
                 raise exists(session_id, store=self.name)
             return self._write(session_id, 1, data)
 
-    def replace(self, session_id: str, data: bytes, *, version: int) -> Stored:
+    def _replace(self, session_id: str, data: bytes, *, version: int) -> Stored:
         check_session_id(session_id)
         check_size(session_id, data, store=self.name)
         with self._locked(session_id):
@@ -255,7 +292,7 @@ class FileStore:
                 raise conflict(session_id, version, current.version, store=self.name)
             return self._write(session_id, version + 1, data)
 
-    def delete(self, session_id: str) -> bool:
+    def _delete(self, session_id: str) -> bool:
         check_session_id(session_id)
         with self._locked(session_id):
             found = self._read(session_id) is not None
@@ -264,18 +301,24 @@ class FileStore:
                     os.unlink(session_id + SUFFIX, dir_fd=self._dir_fd())
                 except OSError as exc:
                     raise self._unavailable(f"cannot remove session {session_id!r}", exc) from None
+            try:
+                os.unlink(session_id + STEPS_SUFFIX, dir_fd=self._dir_fd())
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise self._unavailable(f"cannot remove the steps of session {session_id!r}", exc) from None
             self._drop_lock_file(session_id)
             if found:
                 self._sync_dir()
             return found
 
-    def _names(self) -> list[str]:
+    def _names(self) -> builtins.list[str]:
         """The ids of the sessions whose files are in the folder."""
         try:
             names = os.listdir(self._dir_fd())
         except OSError as exc:
             raise self._unavailable("cannot list the folder", exc) from None
-        found: list[str] = []
+        found: builtins.list[str] = []
         for filename in names:
             if not filename.endswith(SUFFIX) or filename.startswith("."):
                 continue
@@ -286,8 +329,8 @@ class FileStore:
                 continue
         return found
 
-    def list(self) -> list[Stored]:
-        found: list[Stored] = []
+    def _list(self) -> builtins.list[Stored]:
+        found: builtins.list[Stored] = []
         for session_id in self._names():
             stored = self._read(session_id)
             if stored is not None:  # None: removed since the listing
@@ -295,7 +338,7 @@ class FileStore:
         found.sort(key=lambda s: (-s.updated, s.id))
         return found
 
-    def index(self) -> Index:
+    def _index(self) -> Index:
         found: Index = []
         for session_id in self._names():
             fd = self._open_regular(session_id + SUFFIX, os.O_RDONLY)
@@ -313,7 +356,92 @@ class FileStore:
             found.append((session_id, float(head.group(3))))
         return found
 
-    def close(self) -> None:
+    def _close(self) -> None:
         if not self._closed.is_set():
             self._closed.set()
             os.close(self._dir)
+
+    # ------------------------------------------------------------------ steps (heddle.sessions.steps)
+    #
+    # <dir>/<id>.steps holds a durable run's steps, one line each, `BASE SEQ <sealed step>\n`, only ever
+    # appended to (O_APPEND, fsync) under the session's lock; a line without its newline is one a crash
+    # cut short, never read (and cut off before the next append). Dropping steps rewrites what is left.
+
+    async def append_step(self, session_id: str, base: int, seq: int, data: bytes) -> None:
+        await run_blocking(STORE_WRITES, self._append_step, session_id, base, seq, data)
+
+    async def steps(self, session_id: str, base: int) -> Steps:
+        kept = await run_blocking(STORE_READS, self._steps, session_id)
+        return [(s, line) for b, s, line in kept if b == base]
+
+    async def drop_steps(self, session_id: str, below: int) -> None:
+        await run_blocking(STORE_WRITES, self._drop_steps, session_id, below)
+
+    def _steps(self, session_id: str) -> builtins.list[tuple[int, int, bytes]]:
+        """Every whole line of the session's steps file: (base, seq, sealed step)."""
+        check_session_id(session_id)
+        filename = session_id + STEPS_SUFFIX
+        fd = self._open_regular(filename, os.O_RDONLY)
+        if fd is None:
+            return []
+        try:
+            raw = self._read_capped(fd, filename, MAX_STEPS_FILE_BYTES,
+                                    "more than a run's steps between two checkpoints; remove the session")
+        finally:
+            os.close(fd)
+        out: builtins.list[tuple[int, int, bytes]] = []
+        for line in raw.split(b"\n")[:-1]:  # the last piece has no newline: empty, or cut short
+            match = _STEP_LINE.match(line)
+            if match is None:
+                raise StoreUnavailable(f"{self.name}: {filename} is not a steps file heddle wrote (damaged, or "
+                                       "written by something else); remove the session")
+            out.append((int(match.group(1)), int(match.group(2)), line[match.end() :]))
+        return out
+
+    def _append_step(self, session_id: str, base: int, seq: int, data: bytes) -> None:
+        check_session_id(session_id)
+        if b"\n" in data:
+            raise StoreUnavailable(f"{self.name}: a step of session {session_id!r} spans lines; it is not written")
+        filename = session_id + STEPS_SUFFIX
+        with self._locked(session_id):
+            if any(b == base and s == seq for b, s, _ in self._steps(session_id)):
+                raise step_taken(session_id, base, seq, store=self.name)
+            fd = self._open_regular(filename, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+            if fd is None:
+                raise StoreUnavailable(f"{self.name}: the folder was removed while heddle used it")
+            try:
+                size = os.fstat(fd).st_size
+                if size:
+                    # A line a crash cut short is cut off, so the new one starts a line of its own.
+                    whole = os.pread(fd, size, 0).rfind(b"\n") + 1
+                    if whole != size:
+                        os.ftruncate(fd, whole)
+                view = memoryview(b"%d %d " % (base, seq) + data + b"\n")
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            except OSError as exc:
+                raise self._unavailable(f"cannot write a step of session {session_id!r}", exc) from None
+            finally:
+                os.close(fd)
+            if not size:
+                self._sync_dir()
+
+    def _drop_steps(self, session_id: str, below: int) -> None:
+        check_session_id(session_id)
+        with self._locked(session_id):
+            kept = self._steps(session_id)
+            left = [(b, s, line) for b, s, line in kept if b >= below]
+            if len(left) == len(kept) and kept:
+                return
+            if not left:
+                try:
+                    os.unlink(session_id + STEPS_SUFFIX, dir_fd=self._dir_fd())
+                except FileNotFoundError:
+                    return
+                except OSError as exc:
+                    raise self._unavailable(f"cannot remove the steps of session {session_id!r}", exc) from None
+                self._sync_dir()
+                return
+            content = b"".join(b"%d %d " % (b, s) + line + b"\n" for b, s, line in left)
+            self._rewrite(session_id, STEPS_SUFFIX, content, f"the steps of session {session_id!r}")

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from heddle.errors import UsageError
+from heddle.sessions.seal import SealedStore, session_key
 from heddle.sessions.store import SessionStore, check_session_id
 
 if TYPE_CHECKING:
     from heddle.plugin_host.host import PluginHost
     from heddle.plugin_host.manifest import PluginManifest
-    from heddle.sessions.seal import SealedStore
 
 __all__ = ["STORE_SPECS", "check_session_id", "new_session_id", "open_store"]
 
@@ -36,7 +37,8 @@ def new_session_id() -> str:
 def open_store(spec: str, *, db: Path | None = None, directory: Path | None = None,
                plugins: PluginHost | Sequence[PluginManifest] | None = None, key_file: Path | None = None,
                environ: Mapping[str, str] | None = None) -> SealedStore:
-    """The store `spec` names, opened and reachable (StoreUnavailable, one line, otherwise), its records
+    """The store `spec` names, opened and reachable (StoreUnavailable, one line, otherwise; a plugin's
+    store starts its process on its first call, or `await store.open()`), its records
     sealed under the session key (heddle.sessions.seal: `key_file`, else $HEDDLE_SESSION_KEY in
     `environ`, by default the process's, else for sqlite and file heddle's own key file; a store
     without a key is refused before it is opened).
@@ -46,10 +48,6 @@ def open_store(spec: str, *, db: Path | None = None, directory: Path | None = No
     the loaded plugins (a PluginHost, whose --plugin-config settings the store gets, or manifests)
     a `plugin:NAME` store may come from: NAME is a store component's componentType, or the name
     of a plugin with one store component."""
-    import os
-
-    from heddle.sessions.seal import SealedStore, session_key
-
     if not spec.startswith(("postgres://", "postgresql://", "plugin:")) and spec not in ("sqlite", "file"):
         _unknown(spec)
     key = session_key(spec, key_file, os.environ if environ is None else environ)
@@ -58,6 +56,7 @@ def open_store(spec: str, *, db: Path | None = None, directory: Path | None = No
 
 def _raw_store(spec: str, *, db: Path | None, directory: Path | None,
                plugins: PluginHost | Sequence[PluginManifest] | None) -> SessionStore:
+    # Only the chosen store's module is imported: postgres's needs an extra (psycopg) the others do not.
     if spec == "sqlite":
         from heddle.sessions.sqlite import SqliteStore, default_session_db
 

@@ -2,8 +2,8 @@
 
 The plugin's process answers `store.open/get/create/replace/delete/list` over the plugin protocol
 (docs/sessions.md has each request and answer; heddle.plugin's `Plugin.store` serves them). The
-store is synchronous and the plugin process is asynchronous, so the store runs the process on an
-event loop of its own, in one thread, and every call from any thread waits for its answer there.
+process is started, and answers `store.open`, on the first call (or `open`), on the caller's event
+loop, and every call awaits its answer there.
 Records travel as JSON text (they are canonical JSON) and every answer is checked: a plugin that
 answers what the protocol does not say is refused, never guessed at.
 """
@@ -16,12 +16,17 @@ import math
 import os
 import shutil
 import tempfile
-import threading
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from heddle.errors import SessionError, StoreUnavailable, UsageError
+from heddle.plugin_host import PLUGIN_TIMEOUT_S
+from heddle.plugin_host.config import resolve_configs
+from heddle.plugin_host.errors import PluginError
+from heddle.plugin_host.host import PluginHost
+from heddle.plugin_host.launch import Launch, plan_launch
+from heddle.plugin_host.process import PluginCallError, PluginProcess
 from heddle.sessions.store import (
     MAX_SESSION_BYTES,
     Index,
@@ -32,13 +37,10 @@ from heddle.sessions.store import (
     exists,
     not_found,
 )
+from heddle.workspace.sandbox import SandboxPolicy
 
 if TYPE_CHECKING:
-    from heddle.plugin_host.host import PluginHost
     from heddle.plugin_host.manifest import Component, PluginManifest
-    from heddle.plugin_host.process import PluginProcess
-
-T = TypeVar("T")
 
 # A record in a JSON string may take twice its bytes (every quote and backslash escaped).
 _MAX_LINE = 2 * MAX_SESSION_BYTES + (1 << 20)
@@ -46,8 +48,6 @@ _MAX_LINE = 2 * MAX_SESSION_BYTES + (1 << 20)
 
 def open_plugin_store(name: str, plugins: PluginHost | Sequence[PluginManifest] | None) -> PluginStore:
     """The store component `name` (its componentType, or the name of a plugin with one store)."""
-    from heddle.plugin_host.host import PluginHost
-
     host: PluginHost | None = None
     if isinstance(plugins, PluginHost):
         host, manifests = plugins, list(plugins.manifests.values())
@@ -71,11 +71,8 @@ def open_plugin_store(name: str, plugins: PluginHost | Sequence[PluginManifest] 
         config = host.configs.get(component.component_type)
         timeout = host.timeout
     else:
-        from heddle.plugin_host.config import resolve_configs
-        from heddle.plugin_host.host import DEFAULT_TIMEOUT_S
-
         config = resolve_configs({component.component_type: component}, {}).get(component.component_type)
-        timeout = DEFAULT_TIMEOUT_S
+        timeout = PLUGIN_TIMEOUT_S
     return PluginStore(manifest, component, config=config, timeout=timeout)
 
 
@@ -88,46 +85,50 @@ class PluginStore:
         self._component = component
         self._config = config
         self._home = Path(os.path.realpath(tempfile.mkdtemp(prefix=f"heddle-store-{component.plugin}-")))
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"heddle-store-{component.plugin}",
-                                        daemon=True)
-        self._thread.start()
         self._closed = False
-        self._process: PluginProcess = self._submit(self._make_process(manifest, timeout))
-        try:
-            self._call("store.open", {}, expect={})
-        except BaseException:
-            self.close()
-            raise
+        self._process = self._make_process(manifest, timeout)
+        # The process `store.open` was answered by: a process started again (it died, or the caller
+        # is on another event loop than the last one) opens the store again before anything else.
+        self._opened_pid: int | None = None
+        self._opening: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
-    async def _make_process(self, manifest: PluginManifest, timeout: float) -> PluginProcess:
-        # Made on the loop it runs on.
-        from heddle.plugin_host.launch import Launch, plan_launch
-        from heddle.plugin_host.process import PluginProcess
-        from heddle.workspace.sandbox import SandboxPolicy
+    async def open(self) -> None:
+        """Start the plugin's process and have it open the store (StoreUnavailable when it cannot)."""
+        if self._opened():
+            return
+        loop = asyncio.get_running_loop()
+        if self._opening is None or self._opening[0] is not loop:
+            self._opening = (loop, asyncio.Lock())
+        async with self._opening[1]:
+            if not self._opened():
+                await self._request("store.open", {}, expect={})
+                self._opened_pid = self._process.pid
 
+    def _opened(self) -> bool:
+        return self._process.alive and self._process.pid == self._opened_pid
+
+    def _make_process(self, manifest: PluginManifest, timeout: float) -> PluginProcess:
         def launch() -> Launch:
             # Not confined: a store reaches its own database or files, which its settings name.
             return plan_launch(manifest, home=self._home, policy=SandboxPolicy())
 
         return PluginProcess(manifest.name, launch, timeout=timeout, capabilities=frozenset(), max_line=_MAX_LINE)
 
-    def _submit(self, work: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(work, self._loop).result()
-
     # ------------------------------------------------------------------ calls
 
-    def _call(self, method: str, params: dict[str, Any], *, expect: Mapping[str, type] | None = None) -> Any:
+    async def _call(self, method: str, params: dict[str, Any], *, expect: Mapping[str, type] | None = None) -> Any:
+        await self.open()
+        return await self._request(method, params, expect=expect)
+
+    async def _request(self, method: str, params: dict[str, Any], *,
+                       expect: Mapping[str, type] | None = None) -> Any:
         """The plugin's answer to `method` (a dict); StoreUnavailable when it failed or answered with
         an error. With `expect`, the answer must be exactly a dict of those keys."""
-        from heddle.plugin_host.errors import PluginError
-        from heddle.plugin_host.process import PluginCallError
-
         if self._closed:
             raise StoreUnavailable(f"{self.name}: the store was closed")
         body = {"component": self._component.component_type, "config": self._config, **params}
         try:
-            result = self._submit(self._process.call(method, body))
+            result = await self._process.call(method, body)
         except PluginCallError as exc:
             raise StoreUnavailable(f"{self.name}: {method} failed: {' '.join(str(exc).split())}") from None
         except PluginError as exc:
@@ -182,16 +183,16 @@ class PluginStore:
 
     # ------------------------------------------------------------------ the protocol
 
-    def get(self, session_id: str) -> Stored | None:
+    async def get(self, session_id: str) -> Stored | None:
         check_session_id(session_id)
-        result = self._call("store.get", {"id": session_id})
+        result = await self._call("store.get", {"id": session_id})
         _, value = self._one_of("store.get", result, ("session",))
         return None if value is None else self._session("store.get", value, result, session_id)
 
-    def create(self, session_id: str, data: bytes) -> Stored:
+    async def create(self, session_id: str, data: bytes) -> Stored:
         check_session_id(session_id)
         check_size(session_id, data, store=self.name)
-        result = self._call("store.create", {"id": session_id, "data": self._text(session_id, data)})
+        result = await self._call("store.create", {"id": session_id, "data": self._text(session_id, data)})
         key, value = self._one_of("store.create", result, ("created", "exists"))
         if key == "exists":
             if value is not True:
@@ -201,10 +202,10 @@ class PluginStore:
             self._bad("store.create", result)
         return Stored(session_id, 1, data, self._updated("store.create", value["updated"], result))
 
-    def replace(self, session_id: str, data: bytes, *, version: int) -> Stored:
+    async def replace(self, session_id: str, data: bytes, *, version: int) -> Stored:
         check_session_id(session_id)
         check_size(session_id, data, store=self.name)
-        result = self._call("store.replace", {"id": session_id, "data": self._text(session_id, data),
+        result = await self._call("store.replace", {"id": session_id, "data": self._text(session_id, data),
                                               "version": version})
         key, value = self._one_of("store.replace", result, ("replaced", "conflict", "missing"))
         if key == "missing":
@@ -225,16 +226,16 @@ class PluginStore:
             self._bad("store.replace", result)
         return Stored(session_id, version + 1, data, self._updated("store.replace", value["updated"], result))
 
-    def delete(self, session_id: str) -> bool:
+    async def delete(self, session_id: str) -> bool:
         check_session_id(session_id)
-        result = self._call("store.delete", {"id": session_id})
+        result = await self._call("store.delete", {"id": session_id})
         _, value = self._one_of("store.delete", result, ("deleted",))
         if not isinstance(value, bool):
             self._bad("store.delete", result)
         return bool(value)
 
-    def list(self) -> list[Stored]:
-        result = self._call("store.list", {})
+    async def list(self) -> list[Stored]:
+        result = await self._call("store.list", {})
         _, value = self._one_of("store.list", result, ("sessions",))
         if not isinstance(value, list):
             self._bad("store.list", result)
@@ -244,19 +245,16 @@ class PluginStore:
         found.sort(key=lambda s: (-s.updated, s.id))
         return found
 
-    def index(self) -> Index:
+    async def index(self) -> Index:
         # The protocol has no lighter listing: a plugin's store answers with the records too.
-        return [(s.id, s.updated) for s in self.list()]
+        return [(s.id, s.updated) for s in await self.list()]
 
-    def close(self) -> None:
+    async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        with contextlib.suppress(Exception):
-            process = getattr(self, "_process", None)
-            if process is not None:
-                self._submit(process.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
-        shutil.rmtree(self._home, ignore_errors=True)
+        try:
+            with contextlib.suppress(Exception):
+                await self._process.close()
+        finally:
+            shutil.rmtree(self._home, ignore_errors=True)

@@ -31,9 +31,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from heddle.errors import SessionUnreadable, UsageError
+from heddle.format.private import make_private_dir
 from heddle.secret_env import SESSION_KEY as ENV_SESSION_KEY
 from heddle.sessions.private import config_home
-from heddle.sessions.store import MAX_SESSION_BYTES, Index, SessionStore, Stored, check_size
+from heddle.sessions.steps import MAX_STEP_BYTES, StepLog
+from heddle.sessions.store import MAX_SESSION_BYTES, Index, SessionStore, Stored, check_size, index_page
 
 KEY_FILE = "session.key"
 # A key shorter than this is a password, not a key.
@@ -73,8 +75,6 @@ def _checked(key: bytes, where: str) -> bytes:
 
 def _own_key() -> bytes:
     """The key file in heddle's config folder, made (0600, in a 0700 folder) when there is none."""
-    from heddle.format.private import make_private_dir
-
     path = default_key_file()
     make_private_dir(path.parent, what="heddle's config folder", setting="XDG_CONFIG_HOME")
     if not os.path.lexists(path):
@@ -132,6 +132,15 @@ def seal(key: bytes, session_id: str, version: int, record: bytes) -> bytes:
     return b'{"mac":"hmac-sha256:' + mac.encode() + b'","record":' + record + b"}"
 
 
+def _step_mac(key: bytes, session_id: str, base: int, seq: int, line: bytes) -> str:
+    message = (b"heddle-step\0" + session_id.encode() + b"\0" + str(base).encode() + b"\0" + str(seq).encode()
+               + b"\0" + line)
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+_SEALED_STEP = re.compile(rb'\{"mac":"hmac-sha256:([0-9a-f]{64})","step":')
+
+
 class SealedStore:
     """A store whose records are sealed on the way in and checked on the way out: every record read
     from it was written, at that version of that session, by a holder of the key. The rest of heddle
@@ -141,6 +150,11 @@ class SealedStore:
         self.store = store
         self.name = store.name
         self._key = key
+
+    def subkey(self, purpose: bytes) -> bytes:
+        """A key for `purpose` derived from the session key: what every holder of the key (each replica
+        sharing the store) can check, and nobody else can make, without the key itself leaving here."""
+        return hmac.new(self._key, b"heddle subkey\0" + purpose, hashlib.sha256).digest()
 
     def _open(self, stored: Stored) -> Stored:
         sid, data = stored.id, stored.data
@@ -156,40 +170,91 @@ class SealedStore:
         raise SessionUnreadable(f"session {sid!r} in {self.name}: its record {problem}; nothing of it is used: "
                                 f"remove it with `heddle sessions rm {sid}`")
 
-    def get(self, session_id: str) -> Stored | None:
-        stored = self.store.get(session_id)
+    async def open(self) -> None:
+        await self.store.open()
+
+    async def get(self, session_id: str) -> Stored | None:
+        stored = await self.store.get(session_id)
         return None if stored is None else self._open(stored)
 
-    def create(self, session_id: str, data: bytes) -> Stored:
+    async def create(self, session_id: str, data: bytes) -> Stored:
         check_size(session_id, data, MAX_SESSION_BYTES, store=self.name)
-        saved = self.store.create(session_id, seal(self._key, session_id, 1, data))
+        saved = await self.store.create(session_id, seal(self._key, session_id, 1, data))
         return Stored(session_id, saved.version, data, saved.updated)
 
-    def replace(self, session_id: str, data: bytes, *, version: int) -> Stored:
+    async def replace(self, session_id: str, data: bytes, *, version: int) -> Stored:
         check_size(session_id, data, MAX_SESSION_BYTES, store=self.name)
-        saved = self.store.replace(session_id, seal(self._key, session_id, version + 1, data), version=version)
+        saved = await self.store.replace(session_id, seal(self._key, session_id, version + 1, data), version=version)
         return Stored(session_id, saved.version, data, saved.updated)
 
-    def delete(self, session_id: str) -> bool:
-        return self.store.delete(session_id)
+    async def claim(self, session_id: str, data: bytes, *, version: int) -> Stored:
+        """`replace`, for taking over a run whose owner is gone: through the store's own `claim` where it
+        has one (Postgres: a row another taker holds is skipped, not waited for)."""
+        check_size(session_id, data, MAX_SESSION_BYTES, store=self.name)
+        sealed = seal(self._key, session_id, version + 1, data)
+        claim = getattr(self.store, "claim", None)
+        saved: Stored = await (claim(session_id, sealed, version=version) if claim is not None
+                               else self.store.replace(session_id, sealed, version=version))
+        return Stored(session_id, saved.version, data, saved.updated)
 
-    def list(self) -> list[Stored]:
+    async def delete(self, session_id: str) -> bool:
+        return await self.store.delete(session_id)
+
+    async def list(self) -> list[Stored]:
         """Every session, most recently written first; SessionUnreadable for the first that fails its check."""
-        return [self._open(stored) for stored in self.store.list()]
+        return [self._open(stored) for stored in await self.store.list()]
 
-    def index(self) -> Index:
-        return self.store.index()
+    async def index(self) -> Index:
+        return await self.store.index()
 
-    def survey(self) -> builtins.list[tuple[Stored, SessionUnreadable | None]]:
+    async def index_page(self, *, since: float | None, until: float, after: tuple[float, str] | None,
+                         limit: int) -> Index:
+        return await index_page(self.store, since=since, until=until, after=after, limit=limit)
+
+    async def survey(self) -> builtins.list[tuple[Stored, SessionUnreadable | None]]:
         """`list` for a listing that shows a session failing its check too (so that a person can remove
         it): each opened with None, or as stored with its refusal (its record is not to be used)."""
         out: builtins.list[tuple[Stored, SessionUnreadable | None]] = []
-        for stored in self.store.list():
+        for stored in await self.store.list():
             try:
                 out.append((self._open(stored), None))
             except SessionUnreadable as exc:
                 out.append((stored, exc))
         return out
 
-    def close(self) -> None:
-        self.store.close()
+    async def close(self) -> None:
+        await self.store.close()
+
+    # ------------------------------------------------------------------ steps (heddle.sessions.steps)
+
+    @property
+    def keeps_steps(self) -> bool:
+        return isinstance(self.store, StepLog)
+
+    async def append_step(self, session_id: str, base: int, seq: int, data: bytes) -> None:
+        assert isinstance(self.store, StepLog), "steps are appended only to a store that keeps them"
+        check_size(session_id, data, MAX_STEP_BYTES, store=self.name)
+        mac = _step_mac(self._key, session_id, base, seq, data).encode()
+        await self.store.append_step(session_id, base, seq, b'{"mac":"hmac-sha256:' + mac + b'","step":' + data + b"}")
+
+    async def steps(self, session_id: str, base: int) -> builtins.list[tuple[int, bytes]]:
+        """The steps after record version `base`, each checked as a record is: SessionUnreadable for the
+        first that fails."""
+        if not isinstance(self.store, StepLog):
+            return []
+        out: builtins.list[tuple[int, bytes]] = []
+        for seq, data in await self.store.steps(session_id, base):
+            head = _SEALED_STEP.match(data)
+            line = data[head.end() : -1] if head is not None and data.endswith(b"}") else b""
+            if head is None or not line or not hmac.compare_digest(
+                    head.group(1).decode(), _step_mac(self._key, session_id, base, seq, line)):
+                raise SessionUnreadable(
+                    f"session {session_id!r} in {self.name}: its step {seq} fails its authentication (changed "
+                    "outside heddle, or written under another session key); nothing of it is used: remove it with "
+                    f"`heddle sessions rm {session_id}`")
+            out.append((seq, line))
+        return out
+
+    async def drop_steps(self, session_id: str, below: int) -> None:
+        if isinstance(self.store, StepLog):
+            await self.store.drop_steps(session_id, below)

@@ -16,9 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from heddle.blocking import STORE_READS, STORE_WRITES, Limiter, run_blocking
 from heddle.errors import StoreUnavailable
 from heddle.format.private import check_private_file
 from heddle.sessions.private import FILE_MODE, data_home, make_private_dirs
+from heddle.sessions.steps import Steps, step_taken
 from heddle.sessions.store import Index, Stored, check_session_id, check_size, conflict, exists, not_found
 
 T = TypeVar("T")
@@ -27,7 +29,7 @@ T = TypeVar("T")
 # so a wait this long means something holds the file (a stuck process, a backup tool).
 BUSY_TIMEOUT_SECONDS = 15.0
 # The layout of the table, in PRAGMA user_version: a file from a later heddle is refused, not misread.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the steps table
 
 _SCHEMA = """CREATE TABLE IF NOT EXISTS heddle_sessions (
     id TEXT PRIMARY KEY NOT NULL,
@@ -35,6 +37,20 @@ _SCHEMA = """CREATE TABLE IF NOT EXISTS heddle_sessions (
     data BLOB NOT NULL,
     updated REAL NOT NULL
 )"""
+
+
+# A durable run's steps (heddle.sessions.steps): appended, never updated; dropped once a checkpoint holds them.
+_STEPS_SCHEMA = """CREATE TABLE IF NOT EXISTS heddle_steps (
+    session TEXT NOT NULL,
+    base INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (session, base, seq)
+)"""
+
+
+# What a recovering server pages through (index_page): the sessions by the time of their last write.
+_BY_TIME = "CREATE INDEX IF NOT EXISTS heddle_sessions_updated ON heddle_sessions (updated, id)"
 
 
 def default_session_db() -> Path:
@@ -100,6 +116,8 @@ class SqliteStore:
                         f"{self.name}: was written by a later heddle (layout {found}, this one reads "
                         f"{SCHEMA_VERSION}); upgrade heddle or give another --session-db")
                 conn.execute(_SCHEMA)
+                conn.execute(_STEPS_SCHEMA)
+                conn.execute(_BY_TIME)
                 if found < SCHEMA_VERSION:
                     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 conn.execute("COMMIT")
@@ -120,9 +138,15 @@ class SqliteStore:
             except sqlite3.Error as exc:
                 raise self._unavailable(what, exc) from None
 
+    async def _call(self, limiter: Limiter, what: str, work: Callable[[sqlite3.Connection], T]) -> T:
+        return await run_blocking(limiter, self._run, what, work)
+
     # ------------------------------------------------------------------ the protocol
 
-    def get(self, session_id: str) -> Stored | None:
+    async def open(self) -> None:
+        """Opened already, when it was made."""
+
+    async def get(self, session_id: str) -> Stored | None:
         check_session_id(session_id)
 
         def work(conn: sqlite3.Connection) -> Stored | None:
@@ -130,9 +154,9 @@ class SqliteStore:
                                (session_id,)).fetchone()
             return None if row is None else Stored(session_id, int(row[0]), bytes(row[1]), float(row[2]))
 
-        return self._run(f"cannot read session {session_id!r}", work)
+        return await self._call(STORE_READS, f"cannot read session {session_id!r}", work)
 
-    def create(self, session_id: str, data: bytes) -> Stored:
+    async def create(self, session_id: str, data: bytes) -> Stored:
         check_session_id(session_id)
         check_size(session_id, data, store=self.name)
         now = time.time()
@@ -144,9 +168,9 @@ class SqliteStore:
                 raise exists(session_id, store=self.name)
             return Stored(session_id, 1, data, now)
 
-        return self._run(f"cannot write session {session_id!r}", work)
+        return await self._call(STORE_WRITES, f"cannot write session {session_id!r}", work)
 
-    def replace(self, session_id: str, data: bytes, *, version: int) -> Stored:
+    async def replace(self, session_id: str, data: bytes, *, version: int) -> Stored:
         check_session_id(session_id)
         check_size(session_id, data, store=self.name)
         now = time.time()
@@ -161,30 +185,81 @@ class SqliteStore:
                 raise not_found(session_id, store=self.name)
             raise conflict(session_id, version, int(row[0]), store=self.name)
 
-        return self._run(f"cannot write session {session_id!r}", work)
+        return await self._call(STORE_WRITES, f"cannot write session {session_id!r}", work)
 
-    def delete(self, session_id: str) -> bool:
+    async def delete(self, session_id: str) -> bool:
         check_session_id(session_id)
 
         def work(conn: sqlite3.Connection) -> bool:
+            conn.execute("DELETE FROM heddle_steps WHERE session = ?", (session_id,))
             return conn.execute("DELETE FROM heddle_sessions WHERE id = ?", (session_id,)).rowcount == 1
 
-        return self._run(f"cannot remove session {session_id!r}", work)
+        return await self._call(STORE_WRITES, f"cannot remove session {session_id!r}", work)
 
-    def list(self) -> list[Stored]:
+    async def list(self) -> list[Stored]:
         def work(conn: sqlite3.Connection) -> list[Stored]:
             rows = conn.execute("SELECT id, version, data, updated FROM heddle_sessions "
                                 "ORDER BY updated DESC, id").fetchall()
             return [Stored(str(r[0]), int(r[1]), bytes(r[2]), float(r[3])) for r in rows]
 
-        return self._run("cannot list the sessions", work)
+        return await self._call(STORE_READS, "cannot list the sessions", work)
 
-    def index(self) -> Index:
+    async def index(self) -> Index:
         def work(conn: sqlite3.Connection) -> Index:
             return [(str(r[0]), float(r[1])) for r in conn.execute("SELECT id, updated FROM heddle_sessions")]
 
-        return self._run("cannot list the sessions", work)
+        return await self._call(STORE_READS, "cannot list the sessions", work)
 
-    def close(self) -> None:
+    async def index_page(self, *, since: float | None, until: float, after: tuple[float, str] | None,
+                         limit: int) -> Index:
+        where, args = ["updated <= ?"], list[float | str]([until])
+        if since is not None:
+            where.append("updated > ?")
+            args.append(since)
+        if after is not None:
+            where.append("(updated > ? OR (updated = ? AND id > ?))")
+            args.extend((after[0], after[0], after[1]))
+        query = f"SELECT id, updated FROM heddle_sessions WHERE {' AND '.join(where)} ORDER BY updated, id LIMIT ?"
+
+        def work(conn: sqlite3.Connection) -> Index:
+            return [(str(r[0]), float(r[1])) for r in conn.execute(query, (*args, limit))]
+
+        return await self._call(STORE_READS, "cannot list the sessions", work)
+
+    async def close(self) -> None:
+        await run_blocking(STORE_WRITES, self._close)
+
+    def _close(self) -> None:
         with self._lock:
             self._conn.close()
+
+    # ------------------------------------------------------------------ steps (heddle.sessions.steps)
+
+    async def append_step(self, session_id: str, base: int, seq: int, data: bytes) -> None:
+        check_session_id(session_id)
+
+        def work(conn: sqlite3.Connection) -> None:
+            cur = conn.execute("INSERT INTO heddle_steps (session, base, seq, data) VALUES (?, ?, ?, ?) "
+                               "ON CONFLICT DO NOTHING", (session_id, base, seq, data))
+            if cur.rowcount != 1:
+                raise step_taken(session_id, base, seq, store=self.name)
+
+        await self._call(STORE_WRITES, f"cannot write a step of session {session_id!r}", work)
+
+    async def steps(self, session_id: str, base: int) -> Steps:
+        check_session_id(session_id)
+
+        def work(conn: sqlite3.Connection) -> Steps:
+            rows = conn.execute("SELECT seq, data FROM heddle_steps WHERE session = ? AND base = ? ORDER BY seq",
+                                (session_id, base)).fetchall()
+            return [(int(r[0]), bytes(r[1])) for r in rows]
+
+        return await self._call(STORE_READS, f"cannot read the steps of session {session_id!r}", work)
+
+    async def drop_steps(self, session_id: str, below: int) -> None:
+        check_session_id(session_id)
+
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM heddle_steps WHERE session = ? AND base < ?", (session_id, below))
+
+        await self._call(STORE_WRITES, f"cannot remove the steps of session {session_id!r}", work)

@@ -2,15 +2,15 @@
 
 A store keeps opaque session records (canonical JSON bytes, heddle.sessions.record) under an id,
 each with a version. Every write is compare-and-swap on that version, so two runs racing on one
-session get one success and one SessionConflict, never a lost turn. Stores are synchronous: the
-run calls them from a worker thread, never on the event loop.
+session get one success and one SessionConflict, never a lost turn. Stores are asynchronous: a store
+whose work blocks (sqlite, files) does it in heddle.blocking's store limiters, never on the loop.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from heddle.errors import SessionConflict, SessionError, SessionNotFound, SessionTooLarge
 
@@ -39,27 +39,52 @@ class SessionStore(Protocol):
 
     name: str
 
-    def get(self, session_id: str) -> Stored | None:
+    async def open(self) -> None:
+        """Reach the store (a plugin's process, a database connection) before the first call needs it,
+        so that an unreachable store is reported before anything runs; the other calls open it too."""
+
+    async def get(self, session_id: str) -> Stored | None:
         """The session, or None when there is none of that id."""
 
-    def create(self, session_id: str, data: bytes) -> Stored:
+    async def create(self, session_id: str, data: bytes) -> Stored:
         """A new session at version 1; SessionConflict when the id exists."""
 
-    def replace(self, session_id: str, data: bytes, *, version: int) -> Stored:
+    async def replace(self, session_id: str, data: bytes, *, version: int) -> Stored:
         """Write `data` if the session is still at `version` (then at version + 1); else
         SessionConflict, or SessionNotFound when it is gone."""
 
-    def delete(self, session_id: str) -> bool:
+    async def delete(self, session_id: str) -> bool:
         """Remove it; False when there was none."""
 
-    def list(self) -> list[Stored]:
+    async def list(self) -> list[Stored]:
         """Every session, most recently written first."""
 
-    def index(self) -> Index:
+    async def index(self) -> Index:
         """Every session's id and the time of its last write (Unix seconds), without its record."""
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """Release connections and files."""
+
+
+@runtime_checkable
+class Paged(Protocol):
+    """A store that lists its sessions a page at a time (sqlite, Postgres), so that a look over a large
+    store (a server recovering runs) never holds every session's id at once."""
+
+    async def index_page(self, *, since: float | None, until: float, after: tuple[float, str] | None,
+                         limit: int) -> Index:
+        """At most `limit` of the sessions last written after `since` (None: at any time) and at or before
+        `until`, in order of (time of the last write, id), those after `after` in that order."""
+
+
+async def index_page(store: SessionStore, *, since: float | None, until: float, after: tuple[float, str] | None,
+                     limit: int) -> Index:
+    """`Paged.index_page` of `store`, or the same page cut from its `index` (a store that has no paging)."""
+    if isinstance(store, Paged):
+        return await store.index_page(since=since, until=until, after=after, limit=limit)
+    rows = sorted((updated, sid) for sid, updated in await store.index() if (since is None or updated > since)
+                  and updated <= until and (after is None or (updated, sid) > after))
+    return [(sid, updated) for updated, sid in rows[:limit]]
 
 
 def _at(store: str) -> str:

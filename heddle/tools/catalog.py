@@ -15,18 +15,20 @@ Served (`public`), a row leaves out where the tool's program is.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from heddle.agentspec import components as c
+from heddle.agentspec.walk import document_components
 from heddle.canonical import fingerprint
 from heddle.errors import UsageError
+from heddle.graph import referenced_tools
+from heddle.tools.schema import input_schema
 
 if TYPE_CHECKING:
-    from heddle.agentspec import components as c
     from heddle.plugin_host.host import PluginHost
-    from heddle.settings import RunSettings
 
 Source = Literal["tools-dir", "plugin", "command", "remote", "client", "mcp"]
 
@@ -109,9 +111,6 @@ def catalog(*, tools: Mapping[str, Path], flow: c.Flow | None = None, host: Plug
 
 def _declared(found: dict[str, ListedTool], flow: c.Flow) -> None:
     """The tools folder's programs the flow names as ServerTools, with the flow's description and schema."""
-    from heddle.graph import referenced_tools
-    from heddle.tools.schema import input_schema
-
     for name, tool in referenced_tools(flow).items():
         listed = found.get(name)
         if listed is not None and listed.source == "tools-dir":
@@ -121,10 +120,6 @@ def _declared(found: dict[str, ListedTool], flow: c.Flow) -> None:
 def _document_tools(found: dict[str, ListedTool], flow: c.Flow) -> list[str]:
     """The flow's own tools added to `found` (they answer before a command or the tools folder); the
     names of the MCP toolboxes whose tools only their server can list."""
-    from heddle.agentspec import components as c
-    from heddle.agentspec.walk import document_components
-    from heddle.tools.schema import input_schema
-
     sources: dict[type[c.Component], Source] = {c.RemoteTool: "remote", c.ClientTool: "client", c.MCPTool: "mcp"}
     toolboxes: list[str] = []
     for _, component in document_components(flow):
@@ -146,14 +141,12 @@ def _document_tools(found: dict[str, ListedTool], flow: c.Flow) -> list[str]:
     return toolboxes
 
 
-async def listed(*, tools: Mapping[str, Path], flow: c.Flow | None, host: PluginHost | None, settings: RunSettings,
-                 commands: Iterable[Described] = ()) -> Catalog:
-    """`catalog`, with the plugins asked which tools they serve first when `settings` says
-    --discover-tools; the plugins' processes are stopped before it returns."""
-    from heddle.runs import discover
-
+async def listed(*, tools: Mapping[str, Path], flow: c.Flow | None, host: PluginHost | None,
+                 discover: Callable[[], Awaitable[None]], commands: Iterable[Described] = ()) -> Catalog:
+    """`catalog`, with the plugins asked which tools they serve first (`discover`: heddle.runs.discover,
+    which does when the settings say --discover-tools); the plugins' processes are stopped before it returns."""
     try:
-        await discover(host, settings)
+        await discover()
         return catalog(tools=tools, flow=flow, host=host, commands=commands)
     finally:
         if host is not None:

@@ -12,18 +12,18 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from heddle.agentspec import components as c
+from heddle.agentspec.walk import of_type
+from heddle.engine.journal import WaitingFor
 from heddle.tools.provided import DocumentTools
+from heddle.tools.schema import checked_arguments
 
 if TYPE_CHECKING:
-    from heddle.agentspec import components as c
     from heddle.engine.context import RunContext
     from heddle.engine.seams import ToolRequest
 
 
 def client_tools(flow: c.Flow) -> list[tuple[str, c.ClientTool]]:
-    from heddle.agentspec import components as c
-    from heddle.agentspec.walk import of_type
-
     return list(of_type(flow, c.ClientTool))
 
 
@@ -36,13 +36,9 @@ class ClientCall:
     ctx: RunContext
 
     def check(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        from heddle.tools.schema import checked_arguments
-
         return checked_arguments(self.tool, arguments)
 
     async def run(self, request: ToolRequest) -> dict[str, Any]:
-        from heddle.engine.journal import WaitingFor
-
         answer = self.ctx.wait(WaitingFor("client_tool", request.node, tool=self.tool.name,
                                           arguments=request.arguments))
         return as_output(self.tool, answer.tool_result)

@@ -13,8 +13,8 @@ bytes by its sha256 (a stat per call, hashing again only when the file changed),
 fails closed naming both digests; then the version probe, `[program, *version_probe]` with an
 empty environment, whose trimmed stdout must equal `expected_version` with exit status 0, or the
 call fails closed naming both versions; then the program itself, with the argv rendered (one
-argument per entry, no shell), an environment of `HEDDLE_WORKSPACE` alone, in the workspace or the
-bundle's folder, its process group killed at `timeout_seconds` (or `--tool-timeout`, when
+argument per entry, no shell), an environment of `HEDDLE_WORKSPACE` (and in a session `HEDDLE_IDEMPOTENCY_KEY`) alone,
+in the workspace or the bundle's folder, its process group killed at `timeout_seconds` (or `--tool-timeout`, when
 shorter), and under `--safe` in the same sandbox as a tool.
 
 Telemetry shows a command's name, revision, duration and exit code, never its arguments or
@@ -32,13 +32,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from heddle.engine.seams import SeamsLayer
+from heddle.agentspec import components as c
+from heddle.agentspec.walk import of_type
+from heddle.blocking import PROGRAM_CHECKS, run_blocking
+from heddle.engine import events as ev
+from heddle.engine.seams import IDEMPOTENCY_ENV, NO_PLUGINS, SeamsLayer
 from heddle.errors import ToolError, ToolInputError
-from heddle.tools.commands import MULTI_CALL, Command, CommandSet, program_kind
+from heddle.safeparse import ParseLimitError, loads_strict_json
+from heddle.tools.commands import MULTI_CALL, SYSTEM_PATH, Command, CommandSet, program_digest, program_kind
+from heddle.tools.process import run_process
+from heddle.workspace.egress_proxy import call_guard
+from heddle.workspace.sandbox import confine
 
 if TYPE_CHECKING:
-    from heddle.agentspec import components as c
-    from heddle.engine import events as ev
     from heddle.engine.context import RunContext
     from heddle.engine.options import RunOptions
     from heddle.engine.seams import (
@@ -70,16 +76,12 @@ def with_commands(plugins: Plugins | None, commands: CommandSet | None, flow: c.
     """`plugins` (None: none) with `commands` added, for preparing a run of `flow`."""
     if commands is None or not len(commands):
         return plugins
-    from heddle.engine.seams import NO_PLUGINS
-
     return CommandPlugins(plugins or NO_PLUGINS, commands, flow)
 
 
 def warm(commands: CommandSet) -> None:
     """Hash each pinned program now, at the start of a run, so that a call only stats it; what
     cannot be read is left for the call to report."""
-    from heddle.tools.commands import program_digest
-
     for command in commands:
         if command.program is not None:
             try:
@@ -92,9 +94,6 @@ class CommandPlugins:
     """A run's Plugins with commands beside them (heddle.engine.seams.Plugins)."""
 
     def __init__(self, inner: Plugins, commands: CommandSet, flow: c.Flow) -> None:
-        from heddle.agentspec import components as c
-        from heddle.agentspec.walk import of_type
-
         self.inner = inner
         self.commands = commands
         # A ToolNode's inputs and outputs are its tool's arguments and output.
@@ -132,8 +131,6 @@ class CommandSeams(SeamsLayer):
         return CommandTool(command, self.plugins.commands, self.ctx) if command is not None else None
 
     def event(self, event: ev.Event, next: ev.EventSink) -> None:
-        from heddle.engine import events as ev
-
         if isinstance(event, ev.NodeStart | ev.NodeComplete) and event.node_type == "ToolNode" \
                 and event.node in self.plugins.tool_nodes:
             if isinstance(event, ev.NodeStart):
@@ -211,26 +208,24 @@ class CommandTool:
         return filled
 
     async def run(self, request: ToolRequest) -> dict[str, Any]:
-        import asyncio
-
         command = self.command
         if command.option_field(request.arguments) is not None:  # a seam that changed them after check
             self.check(request.arguments)
-        program = await asyncio.to_thread(self._program)
+        program = await run_blocking(PROGRAM_CHECKS, self._program)
         workspace = request.workspace
         in_bundle = command.working_directory == "bundle"
         cwd = self.commands.folder if in_bundle else workspace.root
         await self._probe(program, workspace, cwd, in_bundle)
         argv = [program, *command.render(request.arguments)]
-        done = await self._start(argv, {"HEDDLE_WORKSPACE": str(workspace.root)}, workspace, cwd, in_bundle)
+        # Its environment is made here, never inherited: the key is there in a session alone.
+        key = {IDEMPOTENCY_ENV: request.idempotency_key} if request.idempotency_key else {}
+        done = await self._start(argv, {"HEDDLE_WORKSPACE": str(workspace.root), **key}, workspace, cwd, in_bundle)
         return self._result(done)
 
     def _program(self) -> str:
         """The pinned program's path, once its bytes are proved to be those pinned (sealed in the
         bundle, or hashed when the commands file was read): stat, and sha256 again only when the
         file is not the one last hashed (heddle.tools.commands.program_digest)."""
-        from heddle.tools.commands import SYSTEM_PATH, program_digest
-
         command = self.command
         pin = command.program
         if pin is None:
@@ -263,18 +258,15 @@ class CommandTool:
 
     async def _start(self, argv: list[str], env: dict[str, str], workspace: Workspace, cwd: Path,
                      in_bundle: bool) -> Exited:
-        from heddle.tools.process import run_process
-        from heddle.workspace.egress_proxy import call_guard
-        from heddle.workspace.sandbox import confine
-
         policy = self.ctx.options.sandbox
-        async with call_guard(self.ctx.options, self.command.name, self.ctx.emit) as egress:
+        async with call_guard(self.ctx.options, self.command.name, self.ctx.emit, runner=True) as egress:
             # The bundle's folder is bound read-only in the sandbox, where the call then starts.
             argv, env = confine(policy, argv, workspace=workspace, tools_dir=cwd if in_bundle else None, env=env,
                                 chdir=cwd if in_bundle else None, egress=egress)
             limit, shown, hint = self._limit()
             return await run_process(self.command.name, argv, b"", cwd=cwd, env=env, timeout=limit,
-                                     sandboxed=policy.safe, timeout_hint=hint, timeout_text=shown)
+                                     sandboxed=policy.safe, timeout_hint=hint, timeout_text=shown,
+                                     netns=egress.runner if egress is not None else None)
 
     async def _probe(self, program: str, workspace: Workspace, cwd: Path, in_bundle: bool) -> None:
         """Fail closed unless the program reports the expected version."""
@@ -318,8 +310,6 @@ class CommandTool:
                                "its output goes to the model as text", status=status) from None
 
     def _json(self, data: bytes) -> dict[str, Any]:
-        from heddle.safeparse import ParseLimitError, loads_strict_json
-
         name = self.command.name
         try:
             value = loads_strict_json(data.decode("utf-8"))

@@ -40,11 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
+from heddle.agentspec import components as c
+from heddle.agentspec.walk import document_components
 from heddle.canonical import fingerprint
+from heddle.egress import EgressError, parse_section
 from heddle.errors import UsageError
+from heddle.safeparse import NotRegularFileError, ParseLimitError, load_yaml, loads_strict_json, read_regular
 
 if TYPE_CHECKING:
-    from heddle.agentspec import components as c
     from heddle.egress import Rule
 
 FIELDS = ("name", "description", "input_schema", "executable", "version_probe", "expected_version", "argv",
@@ -330,9 +333,6 @@ class CommandSet:
     def problems(self, flow: c.Flow) -> list[str]:
         """What `flow` says of the commands' names that cannot be run as it says: another kind of tool
         of a command's name, or a ServerTool whose inputs the command's input schema does not take."""
-        from heddle.agentspec import components as c
-        from heddle.agentspec.walk import document_components
-
         kinds = (c.ServerTool, c.RemoteTool, c.ClientTool, c.BuiltinTool, c.MCPTool)
         found: list[str] = []
         seen: set[int] = set()
@@ -374,8 +374,6 @@ def read_commands(path: Path, *, what: str | None = None, folder: Path | None = 
     messages (default `--commands PATH`); `folder` is where `working_directory: bundle` runs (default:
     the file's own folder); `error` is raised for anything wrong, with a one-line message; `programs`
     pins a sealed file's programs (parse_commands)."""
-    from heddle.safeparse import NotRegularFileError, ParseLimitError, read_regular
-
     what = what or f"--commands {path}"
     try:
         data = read_regular(path)
@@ -433,16 +431,12 @@ class _Reader:
     # ------------------------------------------------------------ the document
 
     def document(self, data: bytes, *, json_text: bool) -> Any:
-        from heddle.safeparse import ParseLimitError
-
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
             self.fail("is not UTF-8 text")
         try:
             if json_text:
-                from heddle.safeparse import loads_strict_json
-
                 value = loads_strict_json(text)
             else:
                 value = self.yaml(text)
@@ -456,7 +450,6 @@ class _Reader:
     def yaml(self, text: str) -> Any:
         import yaml
 
-        from heddle.safeparse import load_yaml
 
         try:
             # A commands file is small and flat: aliases would only hide what an entry says.
@@ -516,8 +509,6 @@ class _Reader:
         return value
 
     def egress(self, value: Any, commands: Mapping[str, Command]) -> dict[str, tuple[Rule, ...]]:
-        from heddle.egress import EgressError, parse_section
-
         try:
             section = parse_section(value, "egress")
         except EgressError as exc:

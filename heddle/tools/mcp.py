@@ -34,10 +34,21 @@ from typing import TYPE_CHECKING, Any, TextIO
 from pydantic import BaseModel
 
 from heddle.agentspec import components as c
+from heddle.blocking import Tasks
+from heddle.bounded import ACCEPT_ENCODING, BodyError, Decoder, decoder, size_text
+from heddle.engine.seams import IDEMPOTENCY_META
+from heddle.engine.tracing import REQUEST_HOOKS
 from heddle.errors import Overrun, RunError, ToolError, ToolInputError, ToolOverrun, UsageError
+from heddle.graph import referenced_tools
 from heddle.safeparse import check_finite, loads_json
 from heddle.secret_env import header_from_env
+from heddle.tools.compat import conflict
+from heddle.tools.mcp_stdio import stdio_streams
 from heddle.tools.provided import DocumentTools
+from heddle.tools.retry import call_retry, with_retries
+from heddle.tools.schema import check_arguments, compiled_checker, describe_errors, input_schema
+from heddle.workspace.egress_proxy import call_guard
+from heddle.workspace.sandbox import confine
 
 if TYPE_CHECKING:
     import httpx2
@@ -47,6 +58,7 @@ if TYPE_CHECKING:
     from heddle.egress import EgressPolicy
     from heddle.engine.context import RunContext
     from heddle.engine.seams import ToolRequest
+    from heddle.workspace.egress_proxy import EgressCall
     from heddle.workspace.workspace import Workspace
 
 Transport = c.StdioTransport | c.SSETransport | c.StreamableHTTPTransport
@@ -197,8 +209,6 @@ def _checked_schema(where: str, declared: c.MCPTool | c.MCPToolSpec, listed: mcp
     """The schema the tool's arguments are checked against (the declared one when the document gives
     the inputs, and some argument it may send could be taken by the server; else the server's), and
     the server's, which each call is checked against too, where the two differ."""
-    from heddle.tools.schema import input_schema
-
     served = _listed_schema(listed)
     outputs = _output_conflict(declared, listed)
     if outputs is not None:
@@ -217,8 +227,6 @@ def _checked_schema(where: str, declared: c.MCPTool | c.MCPToolSpec, listed: mcp
 def _input_conflict(schema: dict[str, Any], served: dict[str, Any]) -> str | None:
     """Where no arguments the declared `schema` admits could be taken by the server's (a narrower
     difference is left to each call, as the server itself would judge it)."""
-    from heddle.tools.compat import conflict
-
     # A declared input with a default is always sent (the default filled in), and nothing else is.
     sent = {**schema, "required": list(schema["properties"]), "additionalProperties": False}
     problem = conflict(sent, served)
@@ -231,8 +239,6 @@ def _input_conflict(schema: dict[str, Any], served: dict[str, Any]) -> str | Non
 def _output_conflict(declared: c.MCPTool | c.MCPToolSpec, listed: mcp_types.Tool) -> str | None:
     """Where no result the server's output schema admits could fit the output of the same name the
     document declares (each result is checked against the outputs as it comes)."""
-    from heddle.tools.compat import conflict
-
     given = (listed.output_schema or {}).get("properties") or {}
     for prop in declared.outputs:
         title = prop["title"]
@@ -399,9 +405,9 @@ class _Session:
             if not ready.done():
                 ready.set_exception(exc)
 
-    async def start(self) -> None:
+    async def start(self, tasks: Tasks) -> None:
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._task = asyncio.create_task(self._hold(ready))
+        self._task = tasks.start(self._hold(ready))
         try:
             async with asyncio.timeout(max(CONNECT_TIMEOUT_S, self._read_timeout)):
                 await asyncio.wait({ready, self._task}, return_when=asyncio.FIRST_COMPLETED)
@@ -443,15 +449,17 @@ class _Session:
             raise RunError(f"{self.label} could not list its tools: {_describe(exc)}{_tail(self.errlog)}") from None
 
     async def call(self, tool: str, arguments: dict[str, Any], timeout: float | None,
-                   timeout_text: str, retry_policy: c.RetryPolicy | None = None) -> mcp_types.CallToolResult:
-        from heddle.tools.retry import call_retry, with_retries
+                   timeout_text: str, retry_policy: c.RetryPolicy | None = None,
+                   idempotency_key: str | None = None) -> mcp_types.CallToolResult:
+        # A session's step carries its idempotency key in `_meta`; every retry of the call carries the same.
+        meta: Any = {IDEMPOTENCY_META: idempotency_key} if idempotency_key is not None else None
 
         session = self.session
         if session is None or self._task is None or self._task.done():
             raise ToolError(tool, f"{self.label} is no longer connected{_tail(self.errlog)}")
         try:
             async with asyncio.timeout(timeout):
-                return await with_retries(retry_policy, lambda: session.call_tool(tool, arguments),
+                return await with_retries(retry_policy, lambda: session.call_tool(tool, arguments, meta=meta),
                                           lambda exc: call_retry(retry_policy, exc) if retry_policy else (False, None))
         except TimeoutError:
             raise ToolError(tool, timeout_text) from None
@@ -500,7 +508,6 @@ def _capped_transport(inner: httpx2.AsyncBaseTransport, cap: int, label: str,
     is also put in `overruns`."""
     import httpx2
 
-    from heddle.bounded import BodyError, Decoder, decoder, size_text
 
     class Capped(httpx2.AsyncByteStream):
         def __init__(self, raw: httpx2.AsyncByteStream, decode: Decoder, per_event: bool) -> None:
@@ -580,9 +587,6 @@ def _http_client_factory(transport: c.SSETransport | c.StreamableHTTPTransport, 
                 auth: httpx2.Auth | None = None) -> httpx2.AsyncClient:
         # trust_env off: the document names its server; proxy variables must not reroute it. Its answers
         # are decoded by the capped transport, which asks only for what it decodes so.
-        from heddle.bounded import ACCEPT_ENCODING
-        from heddle.engine.tracing import REQUEST_HOOKS
-
         inner = httpx2.AsyncHTTPTransport(verify=verify, trust_env=False)
         hooks = dict(REQUEST_HOOKS)
         if egress is not None:  # each request and redirect hop to a host the transport's list admits
@@ -620,17 +624,14 @@ def _remote_streams(transport: c.SSETransport | c.StreamableHTTPTransport, label
 
 
 def _stdio_streams(ctx: RunContext, transport: c.StdioTransport, workspace: Workspace, errlog: TextIO, label: str,
-                   overruns: list[str]) -> Callable[[], contextlib.AbstractAsyncContextManager[Any]]:
-    from heddle.bounded import size_text
-    from heddle.tools.mcp_stdio import stdio_streams
-    from heddle.workspace.sandbox import confine
-
+                   overruns: list[str], egress: EgressCall | None = None
+                   ) -> Callable[[], contextlib.AbstractAsyncContextManager[Any]]:
     cwd = Path(workspace.root, transport.cwd or "")
     if not cwd.is_dir():
         raise RunError(f"StdioTransport {transport.name!r}: cwd {transport.cwd!r} is not a folder in the server's "
                        "workspace (mount one there)")
     argv, env = confine(ctx.options.sandbox, [transport.command, *transport.args], workspace=workspace,
-                        tools_dir=ctx.tools_dir, env=workspace.env(os.environ))
+                        tools_dir=ctx.tools_dir, env=workspace.env(os.environ), egress=egress)
     if ctx.options.sandbox.safe:
         # The sandbox starts in the workspace; the transport's cwd is a folder inside it.
         at = argv.index("--chdir")
@@ -655,14 +656,20 @@ async def _opened(ctx: RunContext, server: _Server) -> AsyncIterator[_Session]:
             workspace = await stack.enter_async_context(ctx.workspaces.enter(f"mcp-{transport.name or 'server'}"))
             # The server's stderr, for the errors that name it; unlinked, gone when the run ends.
             errlog = stack.enter_context(tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace"))  # noqa: SIM115
-            streams = _stdio_streams(ctx, transport, workspace, errlog, server.label, overruns)
+            # Under --safe with an allow-list, the server's one way out is a proxy holding it to the list declared
+            # for its transport's name, for as long as the session lasts.
+            egress = await stack.enter_async_context(call_guard(ctx.options, transport.name, ctx.emit))
+            streams = _stdio_streams(ctx, transport, workspace, errlog, server.label, overruns, egress)
         else:
             streams = _remote_streams(transport, server.label, ctx.options.max_response_bytes, overruns,
                                       ctx.options.egress)
+        # The session's task, whatever `close` left of it, is stopped before its workspace is removed.
+        tasks = Tasks()
+        stack.push_async_callback(tasks.aclose)
         session = _Session(server.label, streams, read_timeout, errlog)
         session.overruns = overruns
         try:
-            await session.start()
+            await session.start(tasks)
             yield session
         finally:
             await session.close()
@@ -685,8 +692,6 @@ class McpProvidedTool:
     served: dict[str, Any] | None = None  # the server's input schema, where the document declares its own
 
     def check(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        from heddle.tools.schema import check_arguments, compiled_checker, describe_errors
-
         filled, problem = check_arguments(self.schema, arguments)
         if problem is not None or filled is None:
             raise ToolInputError(self.name, f"the arguments do not match its input schema: {problem}")
@@ -706,7 +711,7 @@ class McpProvidedTool:
 
     async def run(self, request: ToolRequest) -> dict[str, Any]:
         result = await self.session.call(self.name, request.arguments, self.timeout, self.timeout_text,
-                                         self.retry_policy)
+                                         self.retry_policy, request.idempotency_key)
         if result.is_error:
             text = "".join(getattr(b, "text", "") for b in result.content).strip()
             raise ToolError(self.name, f"the MCP server answered with an error: {text or '(no message)'}")
@@ -777,8 +782,6 @@ async def _find(server: _Server, session: _Session) -> None:
     from it (heddle.tools.retry). The session's first listing is the first attempt; a component
     without a policy is held to it, so none is retried when one of those is missing (`_provide`
     names it)."""
-    from heddle.tools.retry import with_retries
-
     def names(box: c.MCPToolBox) -> list[str]:
         return [e if isinstance(e, str) else e.name for e in box.tool_filter or []]
 
@@ -814,8 +817,6 @@ class McpKind:
 
     @contextlib.asynccontextmanager
     async def open(self, ctx: RunContext, flow: c.Flow) -> AsyncIterator[DocumentTools]:
-        from heddle.graph import referenced_tools
-
         servers = _servers(flow)
         found = DocumentTools()
         owners: dict[str, str] = dict.fromkeys(referenced_tools(flow), "the document's ServerTool")

@@ -9,7 +9,8 @@ runs under its own reaper, a child subreaper forked for it by the reaper server
 (heddle/tools/reaper.py, started once per heddle process by heddle/tools/spawner.py) that kills
 everything the tool left behind once it exits (and on a timeout, a cancelled run, or heddle's
 own death). Under `--safe` the sandbox's pid namespace does the same, so a sandboxed call needs
-no reaper. Elsewhere the tool's process group is killed, which a `setsid` child escapes.
+no reaper, unless it runs under an egress list: its reaper makes its network namespace and
+relay. Elsewhere the tool's process group is killed, which a `setsid` child escapes.
 
 The call ends when the tool exits, not when its pipes close: what it wrote before exiting is
 read for a short grace, and a process that escaped the kill and still holds a pipe is cut off.
@@ -27,9 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from heddle.bounded import size_text
+from heddle.engine.options import RunOptions
 from heddle.errors import ToolError, ToolOverrun
 from heddle.safeparse import ParseLimitError, loads_json
-from heddle.surface import CLI, Surface
+from heddle.surface import NEUTRAL, Surface
 from heddle.tools import spawner
 
 STDERR_CAP = 2000
@@ -204,9 +207,10 @@ class _Reaped:
 
     @classmethod
     async def start(cls, call: _Call, name: str, argv: Sequence[str], cwd: Path | None,
-                    env: Mapping[str, str] | None) -> _Reaped:
+                    env: Mapping[str, str] | None, netns: tuple[str, int] | None = None) -> _Reaped:
         try:
-            pipes = spawner.SPAWNER.spawn(argv, os.environ if env is None else env, str(cwd) if cwd else None)
+            pipes = spawner.SPAWNER.spawn(argv, os.environ if env is None else env, str(cwd) if cwd else None,
+                                          netns)
         except OSError as exc:
             raise ToolError(name, f"its runner ({spawner.REAPER}) could not be started: "
                             f"{exc.strerror or exc}") from None
@@ -264,6 +268,8 @@ class _Reaped:
             raise _start_error(name, program, int(value))
         if value.isdigit() and kind == "cwd":
             raise ToolError(name, f"its working folder {cwd} could not be entered: {os.strerror(int(value))}")
+        if value.isdigit() and kind == "netns":
+            raise ToolError(name, f"its network namespace could not be made: {os.strerror(int(value))}")
         if value.isdigit() and kind == "fork":
             raise ToolError(name, f"{program} could not be started: {os.strerror(int(value))}")
         detail = _tail(bytes(self.call.err))
@@ -313,15 +319,17 @@ async def run_tool_process(
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
     timeout: float | None = 30.0,
-    surface: Surface = CLI,
+    surface: Surface = NEUTRAL,
     sandboxed: bool = False,
     max_stdout: int | None = None,
+    netns: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
     """Run one tool call and return its JSON object output; raise ToolError on any failure.
     `surface` names the timeout as the shell that set it takes it; `sandboxed` says `argv`
-    starts a sandbox whose end takes every process in it along."""
+    starts a sandbox whose end takes every process in it along; `netns`, see run_process."""
     payload = json.dumps(arguments, ensure_ascii=False).encode("utf-8")
     done = await run_process(name, argv, payload, cwd=cwd, env=env, timeout=timeout, sandboxed=sandboxed,
+                             netns=netns,
                              timeout_hint=f"raise {surface.flag('tool_timeout')} if it needs longer",
                              timeout_text=surface.duration(timeout or 0), max_stdout=max_stdout,
                              stdout_hint=f"raise {surface.flag('max_tool_stdout_bytes')} if it needs more")
@@ -355,20 +363,25 @@ async def run_process(
     timeout_text: str = "",
     max_stdout: int | None = None,
     stdout_hint: str = "",
+    netns: tuple[str, int] | None = None,
 ) -> Exited:
     """Run `argv` (no shell) with `stdin` as its input, to its exit, its descendants killed with it
     (see the module docstring), with exactly `env` (heddle's own environment when None);
     ToolError naming `name` when it cannot start, runs out of time (`timeout_text` says the
     limit, `timeout_hint` how to raise it) or prints more than `max_stdout` bytes on stdout
     (the run's default cap when None; `stdout_hint` how to raise it). Only the end of its stderr
-    is kept (`STDERR_KEEP`)."""
-    if max_stdout is None:
-        from heddle.settings import RunSettings
-
-        max_stdout = RunSettings.max_tool_stdout_bytes
+    is kept (`STDERR_KEEP`). `netns` (the Unix socket of the call's egress proxy and the relay's port): the
+    call's reaper gives it a network namespace of its own whose relay is its one way out
+    (heddle.tools.reaper; `argv` is then a sandbox that makes none itself)."""
+    max_stdout = RunOptions.max_tool_stdout_bytes if max_stdout is None else max_stdout
     call = _Call(asyncio.get_running_loop(), max_stdout)
-    starter = _Grouped if sandboxed or not spawner.available() else _Reaped
-    running: _Running = await starter.start(call, name, argv, cwd, env)
+    running: _Running
+    if netns is not None:
+        running = await _Reaped.start(call, name, argv, cwd, env, netns)
+    elif sandboxed or not spawner.available():
+        running = await _Grouped.start(call, name, argv, cwd, env)
+    else:
+        running = await _Reaped.start(call, name, argv, cwd, env)
     try:
         try:
             await _converse(running, call, stdin, timeout)
@@ -376,8 +389,6 @@ async def run_process(
             hint = f" ({timeout_hint})" if timeout_hint else ""
             raise ToolError(name, f"timed out after {timeout_text or f'{timeout} s'} and was killed{hint}") from None
         except _Overflowed:
-            from heddle.bounded import size_text
-
             hint = f" ({stdout_hint})" if stdout_hint else ""
             raise ToolOverrun(name, f"printed more than {size_text(max_stdout)} on stdout and was killed"
                                     f"{hint}") from None

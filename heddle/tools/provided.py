@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from heddle.agentspec.walk import components
+
 if TYPE_CHECKING:
     from heddle.agentspec import components as c
     from heddle.engine.context import RunContext
@@ -66,7 +68,6 @@ def kinds(flow: c.Flow) -> Sequence[ToolKind]:
     """The kinds of document tool `flow` has components of, found in one walk of it."""
     import importlib
 
-    from heddle.agentspec.walk import components
 
     present = {type(component).__name__ for _, component in components(flow)}
     return tuple(importlib.import_module(name).KIND for name, types in _KIND_MODULES.items()

@@ -34,21 +34,27 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote_plus, urlencode, urlsplit
+from urllib.parse import quote_plus, urlencode
 
-from heddle.engine.templates import PLACEHOLDER, as_text, placeholders, render
+from heddle.agentspec import components as c
+from heddle.agentspec.components import DEFAULT_PORTS, HTTP_METHOD, Allowed, Origin, env_reference, request_label
+from heddle.agentspec.templates import PLACEHOLDER, as_text, placeholders, render
+from heddle.agentspec.walk import document_components, of_type
+from heddle.bounded import ACCEPT_ENCODING, BodyError, read_body
+from heddle.engine.seams import IDEMPOTENCY_HEADER
+from heddle.engine.tracing import REQUEST_HOOKS
 from heddle.errors import ToolError, ToolOverrun, UsageError
+from heddle.lazytls import LazyTLSTransport
 from heddle.secret_env import header_from_env
 from heddle.tools.provided import DocumentTools
+from heddle.tools.schema import checked_arguments
 
 if TYPE_CHECKING:
     import httpx
 
-    from heddle.agentspec import components as c
     from heddle.egress import EgressPolicy
     from heddle.engine.context import RunContext
     from heddle.engine.seams import ToolRequest
@@ -61,152 +67,7 @@ MAX_REDIRECTS = 5
 ATTEMPTS = 3
 NO_OUTPUTS = "http_response"  # the output of a tool that declares none (WayFlow's name for it)
 
-_ORIGIN = re.compile(r"(?i)(https?)://([^/?#]*)")
-_METHOD = re.compile(r"[A-Za-z]+\Z")
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 _FORM = "application/x-www-form-urlencoded"
-
-
-def _label(tool: Spec) -> str:
-    return f"{tool.component_type} {tool.name!r}"
-
-
-# --------------------------------------------------------------------------- the definition
-
-
-def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
-    """(where, text) for every string inside `value` (values of mappings, items of lists)."""
-    if isinstance(value, str):
-        yield where, value
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _strings(item, f"{where}.{key}")
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            yield from _strings(item, f"{where}[{i}]")
-
-
-def templates(tool: Spec) -> Iterator[tuple[str, str]]:
-    """(field, text) for each attribute of the tool whose placeholders are its inputs."""
-    yield "url", tool.url
-    yield "http_method", tool.http_method
-    yield from _strings(tool.data, "data")
-    yield from _strings(tool.query_params, "query_params")
-    yield from _strings(tool.headers, "headers")
-
-
-def inferred_inputs(tool: Spec) -> list[dict[str, Any]]:
-    """One string input per placeholder, for a tool or node that declares no inputs (an ApiNode's
-    api_spec_uri's too, as the specification infers them, though it is never fetched)."""
-    names: dict[str, None] = {}
-    spec_uri = [("api_spec_uri", tool.api_spec_uri)] if tool.component_type == "ApiNode" and tool.api_spec_uri else []
-    for _, text in [*templates(tool), *spec_uri]:
-        names.update(dict.fromkeys(placeholders(text)))
-    return [{"title": name, "type": "string"} for name in names]
-
-
-@dataclass(frozen=True)
-class Origin:
-    scheme: str
-    host: str
-    port: int
-
-    @classmethod
-    def of(cls, scheme: str, host: str, port: int | None) -> Origin:
-        scheme = scheme.lower()
-        return cls(scheme, host.lower().strip("[]"), port or _DEFAULT_PORTS[scheme])
-
-
-def url_origin(url: str) -> Origin | None:
-    """The scheme, host and port an http(s) URL names; None when it names none, or writes
-    credentials or a placeholder where the host goes."""
-    match = _ORIGIN.match(url.strip())
-    if match is None:
-        return None
-    authority = match.group(2)
-    if not authority or "{" in authority or "}" in authority or "@" in authority or "$" in authority:
-        return None
-    try:
-        parts = urlsplit(f"{match.group(1)}://{authority}/")
-        host, port = parts.hostname, parts.port
-    except ValueError:
-        return None
-    return Origin.of(match.group(1), host, port) if host else None
-
-
-@dataclass(frozen=True)
-class Allowed:
-    """One `url_allow_list` entry: scheme and host:port exactly, path by prefix."""
-
-    origin: Origin
-    path: str
-
-    @classmethod
-    def parse(cls, entry: str) -> Allowed | None:
-        origin = url_origin(entry)
-        if origin is None:
-            return None
-        return cls(origin, urlsplit(entry.strip()).path or "/")
-
-    def admits(self, origin: Origin, path: str) -> bool:
-        return origin == self.origin and (path or "/").startswith(self.path)
-
-
-def _header_problems(tool: Spec) -> Iterator[str]:
-    from heddle.agentspec.components import env_reference
-
-    for field, headers in (("headers", tool.headers), ("sensitive_headers", tool.sensitive_headers)):
-        for name, value in headers.items():
-            if not isinstance(value, (str, int, float, bool)):
-                yield f"{field} {name!r} must be a string, not {type(value).__name__}"
-            elif field == "sensitive_headers" and (not isinstance(value, str) or env_reference(value) is None):
-                yield (f"sensitive_headers {name!r} must be a $VAR reference: a secret is read from the "
-                       "environment where the run starts, never written in the document")
-            elif isinstance(value, str) and value.startswith("$") and env_reference(value) is None:
-                yield f"{field} {name!r} value {value!r} is not a valid environment variable reference; write $NAME"
-    both = sorted({n.lower() for n in tool.headers} & {n.lower() for n in tool.sensitive_headers})
-    if both:
-        yield f"header {both[0]!r} is in both headers and sensitive_headers; keep one"
-
-
-def definition_problems(tool: Spec) -> list[str]:
-    """What makes the tool's request impossible to send as the document says, before any call."""
-    problems: list[str] = []
-    origin = url_origin(tool.url)
-    if origin is None:
-        problems.append(f"url {tool.url!r} must be an http:// or https:// URL whose host the document writes out "
-                        "(a placeholder may fill its path and query, not its host; credentials go in "
-                        "sensitive_headers as $VAR references)")
-    if not placeholders(tool.http_method) and not _METHOD.match(tool.http_method.strip()):
-        problems.append(f"http_method {tool.http_method!r} is not an HTTP method (GET, POST, ...)")
-    problems.extend(_header_problems(tool))
-    declared = tool.input_titles()
-    for field, text in templates(tool):
-        for name in placeholders(text):
-            if name not in declared:
-                problems.append(f"{field} has the placeholder {{{{{name}}}}}, which is none of its inputs "
-                                f"({', '.join(declared) or 'none'}); declare it as an input")
-    if tool.retry_policy is not None:
-        problems.append("retry_policy is not supported by heddle yet; drop it (without one, a response other "
-                        "than 2xx is asked again up to twice, as the reference runtime does)")
-    if tool.url_allow_list is not None:
-        allowed = []
-        for entry in tool.url_allow_list:
-            parsed = Allowed.parse(entry) if isinstance(entry, str) else None
-            if parsed is None:
-                problems.append(f"url_allow_list entry {entry!r} is not an http(s) URL with a host")
-            else:
-                allowed.append(parsed)
-        if origin is not None and allowed and not any(a.origin == origin for a in allowed):
-            problems.append(f"url {tool.url!r} is on a host none of its url_allow_list entries allows")
-    return problems
-
-
-def check_definition(tool: Spec) -> None:
-    """Raise ValueError (reported as the document's error, with its path) naming every problem."""
-    problems = definition_problems(tool)
-    if problems:
-        raise ValueError(f"{_label(tool)}: " + "; ".join(problems))
 
 
 # --------------------------------------------------------------------------- one call
@@ -221,6 +82,14 @@ class Outgoing:
     params: list[tuple[str, str | int | float | bool | None]]
     headers: dict[str, str]
     content: bytes | None
+
+
+def with_idempotency_key(outgoing: Outgoing, key: str | None) -> Outgoing:
+    """`outgoing` with the call's idempotency key as its `Idempotency-Key` header (a session's step:
+    heddle.engine.journal), unless the document sets that header itself."""
+    if key is None or any(name.lower() == IDEMPOTENCY_HEADER.lower() for name in outgoing.headers):
+        return outgoing
+    return replace(outgoing, headers={**outgoing.headers, IDEMPOTENCY_HEADER: key})
 
 
 def _fill(value: Any, values: Mapping[str, str]) -> Any:
@@ -252,7 +121,7 @@ def build_request(tool: Spec, arguments: Mapping[str, Any], secrets: Mapping[str
     texts = {name: _python_text(value) for name, value in arguments.items()}
     url = render(tool.url.strip(), {name: _api_url_value(tool.name, value) for name, value in arguments.items()})
     method = render(tool.http_method, texts).strip().upper()
-    if not _METHOD.match(method):
+    if not HTTP_METHOD.match(method):
         raise ToolError(tool.name, f"http_method {tool.http_method!r} became {method!r}, which is not an HTTP method")
     params: list[tuple[str, str | int | float | bool | None]] = []
     for key, value in tool.query_params.items():
@@ -433,12 +302,11 @@ class RemoteCall:
     egress: EgressPolicy | None = None  # the bundle's sealed allow-lists, if it declares any
 
     def check(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        from heddle.tools.schema import checked_arguments
-
         return checked_arguments(self.tool, arguments)
 
     async def run(self, request: ToolRequest) -> dict[str, Any]:
-        outgoing = build_request(self.tool, request.arguments, self.secrets)
+        outgoing = with_idempotency_key(build_request(self.tool, request.arguments, self.secrets),
+                                        request.idempotency_key)
         answer = await send_asking_again(self.client, outgoing, allow_list=self.tool.url_allow_list,
                                          max_bytes=self.max_bytes, surface=self.surface, fail=self._fail,
                                          egress=(self.egress, self.tool.name), timeout=self.timeout,
@@ -501,7 +369,7 @@ async def send(client: httpx.AsyncClient, outgoing: Outgoing, *, allow_list: lis
                                    headers=outgoing.headers, content=outgoing.content)
     first = Origin.of(request.url.scheme, request.url.host, request.url.port)
     for _ in range(MAX_REDIRECTS + 1):
-        if request.url.scheme not in _DEFAULT_PORTS:
+        if request.url.scheme not in DEFAULT_PORTS:
             raise fail(f"was redirected to {request.url}, which is not an http(s) URL", False)
         here = Origin.of(request.url.scheme, request.url.host, request.url.port)
         if here.host != first.host:
@@ -558,8 +426,6 @@ async def send_asking_again(client: httpx.AsyncClient, outgoing: Outgoing, *, al
 
 
 async def _read_capped(response: httpx.Response, cap: int, surface: Surface, fail: Fail) -> bytes:
-    from heddle.bounded import BodyError, read_body
-
     try:
         # The caller's own timeout bounds the whole transfer (RemoteCall.run).
         return await read_body(response, what=f"{response.request.method} {response.request.url}", cap=cap,
@@ -573,17 +439,11 @@ async def _read_capped(response: httpx.Response, cap: int, surface: Surface, fai
 
 def remote_tools(root: c.Component) -> Iterator[tuple[str, c.RemoteTool]]:
     """(path, tool) for every RemoteTool of a document (its flows, nodes, agents), in document order."""
-    from heddle.agentspec import components as c
-    from heddle.agentspec.walk import of_type
-
     yield from of_type(root, c.RemoteTool)
 
 
 def http_requests(root: c.Component) -> Iterator[tuple[str, Spec]]:
     """(path, component) for every request a document declares: its RemoteTools and ApiNodes."""
-    from heddle.agentspec import components as c
-    from heddle.agentspec.walk import document_components
-
     for where, component in document_components(root):
         if isinstance(component, (c.RemoteTool, c.ApiNode)):
             yield where, component
@@ -592,23 +452,19 @@ def http_requests(root: c.Component) -> Iterator[tuple[str, Spec]]:
 def header_secrets(tool: Spec, where: str) -> dict[str, str]:
     """The header values `tool` reads from the environment, by header name. Raises UsageError
     for a variable that is not set or is empty, naming it."""
-    from heddle.agentspec.components import env_reference
-
     found: dict[str, str] = {}
     for source in (tool.headers, tool.sensitive_headers):
         for header, value in source.items():
             name = env_reference(value) if isinstance(value, str) else None
             if name is None:
                 continue
-            found[header] = header_from_env(f"{_label(tool)} at {where}", header, name, os.environ)
+            found[header] = header_from_env(f"{request_label(tool)} at {where}", header, name, os.environ)
     return found
 
 
 def header_env_reads(document: Any) -> Iterator[tuple[str, str]]:
     """(variable, what reads it) for each RemoteTool or ApiNode header of a resolved document (a mapping)
     that reads the environment, in document order; for `heddle doctor`, which reads no value."""
-    from heddle.agentspec.components import env_reference
-
     stack: list[tuple[str, Any]] = [("$", document)]
     while stack:
         path, node = stack.pop()
@@ -652,10 +508,6 @@ class RemoteToolKind:
                              "gives tools no network; run without --deny-net to let it")
         secrets = {name: header_secrets(tool, where) for name, (where, tool) in found.items()}
         # Redirects are followed by hand (RemoteCall._send), each hop checked before it is sent.
-        from heddle.bounded import ACCEPT_ENCODING
-        from heddle.engine.tracing import REQUEST_HOOKS
-        from heddle.lazytls import LazyTLSTransport
-
         async with httpx.AsyncClient(follow_redirects=False, timeout=httpx.Timeout(options.tool_timeout),
                                      transport=LazyTLSTransport(), event_hooks=dict(REQUEST_HOOKS),
                                      headers={"Accept-Encoding": ACCEPT_ENCODING}) as client:

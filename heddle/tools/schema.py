@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from heddle.canonical import fingerprint
+from heddle.errors import ToolError
 
 if TYPE_CHECKING:
     from heddle.agentspec.components import WithIO
@@ -212,8 +213,6 @@ def check_arguments(schema: dict[str, Any], arguments: Any) -> tuple[dict[str, A
 
 def checked_arguments(tool: WithIO, arguments: dict[str, Any]) -> dict[str, Any]:
     """`arguments` with defaults filled in, or ToolError naming `tool` when they break its inputs."""
-    from heddle.errors import ToolError
-
     filled, problem = check_arguments(input_schema(tool), arguments)
     if problem is not None or filled is None:
         raise ToolError(tool.name, f"the arguments do not match its inputs: {problem}")

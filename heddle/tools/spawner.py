@@ -97,9 +97,15 @@ class Spawner:
             self._proc.poll()  # a dead server is collected; a live one ends on the closed socket
             self._proc = None
 
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None) -> CallPipes:
-        """Start one call; OSError when the server cannot be started or reached."""
-        body = marshal.dumps({"argv": [os.fspath(arg) for arg in argv], "env": dict(env), "cwd": cwd})
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None,
+              netns: tuple[str, int] | None = None) -> CallPipes:
+        """Start one call; OSError when the server cannot be started or reached. `netns` (a Unix socket and
+        a port): the call runs in a network namespace of its own, whose relay on that port is its only way
+        out (heddle.tools.reaper)."""
+        request: dict[str, object] = {"argv": [os.fspath(arg) for arg in argv], "env": dict(env), "cwd": cwd}
+        if netns is not None:
+            request["netns"] = [netns[0], netns[1]]
+        body = marshal.dumps(request)
         head = len(body).to_bytes(4, "big")
         made: list[int] = []
         try:
@@ -150,6 +156,42 @@ class Spawner:
         if self._proc is not None:
             self._inherited.append(self._proc)
             self._proc = None
+
+
+# Seconds the probe of a network namespace may take.
+PROBE_WAIT = 10.0
+
+
+@functools.cache
+def own_network_problem(port: int, argv: tuple[str, ...] = ("true",)) -> str | None:
+    """None when a call can be given a network namespace of its own by its reaper here (see `spawn`), else
+    why not: asked once per process, by running `argv` (which must exit 0) so."""
+    import select
+
+    if not available():
+        return "no tool runner here (it needs Linux and a Python interpreter)"
+    try:
+        pipes = SPAWNER.spawn(argv, {"PATH": "/usr/bin:/bin"}, None, netns=("/", port))
+    except OSError as exc:
+        return f"the tool runner could not be started: {exc.strerror or exc}"
+    os.close(pipes.stdin)
+    report = b""
+    try:
+        while select.select([pipes.status], [], [], PROBE_WAIT)[0]:
+            data = os.read(pipes.status, 4096)
+            if not data:
+                break
+            report += data
+    finally:
+        for fd in (pipes.stdout, pipes.stderr, pipes.status, pipes.control):
+            os.close(fd)
+    last = (report.decode("ascii", "replace").strip().splitlines() or [""])[-1]
+    kind, _, value = last.partition(" ")
+    if last == "exit 0":
+        return None
+    if kind == "netns" and value.isdigit():
+        return f"a network namespace cannot be made here: {os.strerror(int(value))}"
+    return f"the probe of a network namespace ended with {last or 'no report'!r}"
 
 
 SPAWNER = Spawner()

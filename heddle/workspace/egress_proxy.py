@@ -1,10 +1,13 @@
 """Under `--safe`, a bundle's egress allow-list enforced on its tools' processes.
 
-A tool call whose run has an allow-list gets a network namespace of its own (bubblewrap
-`--unshare-net`): it holds a loopback interface and no route out. Inside it a relay (RELAY, run by
-the system's python3 before the tool, in the same sandbox) listens on 127.0.0.1:PROXY_PORT and
-forwards each connection to a Unix socket bind-mounted into the sandbox; heddle serves an HTTP
-proxy on that socket (`guarded`), in its own process, for that one call. The tool's
+A tool call whose run has an allow-list gets a network namespace of its own: it holds a loopback
+interface and no route out. In it a relay listens on 127.0.0.1:PROXY_PORT and forwards each connection
+to a Unix socket where heddle serves an HTTP proxy (`guarded`), in its own process, for that one call.
+For a tool call the namespace and the relay are made by the call's runner (heddle.tools.reaper, a fork
+of an interpreter already running; EgressCall.runner) where the kernel lets it; else, and for the
+processes heddle keeps for a run (an MCP server over stdio, a plugin: `process_guard`, one proxy per
+process), bubblewrap makes the namespace (`--unshare-net`) and RELAY, run by the system's python3 before
+the program, forwards to the socket bind-mounted into the sandbox. The tool's
 `HTTP_PROXY`/`HTTPS_PROXY` name the relay, so clients that honour them work unchanged; a client that
 ignores them, raw TCP or UDP, DNS, an IPv6 literal, a host's Unix or abstract socket reach nothing,
 because nothing else is there.
@@ -17,8 +20,8 @@ answered 403 and reported as an `egress_refused` event naming the tool, the host
 
 With secrets (heddle.egress.Secrets), the tool's `$NAME` is a placeholder made for the call; the proxy
 reads every request (ending each tunnel's TLS with an authority made for the call, which the tool
-trusts through CA_VARIABLES) and puts the value in place of the placeholder in the secret's header of a
-request to one of its hosts, refusing a placeholder anywhere else.
+trusts through CA_VARIABLES) and puts the value in place of the placeholder in the secret's header (or
+its query parameter) of a request to one of its hosts, refusing a placeholder anywhere else.
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ import shutil
 import socket
 import ssl
 import tempfile
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from heddle.engine.events import EgressRefused
 from heddle.errors import UsageError
 
 if TYPE_CHECKING:
@@ -105,8 +109,25 @@ def relay_argv() -> list[str]:
     return [PYTHON, "-I", "-S", "-c", RELAY, SANDBOX_SOCKET, str(PROXY_PORT)]
 
 
+def runner_problem() -> str | None:
+    """None when a tool call's runner can make its network namespace and relay here (heddle.tools.reaper),
+    with a sandbox nested in it; else why not. Asked once per process."""
+    from heddle.tools.spawner import own_network_problem
+
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return "bubblewrap is not here"
+    return own_network_problem(PROXY_PORT, (bwrap, "--unshare-user", "--unshare-pid", "--die-with-parent",
+                                            "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
+                                            "--cap-drop", "ALL", "--", "true"))
+
+
 def check_relay() -> None:
-    """Refused before a run starts when the relay cannot run here."""
+    """Refused before a run starts when the relay cannot run here. A tool call's relay is a fork of its
+    runner where that can make a network namespace (asked now, once per process), else RELAY, as for MCP
+    servers' and plugins' processes."""
+    if runner_problem() is None:
+        return
     if not os.access(PYTHON, os.X_OK):
         raise UsageError(f"--safe with an egress allow-list runs a relay with {PYTHON} inside each tool's sandbox, "
                          "and it is not there; install python3")
@@ -281,10 +302,7 @@ class _Proxy:
         text = head.decode("latin-1")
         lines = text[:-4].split("\r\n")
         method, target, version = _request_line(head)
-        for p in self.placeholders:
-            if p.text in target:
-                raise _Refused(host, port, f"the placeholder of secret {p.spec.name} is in the URL of a request to "
-                                           f"{host}:{port}; a secret goes in its header alone")
+        target = self.target(target, host, port)
         if proxied:
             from urllib.parse import urlsplit
 
@@ -307,14 +325,11 @@ class _Proxy:
             for p in self.placeholders:
                 if p.text not in line:
                     continue
-                if not any(rule.admits(host, port) for rule in p.spec.hosts):
-                    raise _Refused(host, port, f"the placeholder of secret {p.spec.name} is on its way to "
-                                               f"{host}:{port}, which is not one of its hosts "
-                                               f"({', '.join(map(str, p.spec.hosts))})")
-                if key != p.spec.header_name.lower() or value.strip() != p.spec.header_line(p.text).split(":", 1)[
-                        1].strip():
+                self.admitted(p, host, port)
+                if p.spec.query is not None or key != p.spec.header_name.lower() or \
+                        value.strip() != p.spec.header_line(p.text).split(":", 1)[1].strip():
                     raise _Refused(host, port, f"the placeholder of secret {p.spec.name} is sent in {name.strip()!r}"
-                                               f"; it is replaced only as {p.spec.header!r}")
+                                               f"; it is replaced only as {p.spec.placement}")
                 line = p.spec.header_line(p.value)
             out.append(line)
         if chunked and sized:
@@ -322,6 +337,32 @@ class _Proxy:
         if proxied:
             out.append("Connection: close")
         return ("\r\n".join(out) + "\r\n\r\n").encode("latin-1"), length, chunked
+
+    @staticmethod
+    def admitted(p: _Placeholder, host: str, port: int) -> None:
+        """_Refused unless `host:port` is one of the hosts `p`'s secret may be sent to."""
+        if not any(rule.admits(host, port) for rule in p.spec.hosts):
+            raise _Refused(host, port, f"the placeholder of secret {p.spec.name} is on its way to {host}:{port}, "
+                                       f"which is not one of its hosts ({', '.join(map(str, p.spec.hosts))})")
+
+    def target(self, target: str, host: str, port: int) -> str:
+        """A request's target with each placeholder it holds replaced: only a secret placed in a query parameter,
+        as that parameter's whole value, in a request to one of its hosts."""
+        from urllib.parse import quote
+
+        for p in self.placeholders:
+            if p.text not in target:
+                continue
+            self.admitted(p, host, port)
+            path, _, query = target.partition("?")
+            pairs = query.split("&")
+            wanted = f"{p.spec.query}={p.text}"
+            if p.spec.query is None or p.text in path or any(p.text in pair and pair != wanted for pair in pairs):
+                raise _Refused(host, port, f"the placeholder of secret {p.spec.name} is in the URL of a request to "
+                                           f"{host}:{port}; it is replaced only as {p.spec.placement}")
+            given = f"{p.spec.query}={quote(p.value, safe='')}"
+            target = f"{path}?{'&'.join(given if pair == wanted else pair for pair in pairs)}"
+        return target
 
     async def body(self, reader: asyncio.StreamReader, up: asyncio.StreamWriter, host: str, port: int,
                    length: int, chunked: bool) -> None:
@@ -350,7 +391,7 @@ class _Proxy:
             for p in self.placeholders:
                 if p.text.encode() in seen:
                     raise _Refused(host, port, f"the placeholder of secret {p.spec.name} is in the body of a request "
-                                               f"to {host}:{port}; a secret goes in its header alone")
+                                               f"to {host}:{port}; it is replaced only as {p.spec.placement}")
             up.write(data)
             await up.drain()
             tail = seen[-self.window:] if self.window else b""
@@ -477,13 +518,17 @@ class EgressCall:
     socket: str
     env: Mapping[str, str]
     ca_file: str | None = None
+    # (socket, PROXY_PORT) when the call's runner makes its network namespace and relay (a tool call, through
+    # heddle.tools.reaper: a fork, not a new interpreter); None when the sandbox makes its own and runs RELAY.
+    runner: tuple[str, int] | None = None
 
 
 @contextlib.asynccontextmanager
 async def guarded(policy: EgressPolicy, tool: str, report: Report, secrets: Secrets | None = None,
-                  hosts: Mapping[str, str] | None = None) -> AsyncIterator[EgressCall]:
+                  hosts: Mapping[str, str] | None = None, *, runner: bool = False) -> AsyncIterator[EgressCall]:
     """The host side of one call's proxy, served until the call ends. `hosts` maps names to addresses
-    ahead of DNS (with HOSTS; for tests, as no setting reaches either)."""
+    ahead of DNS (with HOSTS; for tests, as no setting reaches either). `runner`: the call is run by
+    heddle.tools.process with the EgressCall's `runner`, which makes its namespace and relay."""
     import secrets as random
 
     folder = tempfile.mkdtemp(prefix="heddle-egress-")
@@ -507,7 +552,7 @@ async def guarded(policy: EgressPolicy, tool: str, report: Report, secrets: Secr
                        placeholders, authority)
         server = await asyncio.start_unix_server(proxy.serve, path=path, limit=MAX_HEAD)
         try:
-            yield EgressCall(path, env, ca_file)
+            yield EgressCall(path, env, ca_file, (path, PROXY_PORT) if runner else None)
         finally:
             server.close()
             with contextlib.suppress(Exception):
@@ -516,21 +561,46 @@ async def guarded(policy: EgressPolicy, tool: str, report: Report, secrets: Secr
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def call_guard(options: RunOptions, tool: str, emit: Callable[[Event], None]
+def call_guard(options: RunOptions, tool: str, emit: Callable[[Event], None], *, runner: bool = False
                ) -> contextlib.AbstractAsyncContextManager[EgressCall | None]:
     """The egress proxy of one sandboxed call of `tool`, or None when the run has no allow-list, is not
-    under --safe, or gives tools no network at all (--deny-net)."""
+    under --safe, or gives tools no network at all (--deny-net). `runner`: the caller runs the call with
+    heddle.tools.process.run_process(netns=EgressCall.runner), which then makes the call's network namespace
+    and relay where it can (else the sandbox does, as for a process started otherwise)."""
     policy = options.egress
     if policy is None or not options.sandbox.safe or options.sandbox.deny_net:
         return contextlib.nullcontext()
+    if runner:
+        runner = runner_problem() is None
 
     def report(refusal: Refusal) -> None:
-        from heddle.engine.events import EgressRefused
-
         emit(EgressRefused(message=f"tool {refusal.tool!r}: {refusal.reason}", tool=refusal.tool,
                            host=refusal.host, port=refusal.port, reason=refusal.reason))
 
-    return guarded(policy, tool, report, options.secrets)
+    return guarded(policy, tool, report, options.secrets, runner=runner)
+
+
+def process_guard(options: RunOptions, name: str, names: Iterable[str]
+                  ) -> Callable[[], contextlib.AbstractAsyncContextManager[EgressCall]] | None:
+    """The egress proxy of a process heddle starts for a run and keeps (a plugin's): it reaches what any of
+    `names` (the plugin's own entry and its tools') may, and its refusals are reported as `name`'s. None where
+    call_guard gives a tool call none. The process may serve runs after the one that started it, so its
+    refusals are logged (logger heddle.egress, a warning each) rather than emitted as one run's events."""
+    policy = options.egress
+    if policy is None or not options.sandbox.safe or options.sandbox.deny_net:
+        return None
+    import logging
+
+    from heddle.egress import EgressPolicy, Rule
+
+    rules = tuple(sorted({rule for n in names for rule in policy.lists.get(n, ())}, key=Rule.key))
+    own = EgressPolicy({name: rules})
+    log = logging.getLogger("heddle.egress")
+
+    def report(refusal: Refusal) -> None:
+        log.warning("egress refused: process %r: %s", refusal.tool, refusal.reason)
+
+    return lambda: guarded(own, name, report, options.secrets)
 
 
 def check_secrets(options: RunOptions) -> None:
@@ -557,16 +627,21 @@ def redact(output: Any, secrets: Secrets | None) -> tuple[Any, list[str]]:
     if secrets is None or not secrets.values:
         return output, []
     import json
+    from urllib.parse import quote
 
     text = json.dumps(output, ensure_ascii=False)
-    found = [name for name, value in secrets.values.items() if value in text or json.dumps(value)[1:-1] in text]
+    # As sent, and as a URL carries it (a query parameter's value, which a server may echo back).
+    forms = {name: {value, quote(value, safe="")} for name, value in secrets.values.items()}
+    found = [name for name, values in forms.items()
+             if any(value in text or json.dumps(value)[1:-1] in text for value in values)]
     if not found:
         return output, []
 
     def clean(value: Any) -> Any:
         if isinstance(value, str):
             for name in found:
-                value = value.replace(secrets.values[name], f"[secret {name} redacted]")
+                for form in sorted(forms[name], key=len, reverse=True):
+                    value = value.replace(form, f"[secret {name} redacted]")
             return value
         if isinstance(value, list):
             return [clean(item) for item in value]

@@ -14,13 +14,9 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from heddle.errors import UsageError
-from heddle.settings import RunSettings
+from heddle.workspace import MOUNT_MAX_BYTES, MOUNT_MAX_ENTRIES
 
 MountMode = Literal["ro", "rw"]
-
-# The caps' defaults are written once, with the run settings.
-DEFAULT_MAX_ENTRIES: int = RunSettings.mount_max_entries
-DEFAULT_MAX_BYTES: int = RunSettings.mount_max_bytes
 
 # The workspace's own directory: the tool copies live there and the sandbox binds it
 # read-only, so no mount may land in it.
@@ -32,6 +28,9 @@ class Mount:
     source: Path
     dest: PurePosixPath
     mode: MountMode = "ro"
+    # (files and folders, bytes) of a mount read from a bundle's payload just proved against its
+    # manifest: counted from the manifest, as the proof found exactly those, so not walked again.
+    sealed: tuple[int, int] | None = None
 
     def describe(self) -> str:
         """How the user would have spelled this mount, for error messages."""
@@ -129,13 +128,26 @@ def _kind(mode: int) -> str | None:
     return "a special file"
 
 
+def _check_limits(name: str, entries: int, size: int, *, max_entries: int, max_bytes: int) -> None:
+    if entries > max_entries:
+        raise UsageError(
+            f"mount {name}: more than {max_entries} files and folders; mount a smaller "
+            "folder or raise --mount-max-entries"
+        )
+    if size > max_bytes:
+        raise UsageError(
+            f"mount {name}: more than {max_bytes} bytes; mount a smaller folder or raise "
+            "--mount-max-bytes"
+        )
+
+
 def _measure(mount: Mount, *, max_entries: int, max_bytes: int) -> None:
     """Walk SRC refusing what cannot be copied faithfully and stopping early at the limits."""
     name = mount.describe()
     entries = 0
     size = 0
 
-    def account(path: Path, st: os.stat_result) -> None:
+    def account(path: Path | str, st: os.stat_result) -> None:
         nonlocal entries, size
         bad = _kind(st.st_mode)
         if bad is not None:
@@ -146,17 +158,11 @@ def _measure(mount: Mount, *, max_entries: int, max_bytes: int) -> None:
         entries += 1
         if stat.S_ISREG(st.st_mode):
             size += st.st_size
-        if entries > max_entries:
-            raise UsageError(
-                f"mount {name}: more than {max_entries} files and folders; mount a smaller "
-                "folder or raise --mount-max-entries"
-            )
-        if size > max_bytes:
-            raise UsageError(
-                f"mount {name}: more than {max_bytes} bytes; mount a smaller folder or raise "
-                "--mount-max-bytes"
-            )
+        _check_limits(name, entries, size, max_entries=max_entries, max_bytes=max_bytes)
 
+    if mount.sealed is not None:
+        _check_limits(name, *mount.sealed, max_entries=max_entries, max_bytes=max_bytes)
+        return
     try:
         top = mount.source.stat()
     except OSError as exc:
@@ -166,7 +172,7 @@ def _measure(mount: Mount, *, max_entries: int, max_bytes: int) -> None:
         if not os.access(mount.source, os.R_OK):
             raise UsageError(f"mount {name}: {mount.source} is not readable; check its permissions")
         return
-    pending = [mount.source]
+    pending: list[Path | str] = [mount.source]
     while pending:
         folder = pending.pop()
         try:
@@ -177,7 +183,7 @@ def _measure(mount: Mount, *, max_entries: int, max_bytes: int) -> None:
                 f"mount {name}: cannot list {folder}: {exc.strerror}; check its permissions"
             ) from None
         for child in children:
-            path = Path(child.path)
+            path = child.path  # a string: a Path for each of many files costs more than the stat
             try:
                 st = child.stat(follow_symlinks=False)
             except OSError as exc:
@@ -190,8 +196,8 @@ def _measure(mount: Mount, *, max_entries: int, max_bytes: int) -> None:
 def check_mounts(
     mounts: Sequence[Mount],
     *,
-    max_entries: int = DEFAULT_MAX_ENTRIES,
-    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_entries: int = MOUNT_MAX_ENTRIES,
+    max_bytes: int = MOUNT_MAX_BYTES,
 ) -> None:
     """Every start-up refusal for mounts, as a UsageError naming the mount and what to do."""
     if max_entries < 1:

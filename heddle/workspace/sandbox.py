@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from heddle.errors import RunError, UsageError
 from heddle.secret_env import SECRET_ENV, without_secrets
+from heddle.workspace.egress_proxy import PYTHON, SANDBOX_CA, SANDBOX_SOCKET, relay_argv, runner_problem
 
 if TYPE_CHECKING:
     from heddle.workspace.egress_proxy import EgressCall
@@ -190,9 +191,11 @@ def isolation_layers() -> list[tuple[str, bool, str]]:
     else:
         sandbox = _bwrap_works(bwrap)
         netns = sandbox or _bwrap_works(bwrap, "--unshare-net")
-    from heddle.workspace.egress_proxy import PYTHON
-
+    # A tool call's relay is a fork of its runner where that can make the namespace; else, as for MCP servers'
+    # and plugins' processes, the system's Python started in the sandbox.
     proxy = netns or (None if os.access(PYTHON, os.X_OK) else f"{PYTHON} (the relay inside the sandbox) is not here")
+    if proxy is not None and netns is None:
+        proxy = None if runner_problem() is None else proxy
     return [
         ("sandbox", sandbox is None, "--safe: bubblewrap with user, pid, ipc and uts namespaces, the system "
          "read-only" if sandbox is None else f"--safe cannot work: {sandbox}"),
@@ -290,12 +293,11 @@ def bwrap_args(
     ops.append((SANDBOX_HOME, ["--dir", SANDBOX_HOME]))
     relay: list[str] = []
     if egress is not None:
-        from heddle.workspace.egress_proxy import SANDBOX_CA, SANDBOX_SOCKET, relay_argv
-
-        ops.append((SANDBOX_SOCKET, ["--bind", egress.socket, SANDBOX_SOCKET]))
+        if egress.runner is None:  # else the call's runner has made its namespace, relay and all
+            ops.append((SANDBOX_SOCKET, ["--bind", egress.socket, SANDBOX_SOCKET]))
+            relay = relay_argv()
         if egress.ca_file is not None:
             ops.append((SANDBOX_CA, ["--ro-bind", egress.ca_file, SANDBOX_CA]))
-        relay = relay_argv()
     readable = [*SYSTEM_DIRS, *(_real(p) for p in policy.allow_read + policy.allow_write)]
     if tools_dir is not None:
         r = _real(tools_dir)
@@ -313,7 +315,7 @@ def bwrap_args(
     ops.sort(key=lambda op: _depth(op[0]))
 
     args = [bwrap, *_NAMESPACES, "--cap-drop", "ALL"]
-    if policy.deny_net or egress is not None:
+    if policy.deny_net or (egress is not None and egress.runner is None):
         args.append("--unshare-net")
     for _, opts in ops:
         args.extend(opts)

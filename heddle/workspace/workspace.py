@@ -22,22 +22,16 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Self
 
+from heddle.blocking import WORKSPACE_COPIES, run_blocking, run_blocking_undoable
 from heddle.errors import RunError, UsageError
 from heddle.format.private import check_private_dir, make_private_dir
 from heddle.secret_env import without_secrets
-from heddle.workspace import treecopy
-from heddle.workspace.mounts import (
-    DEFAULT_MAX_BYTES,
-    DEFAULT_MAX_ENTRIES,
-    RESERVED,
-    Mount,
-    check_mounts,
-)
+from heddle.workspace import MOUNT_MAX_BYTES, MOUNT_MAX_ENTRIES, treecopy
+from heddle.workspace.mounts import RESERVED, Mount, check_mounts
 
 Warn = Callable[[str], None]
-T = TypeVar("T")
 
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -47,8 +41,8 @@ class WorkspaceOptions:
     mounts: tuple[Mount, ...] = ()
     keep_root: Path | None = None
     mount_tools: bool = True
-    max_entries: int = DEFAULT_MAX_ENTRIES
-    max_bytes: int = DEFAULT_MAX_BYTES
+    max_entries: int = MOUNT_MAX_ENTRIES
+    max_bytes: int = MOUNT_MAX_BYTES
 
 
 def folder_name(node_name: str) -> str:
@@ -272,10 +266,12 @@ class Workspaces:
         self._counts: dict[str, int] = {}
         self._keep_made = False  # the --workspace folder made (or found) and checked
 
-    def check(self) -> None:
-        """Every start-up refusal: bad mounts, tool names, the `--workspace` folder."""
+    def check(self, *, mounts: bool = True) -> None:
+        """Every start-up refusal: bad mounts, tool names, the `--workspace` folder. `mounts=False`
+        when the caller has just checked the same mounts (each check walks every mounted file)."""
         opts = self.options
-        check_mounts(opts.mounts, max_entries=opts.max_entries, max_bytes=opts.max_bytes)
+        if mounts:
+            check_mounts(opts.mounts, max_entries=opts.max_entries, max_bytes=opts.max_bytes)
         if opts.mount_tools:
             for name, executable in self.tools.items():
                 _check_tool_name(name)
@@ -345,34 +341,9 @@ class Workspaces:
         def warn(message: str) -> None:
             loop.call_soon_threadsafe(self.warn, message)
 
-        workspace = await in_worker(lambda: self.open(node_name, warn=warn), undo=Workspace.close)
+        workspace = await run_blocking_undoable(WORKSPACE_COPIES, lambda: self.open(node_name, warn=warn),
+                                                Workspace.close)
         try:
             yield workspace
         finally:
-            await in_worker(workspace.close)
-
-
-async def in_worker(work: Callable[[], T], *, undo: Callable[[T], object] | None = None) -> T:
-    """`work()` in a worker thread while the loop serves everything else.
-
-    A thread cannot be stopped: when the caller is cancelled meanwhile, the thread is waited
-    out and what it made is handed to `undo` (in a worker thread too) before the cancellation
-    goes on, so a cancelled run leaves no half-kept workspace behind.
-    """
-    future = asyncio.ensure_future(asyncio.to_thread(work))
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        await _wait_out(future, undo)
-        raise
-
-
-async def _wait_out(future: asyncio.Future[T], undo: Callable[[T], object] | None) -> None:
-    while not future.done():
-        # Cancelled again: the thread still has to finish first.
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait({future})
-    if undo is None or future.cancelled() or future.exception() is not None:
-        return
-    made = future.result()
-    await _wait_out(asyncio.ensure_future(asyncio.to_thread(undo, made)), None)
+            await run_blocking(WORKSPACE_COPIES, workspace.close)

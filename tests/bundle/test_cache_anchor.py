@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from heddle.format.trust import TrustStore
-from heddle.format.verify import open_bundle, peek
+from heddle.format.verify import verify_bundle, peek
 from tests.support.cli import BIN, env_with, error_line, heddle, state_of
 from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc, server_tool, write_tool
@@ -79,7 +79,7 @@ def run_in_process(bundle: Path, keypair: KeyPair) -> tuple[dict[str, object], s
 
 def warm(bundle: Path, keypair: KeyPair) -> Path:
     """Open the bundle once into the sandbox's cache; where its cached tree is."""
-    return open_bundle(bundle, trusted_keys=[keypair.public]).root
+    return verify_bundle(bundle, trusted_keys=[keypair.public]).root
 
 
 def unseal(path: Path) -> None:
@@ -109,7 +109,7 @@ def test_an_edited_cached_tool_never_runs(sandbox: Path, keypair: KeyPair) -> No
 def _planted(sandbox: Path, bundle: Path, keypair: KeyPair) -> Path:
     """An entry under the bundle's digest, made before its first run from a real copy with the
     tool edited, its modes sealed; returns its folder (no snapshot yet)."""
-    other = open_bundle(bundle, trusted_keys=[keypair.public], cache_root=sandbox / "elsewhere")
+    other = verify_bundle(bundle, trusted_keys=[keypair.public], cache_root=sandbox / "elsewhere")
     entry = sandbox / "cache" / other.digest
     entry.mkdir(mode=0o700)
     shutil.copytree(other.root, entry / "payload")
@@ -197,7 +197,7 @@ def test_a_cache_or_trust_store_others_can_write_is_refused(sandbox: Path, keypa
     shared.chmod(0o700)
     os.chown(shared, 65534, 65534)
     with pytest.raises(UsageError, match=f"`chown {os.geteuid()} {shared}`") as caught:
-        open_bundle(bundle, trusted_keys=[keypair.public], cache_root=shared)
+        verify_bundle(bundle, trusted_keys=[keypair.public], cache_root=shared)
     assert caught.value.exit_code == 2
     # Above a cache of our own, a world-writable folder must be sticky (as /tmp, where every
     # other test's cache lives, is), or another user could swap the cache for theirs.
@@ -205,7 +205,7 @@ def test_a_cache_or_trust_store_others_can_write_is_refused(sandbox: Path, keypa
     parent.mkdir()
     parent.chmod(0o777)
     with pytest.raises(UsageError, match=f"`chmod go-w {parent}`") as caught:
-        open_bundle(bundle, trusted_keys=[keypair.public], cache_root=parent / "mine")
+        verify_bundle(bundle, trusted_keys=[keypair.public], cache_root=parent / "mine")
     assert caught.value.exit_code == 2
     assert not (parent / "mine").exists()
     # The trust store: a run trusting the store refuses to read one anyone can add a key to.
@@ -248,7 +248,7 @@ def test_verify_proves_the_file_even_when_its_digest_is_cached(sandbox: Path, ke
     from heddle.errors import HeddleError
 
     with pytest.raises(HeddleError, match=r"tools/who\.py") as caught:
-        open_bundle(tampered, trusted_keys=[keypair.public], deep=True, prove_file=True)
+        verify_bundle(tampered, trusted_keys=[keypair.public], deep=True, prove_file=True)
     assert caught.value.exit_code == 6 and str(tampered) in caught.value.message
     proc = heddle_here(capsys, "verify", bundle, "--trust", keypair.pub_path)
     assert proc.returncode == 0 and "(already verified)" in proc.stdout
@@ -371,7 +371,7 @@ def test_a_run_leaves_nothing_in_tmpdir(sandbox: Path, keypair: KeyPair, capsys:
 
 def test_a_cached_format_1_bundle_is_not_unpacked_again(sandbox: Path, capsys: pytest.CaptureFixture[str]) -> None:
     legacy = VECTORS / "legacy-gzip.heddle"
-    assert not open_bundle(legacy, trusted_keys=[], allow_unsigned=True).cached  # unpacked into the cache
+    assert not verify_bundle(legacy, trusted_keys=[], allow_unsigned=True).cached  # unpacked into the cache
 
     def no_file_writes() -> None:
         # Any write of file data fails (EFBIG) instead of killing the process.

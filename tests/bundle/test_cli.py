@@ -326,11 +326,12 @@ def test_shell_completion_is_shown_installed_and_completes(sandbox: Path) -> Non
 
     from tests.support.cli import BIN, env_with
 
-    # The shell is detected from the process tree, as it is when a person types the command.
+    # The shell is detected from the process tree, as it is when a person types the command: bash stays
+    # heddle's parent (`bash -c` would exec a last simple command in its place, leaving no shell to find).
     script = ('source <(heddle --show-completion)\n'
               'COMP_WORDS=(heddle ver); COMP_CWORD=1; _heddle_completion heddle; echo "${COMPREPLY[@]}"\n'
               'COMP_WORDS=(heddle cache ""); COMP_CWORD=2; _heddle_completion heddle; echo "${COMPREPLY[@]}"\n'
-              'heddle --install-completion\n')
+              'heddle --install-completion\nexit $?\n')
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30, check=False,
                           env=env_with({"HOME": str(sandbox / "home"), "PATH": f"{BIN}:/usr/bin:/bin"}))
     assert proc.returncode == 0, proc.stderr

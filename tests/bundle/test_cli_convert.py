@@ -1,4 +1,4 @@
-"""heddle's options read without a pydantic validator each (heddle.cli.convert) give what typer's
+"""heddle's options read without a pydantic validator each (heddle.shell_options) give what typer's
 own conversion gives: the same values, and for a value typer refuses, typer's own error."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typer._click import Context
 from typer._click.exceptions import BadParameter
 from typer._coercion import build_runtime_param
 
-from heddle.cli.convert import quicken
 from heddle.cli.root import load_command
+from heddle.shell_options import quicken
 
 
 def _outcome(runtime: Any, param: Any, ctx: Context, value: Any) -> tuple[str, Any]:

@@ -124,7 +124,8 @@ def test_doctor_checks_each_commands_program_and_version(sandbox: Path, keypair:
     assert code == 9 and not checks_of(report, "version")[0]["ok"]
 
 
-def test_doctor_checks_each_plugins_runtime_and_bubblewrap_for_a_safe_bundle(sandbox: Path, capsys: Capsys) -> None:
+def test_doctor_checks_each_plugins_runtime_and_bubblewrap_for_a_safe_bundle(sandbox: Path, capsys: Capsys,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.support.flows import FlowDoc
 
     f = FlowDoc("plain")
@@ -140,7 +141,11 @@ def test_doctor_checks_each_plugins_runtime_and_bubblewrap_for_a_safe_bundle(san
     assert proc.returncode == 0, proc.stderr
     empty = sandbox / "empty-path"
     empty.mkdir()
-    code, report, stderr = doctor(out, env={"PATH": str(empty)})
+    # doctor's reports in this process, with the PATH it looks runtimes up in emptied; the run and
+    # the server below are the real processes a user starts.
+    with monkeypatch.context() as m:
+        m.setenv("PATH", str(empty))
+        code, report, stderr = doctor(out, capsys=capsys)
     assert code == 9, stderr
     plugins = {c["name"]: c for c in checks_of(report, "plugin")}
     assert not plugins["noder"]["ok"] and "'node' is not on PATH" in plugins["noder"]["detail"]
@@ -151,7 +156,9 @@ def test_doctor_checks_each_plugins_runtime_and_bubblewrap_for_a_safe_bundle(san
     safe = sandbox / "safe.heddle"
     assert heddle_here(capsys, "bundle", flow, "--safe", "-o", safe).returncode == 0
     assert json.loads(heddle_here(capsys, "inspect", safe, "--json").stdout)["manifest"]["proposals"]["safe"] is True
-    code, report, stderr = doctor(safe, env={"PATH": str(empty)})
+    with monkeypatch.context() as m:
+        m.setenv("PATH", str(empty))
+        code, report, stderr = doctor(safe, capsys=capsys)
     assert code == 9, stderr
     [sandboxed] = checks_of(report, "sandbox")
     assert sandboxed["name"] == "bubblewrap" and "bwrap" in sandboxed["detail"]

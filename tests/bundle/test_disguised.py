@@ -155,7 +155,7 @@ def test_a_deeply_nested_signatures_file_is_malformed_before_trust(sandbox, caps
 
 def test_a_deeply_nested_manifest_or_flow_is_malformed(sandbox, capsys):
     from heddle.bundle.fingerprints import flow_tool_fingerprints
-    from heddle.format.verify import open_bundle, peek
+    from heddle.format.verify import verify_bundle, peek
 
     manifest = sandbox / "deep-manifest.heddle"
     manifest.write_bytes(_crafted(manifest=DEEP))
@@ -170,7 +170,7 @@ def test_a_deeply_nested_manifest_or_flow_is_malformed(sandbox, capsys):
     with pytest.raises(MalformedBundleError, match=NEEDLE):
         peek(manifest)
     with pytest.raises(BundleError, match=NEEDLE):
-        open_bundle(flow, trusted_keys=[], allow_unsigned=True, cache_root=sandbox / "cache",
+        verify_bundle(flow, trusted_keys=[], allow_unsigned=True, cache_root=sandbox / "cache",
                     tool_fingerprints=flow_tool_fingerprints)
     # Nothing of either reached the cache.
     assert [p.name for p in (sandbox / "cache").iterdir() if not p.name.startswith(".")] == []

@@ -405,3 +405,45 @@ def test_a_document_run_takes_egress_and_secrets_as_flags(sandbox: Path, api: st
     out = sealed(sandbox, flow)
     proc = heddle_here(capsys, "run", out, "--allow-unsigned", "--egress", "fetch=evil.example.com")
     assert proc.returncode == 2 and "has its egress list and secrets sealed in it" in proc.stderr
+
+
+def test_a_server_applies_egress_and_secrets_to_the_documents_requests_send(
+        sandbox: Path, api: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    import httpx
+
+    from heddle.server.app import build_app
+    from heddle.server.cli import config_from
+    from heddle.server.config import check_config
+    from heddle.server.service import Service
+
+    doc = json.loads(remote_flow(sandbox / "src", api + "/other-port").read_text())
+
+    async def post(service: Service) -> httpx.Response:
+        try:
+            transport = httpx.ASGITransport(app=build_app(service))
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+                return await client.post("/v1/runs", json={"flow": doc})
+        finally:
+            await service.aclose()
+
+    # As `heddle run` does for a document: nothing declared, no list; anything declared, the whole list.
+    local = ["--allow-net", "127.0.0.1"]  # the test's API is on loopback, which request flows may not reach else
+    plain = asyncio.run(post(Service(config_from(local, {}))))
+    assert "/other-port" in _Api.paths and "egress refused" not in plain.text, plain.text
+    held = asyncio.run(post(Service(config_from([*local, "--egress", "other=example.com"], {}))))
+    assert "egress refused: 127.0.0.1:9 is not on the egress allow-list of 'fetch'" in held.text, held.text
+    # Secrets: refused at start-up when their variable is missing or no tool could use them.
+    monkeypatch.delenv("SOME_VAR", raising=False)
+    with pytest.raises(heddle.UsageError, match="SOME_VAR, which is not set"):
+        Service(config_from(["--secret", "TOKEN=SOME_VAR@api.example.com"], {}))
+    monkeypatch.setenv("SOME_VAR", "v")
+    with pytest.raises(heddle.UsageError, match="run it with --safe"):
+        Service(config_from(["--secret", "TOKEN=SOME_VAR@api.example.com"], {}))
+    with pytest.raises(heddle.UsageError, match="--egress 'fetch=no host'"):
+        Service(config_from(["--egress", "fetch=no host"], {}))
+    # A served bundle's list is sealed in it, as for `heddle run`.
+    for flag in (["--egress", "fetch=evil.example.com"], ["--secret", "TOKEN=SOME_VAR@evil.example.com"]):
+        with pytest.raises(heddle.UsageError, match=f"{flag[0]} applies to the documents requests send"):
+            check_config(config_from(["--bundle", str(sealed(sandbox, remote_flow(sandbox / "b", api))), *flag], {}))

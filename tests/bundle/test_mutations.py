@@ -49,7 +49,7 @@ from heddle.format.keys import PublicKey, SigningKey, key_id
 from heddle.format.pack import pack
 from heddle.format.signing import PAYLOAD_TYPE, pae
 from heddle.format.tar import TarReader
-from heddle.format.verify import OpenedBundle, open_bundle
+from heddle.format.verify import VerifiedTree, verify_bundle
 from heddle.workspace.mounts import Mount
 from tests.support.cli import heddle
 from tests.support.cli_inproc import heddle_inproc
@@ -155,8 +155,8 @@ def read_members(tar: bytes) -> tuple[tuple[Member, ...], tuple[tuple[int, int],
     return tuple(members), tuple(spans)
 
 
-def open_in(path: Path, cache: Path, trusted: PublicKey, *, prove_file: bool = False) -> OpenedBundle:
-    return open_bundle(path, trusted_keys=[trusted], cache_root=cache, tool_fingerprints=flow_tool_fingerprints,
+def open_in(path: Path, cache: Path, trusted: PublicKey, *, prove_file: bool = False) -> VerifiedTree:
+    return verify_bundle(path, trusted_keys=[trusted], cache_root=cache, tool_fingerprints=flow_tool_fingerprints,
                        prove_file=prove_file)
 
 
@@ -659,7 +659,7 @@ def check(mutant: Mutant, sealed: Sealed, arena: Arena, *, warm: bool, prove_fil
         where = f"{'warm' if warm else 'cold'} cache{', proving the file' if prove_file else ''}, {mutant.label}"
         note(where)
         # Only a bundle outcome is caught: any other exception fails the example as it stands.
-        opened: OpenedBundle | None = None
+        opened: VerifiedTree | None = None
         try:
             opened = open_in(bundle, cache, sealed.trusted, prove_file=prove_file)
         except HeddleError as exc:

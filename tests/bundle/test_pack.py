@@ -14,7 +14,7 @@ from heddle.format.errors import PackError
 from heddle.bundle.fingerprints import flow_tool_fingerprints
 from heddle.bundle.plan import ToolSpec, make_plan
 from heddle.format.pack import PackPlan, pack
-from heddle.format.verify import open_bundle, peek
+from heddle.format.verify import verify_bundle, peek
 from heddle.workspace.mounts import Mount
 
 from .conftest import KeyPair, agent_plan, snapshot, write_agent
@@ -74,7 +74,7 @@ def test_round_trip_layout_and_skipped_git_folders(sandbox: Path, keypair: KeyPa
     result = pack(plan, sandbox / "app.heddle", signing_key=keypair.signing)
     assert sorted(str(p.relative_to(sandbox / "agent")) for p in result.skipped) == ["notes/.git", "tools/.git"]
     assert result.signer == keypair.signing.keyid
-    opened = open_bundle(sandbox / "app.heddle", trusted_keys=[keypair.public], tool_fingerprints=flow_tool_fingerprints)
+    opened = verify_bundle(sandbox / "app.heddle", trusted_keys=[keypair.public], tool_fingerprints=flow_tool_fingerprints)
     assert opened.digest == result.digest
     m = opened.manifest
     assert [f.path for f in m.files] == [
@@ -113,9 +113,22 @@ def test_failure_leaves_nothing_at_out(sandbox: Path) -> None:
     assert snapshot(sandbox) == before
 
 
-def test_a_file_changing_while_packed_is_refused(sandbox: Path) -> None:
+@pytest.mark.parametrize("kept", [False, True])
+def test_a_file_changing_while_packed_is_refused_or_sealed_as_hashed(
+        sandbox: Path, kept: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file kept from the hashing read is written from it (read once): what is sealed is what was
+    hashed, whatever happens to the file after. A file read again to be written must not have changed."""
+    import heddle.format.pack as packing
+
     paths = write_agent(sandbox / "agent")
     plan = agent_plan(paths)
+    before = (paths["work"] / "draft.txt").read_bytes()
+    if not kept:
+        monkeypatch.setattr(packing, "_KEEP_FILE", -1)
+    reads: list[str] = []
+    real_open = os.open
+    monkeypatch.setattr(packing.os, "open",
+                        lambda path, *a, **k: (reads.append(str(path)), real_open(path, *a, **k))[1])
 
     class ChangeWhenHashed:
         """Appends to a source once every byte has been hashed, before it is written."""
@@ -133,6 +146,14 @@ def test_a_file_changing_while_packed_is_refused(sandbox: Path) -> None:
         def finish(self) -> None:
             pass
 
+    if kept:
+        pack(plan, sandbox / "app.heddle", progress=ChangeWhenHashed())
+        sources = sorted(str(f.source) for f in plan.files)
+        assert sorted(r for r in reads if r in sources) == sources  # each source opened once
+        opened = verify_bundle(sandbox / "app.heddle", trusted_keys=[], allow_unsigned=True,
+                               tool_fingerprints=flow_tool_fingerprints)
+        assert (opened.root / "mounts/work/draft.txt").read_bytes() == before
+        return
     with pytest.raises(PackError, match="changed while it was being packed"):
         pack(plan, sandbox / "app.heddle", progress=ChangeWhenHashed())
     assert sorted(os.listdir(sandbox)) == ["agent", "cache", "home", "trust"]
@@ -201,7 +222,7 @@ def test_progress_is_a_bar_on_a_terminal_and_silent_in_a_pipe(sandbox: Path, key
     pack(agent_plan(paths), sandbox / "app.heddle", progress=TerminalProgress(screen, min_bytes=0))
     assert "packing app.heddle" in screen.getvalue()
     screen = Terminal()
-    open_bundle(sandbox / "app.heddle", trusted_keys=[], allow_unsigned=True,
+    verify_bundle(sandbox / "app.heddle", trusted_keys=[], allow_unsigned=True,
                 progress=TerminalProgress(screen, min_bytes=0))
     assert "verifying app.heddle" in screen.getvalue()
     quiet = Terminal()
@@ -236,10 +257,10 @@ def test_the_bytes_depend_on_the_level_never_on_the_threads(sandbox: Path) -> No
     assert pack(plan, three, level=1, threads=3).digest == digest
     assert one.read_bytes() == three.read_bytes()
     assert pack(plan, default).digest == digest and default.read_bytes() != one.read_bytes()
-    assert open_bundle(one, trusted_keys=[], allow_unsigned=True).digest == digest
+    assert verify_bundle(one, trusted_keys=[], allow_unsigned=True).digest == digest
     # Files of 2 MiB span the reader's buffers as they are written: every cached byte is re-hashed
     # and every snapshot row must be there.
-    again = open_bundle(one, trusted_keys=[], allow_unsigned=True, deep=True)
+    again = verify_bundle(one, trusted_keys=[], allow_unsigned=True, deep=True)
     assert again.cached and again.repaired is None
     with open(os.devnull, "wb") as sink, pytest.raises(ValueError, match="one zstd worker thread or more"):
         ArchiveWriter(sink, total=0, threads=0)  # zstd's single-threaded mode writes other bytes
@@ -263,3 +284,16 @@ def test_the_level_is_a_setting_checked_before_anything_is_written(
     assert rc == 0 and json.loads(out)["bundle"] == str(sandbox / "app.heddle")
     with pytest.raises(UsageError, match="must be at most 22"):
         pack(agent_plan(paths), sandbox / "lib.heddle", level=30)
+
+
+def test_planning_and_packing_open_each_file_once(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The secret screen, the hash and the write all come from one read of each file (the flow
+    document is also read by the plan, which checks it for keys written in it)."""
+    paths = write_agent(sandbox / "agent")
+    opened: list[str] = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, *a, **k: (opened.append(os.fspath(path)), real_open(path, *a, **k))[1])
+    plan = agent_plan(paths)
+    pack(plan, sandbox / "app.heddle")
+    sources = sorted(str(f.source) for f in plan.files if f.source != paths["flow"])
+    assert sources and sorted(p for p in opened if p in sources) == sources

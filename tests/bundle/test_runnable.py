@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from heddle.bundle.verified import open_bundle
 from heddle.format.errors import ContentMismatchError, UntrustedSignerError
-from heddle.bundle.runnable import open_runnable
 from heddle.format.pack import pack
 from heddle.format.trust import TrustPolicy, TrustStore
 
@@ -26,8 +26,8 @@ def test_a_sealed_bundle_runs_its_own_tool(sandbox: Path, keypair: KeyPair) -> N
     # The sources change after sealing; the run must not see it.
     (paths["tools"] / "echo.py").write_text("#!/bin/sh\necho '{\"echoed\": \"tampered\"}'\n")
 
-    runnable = open_runnable(bundle, trust=TrustPolicy.keys(keypair.pub_path), data_dir=sandbox / "data")
-    assert runnable.name == "flow" and runnable.signers == [keypair.signing.keyid]
+    runnable = open_bundle(bundle, trust=TrustPolicy.keys(keypair.pub_path), data_dir=sandbox / "data")
+    assert runnable.name == "flow" and runnable.signers == (keypair.signing.keyid,)
     root = runnable.flow_path.parent
     assert runnable.tools == {"echo": root / "tools" / "echo.py"}
     mounts = {str(m.dest): (m.source, m.mode) for m in runnable.mounts}
@@ -43,24 +43,25 @@ def test_a_sealed_bundle_runs_its_own_tool(sandbox: Path, keypair: KeyPair) -> N
 
 def test_runnable_uses_the_trust_store_and_checks_fingerprints(sandbox: Path) -> None:
     with pytest.raises(UntrustedSignerError):
-        open_runnable(VECTORS / "valid-signed.heddle", trust=TrustPolicy.store())
+        open_bundle(VECTORS / "valid-signed.heddle", trust=TrustPolicy.store())
     store = TrustStore()
     from .conftest import EXPECTED
 
     (sandbox / "vector.pub").write_text(EXPECTED["keys"]["trusted"]["public_pem"])
     store.add(sandbox / "vector.pub")
-    runnable = open_runnable(VECTORS / "valid-signed.heddle", trust=TrustPolicy.store(), seed_data=False)
+    runnable = open_bundle(VECTORS / "valid-signed.heddle", trust=TrustPolicy.store(), seed_data=False)
     assert sorted(runnable.tools) == ["echo"] and runnable.input == {"text": "hello"}
     assert [(m.dest, m.mode) for m in runnable.manifest.mounts] == [("notes", "ro"), ("work", "rw")]
     with pytest.raises(ContentMismatchError, match="fingerprint"):
-        open_runnable(VECTORS / "tool-fingerprint-mismatch.heddle", trust=TrustPolicy.store(), seed_data=False)
+        open_bundle(VECTORS / "tool-fingerprint-mismatch.heddle", trust=TrustPolicy.store(), seed_data=False)
 
 
 def test_a_format_1_bundle_runs_from_its_tools_folder(sandbox: Path) -> None:
-    runnable = open_runnable(VECTORS / "legacy-gzip.heddle", trust=TrustPolicy.allow_unsigned(), data_dir=sandbox / "data")
+    runnable = open_bundle(VECTORS / "legacy-gzip.heddle", trust=TrustPolicy.allow_unsigned(),
+                           data_dir=sandbox / "data")
     assert runnable.legacy
     assert runnable.flow_path == runnable.tools_dir.parent / "flow" / "flow.json"
     assert sorted(runnable.tools) == ["echo"]
-    assert runnable.max_tool_rounds == 4
+    assert runnable.manifest.proposals.max_tool_rounds == 4
     assert [(str(m.dest), m.mode) for m in runnable.mounts] == [("notes", "ro")]
     assert (runnable.mounts[0].source / "readme.md").is_file()

@@ -13,6 +13,7 @@ from heddle import seal
 from heddle.bundle.collect import secret_by_name
 from heddle.bundle.flowenv import env_reads, literal_keys
 from heddle.format.errors import PackError
+from heddle.format.pack import pack
 from tests.support.cli import error_line, heddle
 from tests.support.cli_inproc import heddle_inproc
 from tests.support.cli_inproc_proc import heddle_here
@@ -108,13 +109,16 @@ def test_secrets_in_the_tools_folder_and_plugin_folders_are_refused_too(sandbox:
     plugin.mkdir()
     (plugin / "plugin.json").write_text('{"name": "greeter"}')
     (plugin / "deploy").write_text(PEM)
+    # Judged as the packer hashes the files (contents from that one read), before anything is written.
     with pytest.raises(PackError) as caught:
-        agent_plan(paths, plugins=[plugin / "plugin.json"])
+        pack(agent_plan(paths, plugins=[plugin / "plugin.json"]), sandbox / "app.heddle")
+    assert not (sandbox / "app.heddle").exists()
     message = caught.value.message
     assert f"{paths['tools'] / '.aws' / 'credentials'} (as tools/.aws/credentials: inside .aws/)" in message
     assert f"{plugin / 'deploy'} (as plugins/greeter/deploy: a private key by its content)" in message
     plan = agent_plan(paths, plugins=[plugin / "plugin.json"], include_secrets=[paths["tools"] / ".aws", plugin / "deploy"])
-    assert {"tools/.aws/credentials", "plugins/greeter/deploy"} <= {f.path for f in plan.files}
+    packed = pack(plan, sandbox / "app.heddle")
+    assert {"tools/.aws/credentials", "plugins/greeter/deploy"} <= {f.path for f in packed.manifest.files}
 
 
 def _llm_flow(path: Path, config: dict, **extra_refs: dict) -> Path:

@@ -12,7 +12,7 @@ import pytest
 from heddle.bundle.datadir import seed_data_dir
 from heddle.format.errors import ContentMismatchError, UnsignedBundleError, UntrustedSignerError
 from heddle.format.pack import add_signature, pack
-from heddle.format.verify import open_bundle, peek
+from heddle.format.verify import verify_bundle, peek
 
 from .conftest import KeyPair, agent_plan, make_keypair, write_agent
 
@@ -36,7 +36,7 @@ def test_sign_adds_a_signature_and_keeps_the_digest(sandbox: Path, keypair: KeyP
     # Either key alone now verifies the bundle.
     for key in (keypair.public, other.public):
         cache = sandbox / f"cache-{key.keyid}"
-        assert open_bundle(packed, trusted_keys=[key], cache_root=cache).signers == [key.keyid]
+        assert verify_bundle(packed, trusted_keys=[key], cache_root=cache).signers == [key.keyid]
     # Signing again with the same key replaces its signature rather than adding one.
     add_signature(packed, other.signing)
     assert len(peek(packed).signatures.keyids) == 2
@@ -47,9 +47,9 @@ def test_signing_an_unsigned_bundle_makes_it_openable(sandbox: Path, keypair: Ke
     out = sandbox / "plain.heddle"
     pack(agent_plan(paths), out)
     with pytest.raises(UnsignedBundleError):
-        open_bundle(out, trusted_keys=[keypair.public])
+        verify_bundle(out, trusted_keys=[keypair.public])
     add_signature(out, keypair.signing)
-    assert open_bundle(out, trusted_keys=[keypair.public]).signers == [keypair.signing.keyid]
+    assert verify_bundle(out, trusted_keys=[keypair.public]).signers == [keypair.signing.keyid]
 
 
 def test_sign_refuses_a_bundle_whose_payload_does_not_match(sandbox: Path, keypair: KeyPair) -> None:
@@ -65,15 +65,15 @@ def test_sign_refuses_a_bundle_whose_payload_does_not_match(sandbox: Path, keypa
 
 
 def test_a_cached_digest_is_still_checked_against_current_trust(sandbox: Path, keypair: KeyPair, packed: Path) -> None:
-    first = open_bundle(packed, trusted_keys=[keypair.public])
+    first = verify_bundle(packed, trusted_keys=[keypair.public])
     assert not first.cached
-    again = open_bundle(packed, trusted_keys=[keypair.public])
+    again = verify_bundle(packed, trusted_keys=[keypair.public])
     assert again.cached and again.root == first.root
     stranger = make_keypair(sandbox / "keys", "stranger")
     with pytest.raises(UntrustedSignerError, match=keypair.signing.keyid):
-        open_bundle(packed, trusted_keys=[stranger.public])
+        verify_bundle(packed, trusted_keys=[stranger.public])
     with pytest.raises(UntrustedSignerError):
-        open_bundle(packed, trusted_keys=[], allow_unsigned=True)
+        verify_bundle(packed, trusted_keys=[], allow_unsigned=True)
 
 
 def _rewrite(target: Path, text: str) -> None:
@@ -89,24 +89,24 @@ def test_a_modified_cache_is_evicted_and_verified_again(sandbox: Path, keypair: 
     from heddle.format.cache import Cache
     from heddle.format.verify import reprove
 
-    opened = open_bundle(packed, trusted_keys=[keypair.public])
-    assert open_bundle(packed, trusted_keys=[keypair.public], deep=True).cached
+    opened = verify_bundle(packed, trusted_keys=[keypair.public])
+    assert verify_bundle(packed, trusted_keys=[keypair.public], deep=True).cached
     _rewrite(opened.root / "mounts/notes/readme.md", "# changed\n")
     # A plain re-open does not trust the cache: the stat snapshot shows the change, so the
     # copy is evicted and the payload verified from the file again.
-    again = open_bundle(packed, trusted_keys=[keypair.public])
+    again = verify_bundle(packed, trusted_keys=[keypair.public])
     assert not again.cached and "mounts/notes/readme.md" in (again.repaired or "")
     assert (again.root / "mounts/notes/readme.md").read_text() == "# notes\n"
     # Without the file at hand (as `inspect` looks), the changed copy is found, naming the file.
     _rewrite(again.root / "mounts/notes/readme.md", "# changed\n")
     assert "mounts/notes/readme.md" in (reprove(Cache(), again.digest, again.manifest) or "")
-    fresh = open_bundle(packed, trusted_keys=[keypair.public])
+    fresh = verify_bundle(packed, trusted_keys=[keypair.public])
     assert not fresh.cached
     assert (fresh.root / "mounts/notes/readme.md").read_text() == "# notes\n"
 
 
 def test_rw_mounts_are_seeded_into_a_data_dir_never_the_cache(sandbox: Path, keypair: KeyPair, packed: Path) -> None:
-    opened = open_bundle(packed, trusted_keys=[keypair.public])
+    opened = verify_bundle(packed, trusted_keys=[keypair.public])
     data = seed_data_dir(opened, sandbox / "data")
     by_dest = {str(m.dest): m for m in data.mounts}
     assert by_dest["notes"].source == opened.root / "mounts/notes"
@@ -134,6 +134,6 @@ def test_two_openers_racing_share_one_cache_entry(sandbox: Path, keypair: KeyPai
     import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        roots = list(pool.map(lambda _: open_bundle(packed, trusted_keys=[keypair.public]).root, range(4)))
+        roots = list(pool.map(lambda _: verify_bundle(packed, trusted_keys=[keypair.public]).root, range(4)))
     assert len(set(roots)) == 1
     assert sorted(os.listdir(sandbox / "cache")) == [roots[0].parent.name]

@@ -14,7 +14,7 @@ from heddle.format.errors import BadSignatureError, MalformedBundleError
 from heddle.format.pack import PackPlan, PlanFile, add_signature, pack
 from heddle.format.release import Stamp, lower_bound, refusal
 from heddle.format.signing import PAYLOAD_TYPE, Signatures, check_signatures, pae, statement
-from heddle.format.verify import open_bundle, peek
+from heddle.format.verify import verify_bundle, peek
 from tests.bundle.conftest import KeyPair, make_keypair
 
 
@@ -38,7 +38,7 @@ def test_the_time_is_sealed_in_the_signature_and_the_manifest_stays_the_same(
     assert first.digest == second.digest and peek(a).manifest_bytes == peek(b).manifest_bytes
     entry = json.loads(canonical.dumps(peek(b).signatures.signatures[0].to_json()))
     assert entry["signed_at"] == "2026-02-01T00:00:00.000001Z"
-    opened = open_bundle(b, trusted_keys=[me.public], cache_root=tmp_path / "cache")
+    opened = verify_bundle(b, trusted_keys=[me.public], cache_root=tmp_path / "cache")
     assert opened.signed_at == "2026-02-01T00:00:00.000001Z" and opened.signers == [me.public.keyid]
 
 

@@ -18,7 +18,7 @@ import pytest
 from heddle.format import signing
 from heddle.format.errors import BundleError
 from heddle.bundle.fingerprints import flow_tool_fingerprints
-from heddle.format.verify import open_bundle, peek
+from heddle.format.verify import verify_bundle, peek
 
 from .conftest import EXPECTED, VECTORS, load_make_vectors, snapshot, vector_keys
 
@@ -27,7 +27,7 @@ CASES = EXPECTED["cases"]
 
 
 def _open(case: dict, cache: Path):
-    return open_bundle(
+    return verify_bundle(
         VECTORS / case["file"],
         trusted_keys=[KEYS[name] for name in case["trust"]],
         allow_unsigned=case["allow_unsigned"],

@@ -83,7 +83,7 @@ class Pod:
 def _pod(root: Path, made: Made, bundle: str, *, interval: str | None = None) -> Pod:
     """The image's ENTRYPOINT and the Deployment's args and env, the pod's paths under `root`."""
     image = read_image()
-    deployment: Doc = of_kind("Deployment")[0]
+    deployment: Doc = of_kind("Deployment", "")[0]  # the stateless one: see the module's docstring
     container = server_container(deployment)
     volumes = {"/var/cache/heddle": root / "cache-volume", "/var/lib/heddle/work": root / "work-volume",
                "/etc/heddle/trust": root / "trust-volume", "/var/lib/heddle/home": root / "home"}

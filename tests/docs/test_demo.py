@@ -21,7 +21,7 @@ def test_the_demo_ends_by_saying_how_to_put_heddle_on_path(tmp_path: Path) -> No
     shutil.copy2(REPO / "pyproject.toml", root / "pyproject.toml")
     (root / ".venv").mkdir()
     (root / ".venv" / "bin").symlink_to(Path(sys.executable).parent)
-    (root / ".venv" / ".heddle-installed").touch()  # newer than pyproject.toml: the demo installs nothing
+    (root / ".venv" / ".heddle-installed-compat").touch()  # newer than pyproject.toml: the demo installs nothing
     (root / "heddle").symlink_to(REPO / "heddle")
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HEDDLE_", "OPENAI_", "XDG_"))}

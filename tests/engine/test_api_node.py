@@ -242,6 +242,45 @@ def test_a_session_resumes_without_sending_it_again(tmp_path, api, capsys):
     second = heddle_here(capsys, "run", flow, "--session", "s1", "--session-db", db, "--message", "hi")
     assert state_of(second) == {"method": "POST", "reply": "hi"}
     assert api.paths() == ["/echo"]  # sent once, before the wait; not again on resuming
+    # In a session the request is a step: it carries its idempotency key.
+    assert api.requests[0]["headers"]["idempotency-key"].startswith("hk-")
+
+
+def test_a_durable_runs_request_whose_answer_was_lost_is_sent_again_with_its_key(tmp_path, api):
+    import asyncio
+
+    from heddle.errors import StoreUnavailable
+    from heddle.runs import execute, from_document
+    from heddle.sessions.turn import SessionUse
+    from tests.support.memstore import MemStore
+
+    class LosesTheAnswer(MemStore):
+        """Fails to append the ApiNode's result once: as if the process died after the request was sent."""
+
+        lost = False
+
+        async def append_step(self, session_id: str, base: int, seq: int, data: bytes) -> None:
+            if b'"type":"tool_done"' in data and b'"call":"api"' in data and not self.lost:
+                self.lost = True
+                raise StoreUnavailable("memory: the process died here")
+            await super().append_step(session_id, base, seq, data)
+
+    flow = api_flow(tmp_path, api.base + "/echo", outputs=["method"], http_method="POST", data={"n": 1})
+    store = LosesTheAnswer()
+
+    def turn(resume: bool) -> Any:
+        loaded = from_document(flow, RunSettings(), tools_dir=None)
+        return asyncio.run(execute(loaded, session=SessionUse(store, "s", resume=resume, durable=not resume)))
+
+    with pytest.raises(StoreUnavailable):
+        turn(False)
+    assert turn(True).outputs == {"method": "POST"}
+    # The request whose answer was lost is the only one sent again, with the key it had (its intent was kept).
+    keys = [r["headers"]["idempotency-key"] for r in api.requests]
+    assert api.paths() == ["/echo", "/echo"] and keys[0] == keys[1] and keys[0].startswith("hk-")
+    from heddle.sessions.record import decode
+
+    assert decode("s", store.sessions["s"].data, store="memory").status == "idle" and store.steps_kept == {}
 
 
 def test_deny_net_refuses_it(tmp_path, api):

@@ -258,6 +258,12 @@ def test_a_command_gets_an_empty_environment_and_under_safe_the_tools_sandbox(
     state = state_of(heddle_here(capsys, "run", one_tool_flow(tmp_path / "env.json", "show_env", []), "--commands",
                                  commands, "--workspace", keep))
     assert state["stdout"] == f"HEDDLE_WORKSPACE={keep / 'show_env'}\n", state
+    # In a session its call is a step: it gets the step's idempotency key too.
+    state = state_of(heddle_here(capsys, "run", tmp_path / "env.json", "--commands", commands, "--workspace", keep,
+                                 "--session", "s", "--session-db", tmp_path / "s.db", "--durable"))
+    shown = dict(line.split("=", 1) for line in state["stdout"].splitlines())
+    assert set(shown) == {"HEDDLE_WORKSPACE", "HEDDLE_IDEMPOTENCY_KEY"}, state
+    assert re.fullmatch("hk-[0-9a-f]{40}", shown["HEDDLE_IDEMPOTENCY_KEY"]), state
     # Under --safe it runs in the sandbox a tool gets: its bundle folder is there, read-only.
     proc = heddle_here(capsys, "run", one_tool_flow(tmp_path / "mk.json", "make_dir", ["name"]), "--commands",
                        commands, "--safe", "--input", '{"name": "made"}')

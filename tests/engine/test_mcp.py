@@ -9,6 +9,7 @@ import json
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,14 @@ def test_stdio_tool_and_toolbox_share_one_server(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def http_server() -> Iterator[tuple[str, list[dict[str, str]]]]:
+    with serving_http() as served:
+        yield served
+
+
+@contextmanager
+def serving_http() -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """The `mcp` package's server on loopback, in a thread (streamable HTTP at /mcp, SSE at
+    /sse-app/sse): its base URL and the headers of every request it gets."""
     import uvicorn
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from heddle.engine import events as ev
 from heddle.errors import DocumentError, NeedsSessionError
 from heddle.runs import execute, from_document
 from heddle.settings import RunSettings
-from tests.engine.test_mcp import SERVER, STUB, _stdio
+from tests.engine.test_mcp import STUB, _stdio, serving_http
 from tests.engine.test_sessions import logging_tool, ran, step
 from tests.support.flows import FlowDoc, llm_config, prop, server_tool, write_tool
 from tests.support.inproc import URL, check_doc, refusal, run_doc, run_outcome, served_model
@@ -160,14 +161,21 @@ def _mcp_flow(tmp_path: Path, transport: dict[str, Any], inputs: list[dict[str, 
     return f.write(tmp_path / "flow.json")
 
 
-def test_a_narrower_declaration_than_the_servers_runs(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def adder() -> Iterator[dict[str, Any]]:
+    """A transport to the `mcp` package's server of tests/engine/test_mcp.py, one for the module,
+    which lists add(a: integer, b: integer) -> integer. The schemas compared are the server's
+    whatever carries them (the stdio transport has tests of its own there), and one server in this
+    process spares each test a Python start that imports the `mcp` package."""
+    with serving_http() as (base, _):
+        yield {"component_type": "StreamableHTTPTransport", "id": "http", "name": "adder", "url": base + "/mcp"}
+
+
+def test_a_narrower_declaration_than_the_servers_runs(tmp_path: Path, adder: dict[str, Any]) -> None:
     # The server (the `mcp` package) lists add(a: integer, b: integer) -> integer. The document takes
     # `a` from an enum of integers, gives `b` a default, and reads the result as a number: every
     # argument it may send is accepted and every result fits, so the tool runs.
-    script = tmp_path / "server.py"
-    script.write_text(SERVER)
-    transport = _stdio(script, str(tmp_path / "log"))
-    doc = _mcp_flow(tmp_path, transport, [prop("a", "integer", enum=[1, 2, 3]), prop("b", "integer", default=10)],
+    doc = _mcp_flow(tmp_path, adder, [prop("a", "integer", enum=[1, 2, 3]), prop("b", "integer", default=10)],
                     [prop("total", "number")])
     assert run_doc(doc, None, {"a": 2})["total"] == 12
 
@@ -231,13 +239,12 @@ def test_a_real_conflict_is_refused_naming_both(tmp_path: Path, listed: dict[str
 
 
 @pytest.mark.parametrize(("kind", "refused"), [("number", False), ("string", True)])
-def test_the_servers_output_schema_must_meet_the_documents_outputs(tmp_path: Path, kind: str, refused: bool) -> None:
+def test_the_servers_output_schema_must_meet_the_documents_outputs(
+        tmp_path: Path, adder: dict[str, Any], kind: str, refused: bool) -> None:
     # The `mcp` package lists add's outputSchema as {result: integer}. An output `result` read as a
     # number meets it (each result is checked against it as it comes); one read as a string cannot.
     # WayFlow logs that the descriptors differ and calls the tool.
-    script = tmp_path / "server.py"
-    script.write_text(SERVER)
-    doc = _mcp_flow(tmp_path, _stdio(script, str(tmp_path / "log")), [prop("a", "integer"), prop("b", "integer")],
+    doc = _mcp_flow(tmp_path, adder, [prop("a", "integer"), prop("b", "integer")],
                     [prop("result", kind)])
     if not refused:
         assert run_doc(doc, None, {"a": 2, "b": 3})["result"] == 5

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,7 +38,7 @@ from heddle.runs import execute, from_document
 from heddle.sessions.record import decode
 from heddle.sessions.store import MAX_SESSION_BYTES
 from heddle.sessions.turn import SessionUse, Turn, flow_digest, run_turn
-from heddle.settings import RunSettings
+from heddle.settings import CLI, RunSettings
 from tests.support.flows import FlowDoc, llm_config, prop, server_tool, write_tool
 from tests.support.inproc import URL, served_model
 from tests.support.memstore import MemStore
@@ -61,7 +60,7 @@ def step(doc: Path, store: MemStore, session: str = "chat", *, tools: Path | Non
     with served_model(list(script)) as model:
         loaded = from_document(doc, RunSettings(), tools_dir=tools, inputs=inputs)
         use = SessionUse(store, session, answer=Answer.from_json(dict(answer)) if answer is not None else None,
-                         resume=resume, durable=durable)
+                         resume=resume, durable=durable, surface=CLI)
         outcome = asyncio.run(execute(loaded, message=message, on_event=events.append, transport=model.transport,
                                       session=use, inputs_given=inputs is not None))
         return Step(outcome, model.requests(), events)
@@ -77,7 +76,7 @@ def ran(log: Path) -> list[str]:
 
 
 def unchanged(store: MemStore, session: str, before: tuple[int, bytes], writes: int) -> bool:
-    now = store.get(session)
+    now = store.sessions.get(session)
     assert now is not None
     return (now.version, now.data) == before and store.writes == writes
 
@@ -196,7 +195,7 @@ def test_an_approval_is_bound_to_the_arguments_shown_and_a_call_with_others_neve
     # An answer that names another call than the one waiting is refused before anything runs.
     again = MemStore()
     step(doc, again, tools=tools, message="stamp the form", script=[CALL])
-    before, writes = (again.get("chat").version, again.get("chat").data), again.writes
+    before, writes = (again.sessions["chat"].version, again.sessions["chat"].data), again.writes
     with pytest.raises(SessionConflict, match="the answer was given for another call, and nothing ran"):
         step(doc, again, tools=tools, answer={"approve": True, "fingerprint": fingerprint({"text": "other"})})
     assert unchanged(again, "chat", before, writes) and ran(log) == []
@@ -336,10 +335,9 @@ def test_two_turns_racing_on_one_session_get_one_conflict(tmp_path: Path) -> Non
     store = MemStore()
     step(doc, store, message="hi", script=[{"content": "hello"}])
     # Both turns read the session before either writes it back.
-    meet = threading.Barrier(2, timeout=30)
-    store.before_get = meet.wait
-
     async def race(transport: Any) -> list[RunOutcome | BaseException]:
+        meet = asyncio.Barrier(2)
+        store.before_get = lambda: asyncio.wait_for(meet.wait(), 30)
         turns = [execute(from_document(doc, RunSettings()), message=text, transport=transport,
                          session=SessionUse(store, "chat"), inputs_given=False) for text in ("one", "two")]
         return await asyncio.gather(*turns, return_exceptions=True)
@@ -443,10 +441,14 @@ def test_a_durable_run_checkpoints_each_node_and_resumes_after_the_last_that_fin
     with pytest.raises(ToolError):
         step(doc, store, tools=tools, inputs={"x": "x"}, durable=True)
     assert ran(log) == ["one", "two"]
-    # A checkpoint after each node that finished: start, one, two.
-    checkpoints = [decode("chat", data, store="memory").pending for data in written]
-    assert [p.status if p else None for p in checkpoints] == ["running"] * 3
-    assert [len(p.journal["entries"]) for p in checkpoints if p] == [1, 2, 3]
+    # A checkpoint after each node that finished: start, one, two, each naming its owner; then the run that
+    # failed lets go of its lease (its checkpoint and the steps since, owned by nobody): only --resume
+    # continues it.
+    records = [decode("chat", data, store="memory") for data in written]
+    checkpoints = [r.pending for r in records]
+    assert [p.status if p else None for p in checkpoints] == ["running"] * 4
+    assert [len(p.journal["entries"]) for p in checkpoints[:3] if p] == [1, 2, 3]
+    assert [r.owner is not None for r in records] == [True, True, True, False]
     with pytest.raises(SessionError) as err:
         step(doc, store, tools=tools)
     assert "did not finish" in str(err.value) and "--resume" in str(err.value)

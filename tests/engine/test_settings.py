@@ -11,7 +11,7 @@ import typer
 
 from heddle.cli import app
 from heddle.errors import UsageError
-from heddle.server.cli import parser as server_parser
+from heddle.server.cli import command as server_command
 from heddle.server.config import server_settings
 from heddle.settings import (
     SETTINGS,
@@ -68,7 +68,7 @@ def _cli_options(command: str) -> dict[str, object]:
 
 
 def _server_options() -> dict[str, object]:
-    return {opt: a for a in server_parser()._actions for opt in a.option_strings}
+    return {opt: p for p in server_command().params for opt in p.opts}
 
 
 def _normal(text: str) -> str:
@@ -157,7 +157,7 @@ def test_run_settings_refuse_what_no_flag_would_take():
 
 
 def test_run_options_carry_every_setting():
-    from heddle.surface import SERVER
+    from heddle.settings import SERVER
 
     settings = RunSettings(max_iterations=5, max_tool_rounds=None, timeout=1.0, tool_timeout=2.0, stream=False,
                            mount_tools=False, mount_max_entries=7, mount_max_bytes=8, safe=True, sandbox="bubblewrap",

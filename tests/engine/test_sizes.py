@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from heddle.errors import UsageError
-from heddle.server.cli import config_from, parser
+from heddle.server.cli import config_from
 from heddle.server.cli import run as server_run
 from heddle.settings import SETTINGS, format_size, parse_size
 from tests.server.support import SERVER
@@ -46,17 +46,15 @@ def test_both_helps_take_sizes_and_show_the_default_in_units():
 
 
 def test_the_server_reads_a_size_with_its_unit_and_refuses_one_that_is_not_whole(capsys):
-    config = config_from(parser().parse_args(["--max-response-bytes", "400MB", "--mount-max-bytes", "16KiB",
-                                              "--max-tool-stdout-bytes", "4096"]), {})
+    config = config_from(["--max-response-bytes", "400MB", "--mount-max-bytes", "16KiB",
+                          "--max-tool-stdout-bytes", "4096"], {})
     assert (config.settings.max_response_bytes, config.settings.mount_max_bytes,
             config.settings.max_tool_stdout_bytes) == (400_000_000, 16384, 4096)
     assert capsys.readouterr().err == ""
-    with pytest.raises(SystemExit) as exited:
-        server_run(["--mount-max-bytes", "0.1KiB"], {})
-    assert exited.value.code == 2
+    assert server_run(["--mount-max-bytes", "0.1KiB"], {}) == 2
     assert "--mount-max-bytes: '0.1KiB' is not a whole number of bytes" in capsys.readouterr().err
     with pytest.raises(UsageError, match="--max-response-bytes 0B: must be at least 1"):
-        config_from(parser().parse_args(["--max-response-bytes", "0B"]), {})
+        config_from(["--max-response-bytes", "0B"], {})
 
 
 def test_the_cli_applies_a_size_with_its_unit_as_the_same_plain_bytes(tmp_path, capsys):

@@ -1,4 +1,4 @@
-from heddle.engine.templates import render
+from heddle.agentspec.templates import render
 
 
 def test_placeholders_with_and_without_spaces():

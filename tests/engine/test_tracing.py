@@ -250,7 +250,10 @@ def test_doctor_says_whether_runs_are_traced(tmp_path: Path, monkeypatch: pytest
     assert rc == 0 and json.loads(out)["tracing"] == {
         "ok": True, "detail": "spans sent to http://127.0.0.1:4318 over OTLP/HTTP"}
     # Asked for without the SDK: what a run would refuse, doctor reports missing (exit 9).
+    from heddle.bundle import machine
+
     monkeypatch.setattr(tracing, "installed", lambda: False)
+    monkeypatch.setattr(machine, "installed", lambda: False)  # doctor's own name for it
     rc, out, err = _cli(capsys, "doctor", bundle)
     assert rc == 9 and "MISSING otel tracing: spans for http://127.0.0.1:4318 need the OpenTelemetry SDK" in out
     assert "pw" not in out + err

@@ -68,13 +68,13 @@ def rows(dsn: str, table: str) -> list[tuple[Any, ...]]:
 
 
 SECOND_TURN = """
-import json, sys
+import asyncio, json, sys
 from pathlib import Path
 from tests.engine.test_sessions import step
 from tests.support.memstore import MemStore
 
 store = MemStore()
-store.create("chat", Path(sys.argv[2]).read_bytes())
+asyncio.run(store.create("chat", Path(sys.argv[2]).read_bytes()))
 turn = step(Path(sys.argv[1]), store, message="and?", script=[{"content": "a2"}])
 print(json.dumps({"requests": [r["body"] for r in turn.requests], "outputs": turn.outcome.outputs}))
 """
@@ -90,7 +90,7 @@ def test_a_summary_cached_in_postgres_is_read_from_the_table_by_a_later_turn_in_
     stored = rows(postgres_dsn, table)
     assert len(stored) == 1 and stored[0][0].endswith("_0_content") and stored[0][1] == "Summarized message: M1"
     # The session keeps only the conversation's id: the summary itself is in the table.
-    session = store.get("chat")
+    session = store.sessions.get("chat")
     assert session is not None and b"Summarized message: M1" not in session.data
     record = tmp_path / "session.json"
     record.write_bytes(session.data)

@@ -121,7 +121,7 @@ def test_the_version_table_is_pyagentspec_s() -> None:
     proc = subprocess.run([str(python), str(script)], check=False, capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
-    table = json.loads((REPO / "heddle" / "spec" / "agentspec_versions.json").read_text(encoding="utf-8"))
+    table = json.loads((REPO / "heddle" / "agentspec" / "agentspec_versions.json").read_text(encoding="utf-8"))
     assert table["pyagentspec"] == VERSION
     assert json.loads(proc.stdout) == table
 

@@ -19,8 +19,8 @@ from heddle import oci, seal
 from heddle.oci.client import Registry
 from heddle.oci.reference import parse_oci
 from tests.bundle.conftest import KeyPair, make_keypair
-from tests.server.support import Server, metric, run_server_to_exit, start_server
-from tests.support.cli import error_line, heddle, state_of
+from tests.server.support import Server, metric, start_server
+from tests.support.cli import env_with, error_line, heddle, state_of
 from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc
 from tests.support.registry import RunningRegistry
@@ -168,15 +168,27 @@ def test_a_following_server_refuses_a_rollback_and_a_substitution_and_retries_a_
     assert follow["bundle"]["release"] == 3 and follow["bundle"]["signedAt"].endswith("Z")
 
 
+def _refused_at_start(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str]:
+    """(status, stderr) of a `heddle-server ARGS` that must refuse to start, by its entry function in
+    this process (a real process refusing at start is tests/server/test_startup.py's)."""
+    from heddle.server.cli import run
+
+    capsys.readouterr()
+    status = run(["--port", "0", *[str(a) for a in args]], env_with())
+    return status, capsys.readouterr().err
+
+
 def test_expect_name_fixes_the_agent_a_followed_tag_may_name(registry: RunningRegistry, releases: Releases,
-                                                           server_on: Callable[..., Server], home: Path) -> None:
+                                                           server_on: Callable[..., Server], home: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
     ref = registry.ref("agents/named:prod")
     v1 = oci.push(releases.v1, ref)
     pub = releases.keypair.pub_path
-    wrong = run_server_to_exit(home, "--bundle", ref, "--trust", pub, "--pull-interval", "1s", "--expect-name", "x")
-    assert wrong.returncode == 11 and "its flow is named 'agent', not 'x' as --expect-name says" in wrong.stderr
-    alone = run_server_to_exit(home, "--bundle", ref, "--trust", pub, "--expect-name", "agent")
-    assert alone.returncode == 2 and "give it with --pull-interval" in alone.stderr
+    status, err = _refused_at_start(capsys, "--bundle", ref, "--trust", pub, "--pull-interval", "1s",
+                                     "--expect-name", "x")
+    assert status == 11 and "its flow is named 'agent', not 'x' as --expect-name says" in err
+    status, err = _refused_at_start(capsys, "--bundle", ref, "--trust", pub, "--expect-name", "agent")
+    assert status == 2 and "give it with --pull-interval" in err
     server = server_on(ref, "--expect-name", "agent")
     assert _answer(server) == "v1"
     other = oci.push(releases.other, ref)

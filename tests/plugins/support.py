@@ -70,10 +70,11 @@ def tool_chain_flow(tmp_path: Path, tools=("first", "second")) -> tuple[Path, Pa
 def run_in_process(flow: Path, *, tools_dir: Path | None, plugins: list[Path], inputs: dict[str, Any],
                    config: list[str] = (), timeout: float = 30.0, max_node_attempts: int = 3,
                    protocol: str | None = None, options: Any = None,
-                   transport: Any = None) -> tuple[Any, list[dict[str, Any]], str]:
+                   transport: Any = None, journal: Any = None) -> tuple[Any, list[dict[str, Any]], str]:
     """Run `flow` with the library (real plugin and tool processes), as `heddle run` does.
 
-    `transport` (httpx.ASGITransport of tests.support.inproc.served_model) carries the model calls.
+    `transport` (httpx.ASGITransport of tests.support.inproc.served_model) carries the model calls;
+    `journal` (heddle.engine.journal.Journal) makes it a run in a session.
     Returns (final state or the exception raised, every event as a dict, what an encoder wrote)."""
     from heddle.engine import RunOptions
     from heddle.engine.run import prepare_run, run_prepared
@@ -91,7 +92,8 @@ def run_in_process(flow: Path, *, tools_dir: Path | None, plugins: list[Path], i
                                options=options or RunOptions(), plugins=host)
         rendering = Rendering(protocol, written.append) if protocol is not None else None
         state: Any = asyncio.run(run_prepared(prepared, inputs, on_event=lambda e: events.append(e.to_dict()),
-                                              rendering=rendering, transport=transport)).state
+                                              rendering=rendering, transport=transport,
+                                              journal=journal)).state
     except Exception as exc:  # noqa: BLE001 - the test looks at it
         state = exc
     return state, events, "".join(written)

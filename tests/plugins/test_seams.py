@@ -358,6 +358,34 @@ def reverse(call):
                              "text: 'much too long' is too long")
 
 
+def test_a_plugin_tool_gets_its_idempotency_key_from_the_folder_and_from_the_process(tmp_path):
+    from heddle.engine.journal import Journal
+
+    root = tmp_path / "p"
+    write_tool(root / "bin", "stamp.py", "out = {'stamped': os.environ['HEDDLE_IDEMPOTENCY_KEY']}")
+    code = '@plugin.tool("reverse")\ndef reverse(call):\n    return {"reversed": str(call.idempotency_key)}\n'
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}}
+    plugin = make_plugin(root, code=code, tools=[
+        {"name": "stamp", "description": "d", "inputSchema": schema, "path": "bin/stamp.py"},
+        {"name": "reverse", "description": "d", "inputSchema": schema, "componentType": "Reverser"}])
+    f = FlowDoc("keys")
+    s = f.start(["text"])
+    a = f.tool_node("stamp", server_tool("stamp", ["text"]))
+    b = f.tool_node("reverse", server_tool("reverse", ["text"]))
+    e = f.end(["stamped", "reversed"])
+    f.control(s, a)
+    f.control(a, b)
+    f.control(b, e)
+    flow = f.write(tmp_path / "f.json")
+    journal = Journal(session="s")
+    state, _, _ = run_in_process(flow, tools_dir=None, plugins=[plugin], inputs={"text": "abc"}, journal=journal)
+    assert state["stamped"].startswith("hk-") and state["reversed"].startswith("hk-")
+    assert state["stamped"] != state["reversed"]
+    # Outside a session a call has no key.
+    state, _, _ = run_in_process(flow, tools_dir=None, plugins=[plugin], inputs={"text": "abc"})
+    assert (state["stamped"], state["reversed"]) == ("", "None")
+
+
 def test_a_plugin_crash_mid_run_fails_the_call_and_the_next_call_restarts_it(tmp_path):
     flow, tools = tool_chain_flow(tmp_path, tools=("first", "second"))
     marker = tmp_path / "crashed-once"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from heddle.server.cli import config_from, parser
+from heddle.server.cli import config_from
 from tests.server.flows import one_tool_flow, write_tools
 from tests.support.server_thread import threaded_server
 
@@ -13,7 +13,7 @@ NAP = "#!/bin/sh\nexec sleep 60\n"
 
 
 def _config(*argv: str):
-    return config_from(parser().parse_args(list(argv)), {})
+    return config_from(list(argv), {})
 
 
 def test_a_duration_with_a_unit_and_plain_milliseconds_are_the_same_setting(capsys):

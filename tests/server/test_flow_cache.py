@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from heddle import core
 from heddle.engine import run as engine_run
 from heddle.server import model_policy
 from heddle.server.app import build_app
@@ -47,7 +48,8 @@ def counted_preparations(monkeypatch: pytest.MonkeyPatch) -> list[object]:
         made.append(flow)
         return real(flow, **kwargs)
 
-    monkeypatch.setattr(engine_run, "prepare_run", prepare_run)
+    # The run core is the engine's one caller (heddle/core.py), under the name it imported.
+    monkeypatch.setattr(core, "prepare_run", prepare_run)
     return made
 
 

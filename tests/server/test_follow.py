@@ -109,7 +109,7 @@ def test_a_swap_keeps_runs_in_flight_on_their_bundle_and_refuses_one_that_does_n
     monkeypatch.setenv("HEDDLE_CACHE_DIR", str(tmp_path / "cache"))
     trust = TrustPolicy.from_names((bundles.pub,), allow_unsigned=False)
     config = ServerConfig(bundle=str(bundles.v1), trust=(bundles.pub,))
-    service = Service(config, sealed=open_served(config, trust).runnable)
+    service = Service(config, sealed=open_served(config, trust))
     tag = FakeTag({"sha256:v2": bundles.v2, "sha256:bad": bundles.untrusted})
     tag.make = lambda path, digest: open_edition(config, trust, service, path, digest)
     service.follower = Follower(service, tag, interval=0.01, digest="sha256:v1")
@@ -201,7 +201,7 @@ def test_an_older_bundle_is_refused_and_a_failed_download_is_tried_again(
     monkeypatch.setenv("HEDDLE_CACHE_DIR", str(tmp_path / "cache"))
     trust = TrustPolicy.from_names((bundles.pub,), allow_unsigned=False)
     config = ServerConfig(bundle=str(bundles.v1), trust=(bundles.pub,))
-    service = Service(config, sealed=open_served(config, trust).runnable)
+    service = Service(config, sealed=open_served(config, trust))
     tag = FakeTag({"sha256:v1": bundles.v1, "sha256:v2": bundles.v2})
     failures = {"sha256:v2": 1}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from tests.server.flows import ECHO, one_tool_flow, write_tools
 from tests.server.support import fuzz, start_server
 
@@ -20,6 +22,9 @@ def test_no_generated_request_makes_the_server_fail(tmp_path):
         proc = fuzz(server, tmp_path, "fuzz")
         assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
         assert "passed" in proc.stdout
+        # Every operation of the document was fuzzed, none left out for want of examples.
+        counts = re.search(r"Selected: (\d+)/(\d+)\s+Tested: (\d+)", proc.stdout)
+        assert counts is not None and len(set(counts.groups())) == 1, proc.stdout[-3000:]
         with server.client("fuzz") as client:
             assert client.get("/healthz").status_code == 200
             assert client.get("/v1/capabilities").json()["runsInFlight"] == 0

@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from heddle import seal, secret_env
-from heddle.agentspec import env_reads
+from heddle import graph, seal, secret_env
 from tests.server.support import run_server_to_exit
 from tests.support.cli import error_line, heddle
 from tests.support.cli_inproc import heddle_inproc
@@ -100,7 +99,7 @@ def test_heddle_server_never_sends_the_token(tmp_path: Path, monkeypatch: pytest
         flow = llm_flow(tmp_path / "flow.json", llm_config(model.url, api_key="$HEDDLE_AUTH_TOKEN"))
         # A bundle sealed by a heddle that did not refuse it: the server refuses it before its port opens.
         with monkeypatch.context() as patched:
-            patched.setattr(env_reads, "secret_reads", lambda root: [])
+            patched.setattr(graph, "secret_reads", lambda root: [])
             bundle = seal(flow, output=tmp_path / "old.heddle").path
         proc = run_server_to_exit(tmp_path, "--bundle", bundle, "--allow-unsigned", env=env)
         assert proc.returncode == 2, proc.stderr
@@ -118,9 +117,11 @@ def test_heddle_server_never_sends_the_token(tmp_path: Path, monkeypatch: pytest
         assert model.requests() == []
 
 
-# heddle's variables that are not secrets: where its files are, and what it tells a tool or plugin.
+# heddle's variables that are not secrets: where its files are, and what it tells a tool or plugin (the
+# idempotency key is minted by heddle for one call and given to that call's tool: it guards nothing).
 NOT_SECRETS = {"HEDDLE_CACHE_DIR", "HEDDLE_TRUST_DIR", "HEDDLE_REGISTRY", "HEDDLE_PLUGIN_DIR", "HEDDLE_PLUGIN_HOME",
-               "HEDDLE_PLUGIN_NAME", "HEDDLE_STREAM", "HEDDLE_WORKSPACE", "HEDDLE_WORKSPACE_BIN"}
+               "HEDDLE_PLUGIN_NAME", "HEDDLE_STREAM", "HEDDLE_WORKSPACE", "HEDDLE_WORKSPACE_BIN",
+               "HEDDLE_IDEMPOTENCY_KEY"}
 
 
 def test_every_variable_heddle_names_is_a_secret_or_said_not_to_be() -> None:

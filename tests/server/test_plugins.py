@@ -12,15 +12,27 @@ NODE = EXAMPLES / "custom-node"
 MARKDOWN = EXAMPLES / "markdown-encoder" / "plugin" / "plugin.json"
 
 
-def plugin_pids(marker: str) -> list[int]:
+def _parent(pid: int) -> int:
+    # /proc/PID/stat: "pid (comm) state ppid ...", comm may hold spaces and parentheses.
+    return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def plugin_pids(marker: str, below: int) -> list[int]:
+    """The processes whose command line holds `marker` started (at any depth) by process `below`: other
+    tests running beside this one start the same example plugins."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
+                if marker.encode() not in (entry / "cmdline").read_bytes():
+                    continue
+                pid = int(entry.name)
+                while pid > 1 and pid != below:
+                    pid = _parent(pid)
+            except (OSError, ValueError, IndexError):
                 continue
+            if pid == below:
+                pids.append(int(entry.name))
     return pids
 
 
@@ -30,7 +42,7 @@ def test_plugin_node_types_and_an_encoder_protocol(tmp_path):
     try:
         with server.client() as client:
             caps = client.get("/v1/capabilities").json()
-            assert caps["protocols"] == ["heddle", "markdown"]
+            assert caps["protocols"] == ["heddle", "ag-ui", "markdown"]
             assert sorted(p["name"] for p in caps["plugins"]) == ["markdown", "text-stats"]
             assert all("manifest" not in p for p in caps["plugins"])
             body = {"flowPath": "flow.yaml", "inputs": {"text": "Short. Sweet."}}
@@ -49,10 +61,10 @@ def test_plugin_node_types_and_an_encoder_protocol(tmp_path):
             assert response.status_code == 400
             assert response.json()["error"] == {
                 "type": "unknown_protocol",
-                "message": "query parameter protocol='yaml': no such protocol; this server has: heddle, markdown"}
+                "message": "query parameter protocol='yaml': no such protocol; this server has: heddle, ag-ui, markdown"}
             report = client.post("/v1/validate", json={"flowPath": "flow.yaml"}).json()
             assert report["valid"] is True and len(report["plugins"]) == 2
-            pids = plugin_pids("stats.py") + plugin_pids("markdown.py")
+            pids = plugin_pids("stats.py", server.process.pid) + plugin_pids("markdown.py", server.process.pid)
             assert len(pids) == 2  # one process per plugin, shared by every run
     finally:
         assert server.stop() == 0
@@ -66,7 +78,7 @@ def test_a_plugin_node_type_without_its_plugin_is_a_400(tmp_path):
         response = client.post("/v1/runs", json={"flowPath": "flow.yaml", "inputs": {"text": "x"}})
         assert response.status_code == 400
         assert "unknown component_type 'TextStats'" in response.json()["error"]["message"]
-        assert client.get("/v1/capabilities").json()["protocols"] == ["heddle"]
+        assert client.get("/v1/capabilities").json()["protocols"] == ["heddle", "ag-ui"]
 
 
 def test_plugin_settings_are_checked_at_start(tmp_path, capsys):

@@ -50,7 +50,7 @@ def test_capabilities_describe_the_server(served):
     _, client, _ = served
     caps = client.get("/v1/capabilities").json()
     assert caps["version"] == "0.1.0" and caps["allowRequestCode"] is False and caps["acceptsFlowPath"] is True
-    assert caps["tools"] == ["echo", "fail"] and caps["protocols"] == ["heddle"]
+    assert caps["tools"] == ["echo", "fail"] and caps["protocols"] == ["heddle", "ag-ui"]
     assert caps["sandbox"] == {"safe": False, "backend": "auto", "denyNet": False}
     assert caps["limits"]["maxConcurrent"] == 3 and caps["limits"]["timeoutMs"] == 300000
     assert caps["runsInFlight"] == 0 and caps["runSaturation"] == 0
@@ -190,7 +190,8 @@ def test_openapi_describes_every_route(served):
     doc = client.get("/openapi.json").json()
     assert doc["openapi"].startswith("3.")
     assert set(doc["paths"]) == {"/healthz", "/readyz", "/metrics", "/openapi.json", "/v1/capabilities",
-                                 "/v1/validate", "/v1/runs", "/v1/tools", "/v1/sessions", "/v1/sessions/{session_id}"}
+                                 "/v1/validate", "/v1/runs", "/v1/tools", "/v1/sessions", "/v1/sessions/{session_id}",
+                                 "/v1/sessions/{session_id}/events"}
     runs = doc["paths"]["/v1/runs"]["post"]
     assert set(runs["responses"]) >= {"200", "400", "404", "413", "429", "500", "503"}
     assert "text/event-stream" in runs["responses"]["200"]["content"]

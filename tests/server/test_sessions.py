@@ -185,13 +185,24 @@ def test_request_fields_of_a_session_are_checked(tmp_path: Path) -> None:
 
 
 def test_two_runs_racing_on_one_session_get_one_success_and_one_conflict(tmp_path: Path) -> None:
-    # Each run's tool waits until both runs are in their tool, so both have read the session
+    # Each run's tool waits until its round's file is there (its input names the round). A session run on
+    # a server is durable: the race is decided at the first checkpoint (or by the winner's lease), so the
+    # loser is answered while the winner is still in its tool.
     gate = tmp_path / "gate"
-    # before either writes it back. Its input names the round, so each round meets in its own folder.
-    tool = (f'#!/bin/sh\nd="{gate}/$(tr -dc 0-9)"\nmkdir -p "$d" && touch "$d/$$"\n'
-            'while [ "$(ls "$d" | wc -l)" -lt 2 ]; do sleep 0.01; done\necho \'{"x": 1}\'\n')
+    gate.mkdir()
+    tool = (f'#!/bin/sh\nn="$(tr -dc 0-9)"\nwhile [ ! -e "{gate}/$n" ]; do sleep 0.01; done\n'
+            'echo \'{"x": 1}\'\n')
     write_tools(tmp_path / "tools", {"meet": tool})
     doc = one_tool_flow("race", "meet").document()
+
+    async def race(client: Client, body: dict[str, Any], path: str) -> tuple[Any, Any]:
+        runs = {asyncio.ensure_future(client.post(path, json=body)) for _ in range(2)}
+        done, going = await asyncio.wait(runs, return_when=asyncio.FIRST_COMPLETED)
+        (gate / str(body["inputs"]["x"])).touch()
+        return done.pop().result(), await going.pop()
+
+    def refused(message: str) -> bool:
+        return "run it again" in message or "is still going on in process" in message
 
     async def test(client: Client) -> None:
         sid = await new_session(client)
@@ -199,20 +210,18 @@ def test_two_runs_racing_on_one_session_get_one_success_and_one_conflict(tmp_pat
         status, type_, _ = error(await client.post("/v1/runs?stream=true", json={"flow": doc, "session": sid}))
         assert (status, type_) == (400, "missing_input")
         body = {"flow": doc, "session": sid, "inputs": {"x": 1}}
-        first, second = await asyncio.gather(client.post("/v1/runs", json=body), client.post("/v1/runs", json=body))
-        assert sorted([first.status_code, second.status_code]) == [200, 409], (first.text, second.text)
-        lost = first if first.status_code == 409 else second
-        assert error(lost)[1] == "session_conflict" and "run it again" in error(lost)[2]
+        lost, won = await race(client, body, "/v1/runs")
+        assert (lost.status_code, won.status_code) == (409, 200), (lost.text, won.text)
+        assert error(lost)[1] == "session_conflict" and refused(error(lost)[2]), lost.text
         assert (await client.get(f"/v1/sessions/{sid}")).json()["turns"] == 1
 
         # Streamed, the loser's stream never shows an end: it ends with the conflict instead.
         body["inputs"] = {"x": 2}
-        runs = await asyncio.gather(*(client.post("/v1/runs?stream=true", json=body) for _ in range(2)))
-        ends = sorted((sse_frames(r.text)[-1][0], sse_frames(r.text)[-1][1].get("error", {}).get("type"))
-                      for r in runs)
-        assert ends == [("error", "session_conflict"), ("flow_complete", None)], [r.text for r in runs]
-        assert not any("flow_complete" in [e for e, _ in sse_frames(r.text)] for r in runs
-                       if sse_frames(r.text)[-1][0] == "error")
+        lost, won = await race(client, body, "/v1/runs?stream=true")
+        assert sse_frames(lost.text)[-1][0] == "error", lost.text
+        assert sse_frames(lost.text)[-1][1]["error"]["type"] == "session_conflict"
+        assert "flow_complete" not in [e for e, _ in sse_frames(lost.text)]
+        assert sse_frames(won.text)[-1][0] == "flow_complete", won.text
         assert (await client.get(f"/v1/sessions/{sid}")).json()["turns"] == 2
 
     serve(tmp_path, test, tools_dir=tmp_path / "tools")

@@ -40,11 +40,7 @@ def refused_in_process(args: list[object], env: dict[str, str] | None,
     """(status, stdout, stderr) of `heddle-server ARGS` run by its own entry point, in this process."""
     from heddle.server.cli import run
 
-    try:
-        status = run(["--port", "0", *[str(a) for a in args]], env_with(env))
-    except SystemExit as exc:  # argparse's refusals
-        assert isinstance(exc.code, int), exc.code
-        status = exc.code
+    status = run(["--port", "0", *[str(a) for a in args]], env_with(env))
     out = capsys.readouterr()
     return status, out.out, out.err
 
@@ -56,7 +52,7 @@ def test_bad_start_up_settings_fail_with_one_line_and_status_2(tmp_path: Path, c
     # A refusal that got past the work-dir check would have pointed tempfile there.
     monkeypatch.setattr(tempfile, "tempdir", tempfile.tempdir)
     cases: list[tuple[tuple[list[object], dict[str, str] | None], str]] = [
-        ((["--port", "http"], None), "argument --port: 'http' is not a whole number"),
+        ((["--port", "http"], None), "--port: 'http' is not a whole number"),
         ((["--tools-dir", tmp_path / "nope"], None), f"--tools-dir {tmp_path / 'nope'}: does not exist"),
         ((["--flows-root", tmp_path / "file"], None), "is not a folder"),
         ((["--trust", tmp_path / "k.pub"], None), "--trust applies only to --bundle"),
@@ -78,12 +74,12 @@ def test_bad_start_up_settings_fail_with_one_line_and_status_2(tmp_path: Path, c
         ((["--work-dir", tmp_path / "file" / "sub"], None), "--work-dir"),
         ((["--max-connections", "0"], None), "--max-connections 0: must be at least 1"),
         ((["--header-timeout", "0"], None), "--header-timeout 0: must be at least 1"),
-        ((["--body-timeout", "1.5"], None), "argument --body-timeout: '1.5' is not a whole number of milliseconds"),
+        ((["--body-timeout", "1.5"], None), "--body-timeout: '1.5' is not a whole number of milliseconds"),
         ((["--allowed-host", "http://api.example.com"], None), "--allowed-host 'http://api.example.com'"),
         ((["--allowed-host", "api.example.com:8443"], None), "(no scheme or port)"),
         ((["--cors-origin", "https://app.example.com/page"], None), "(scheme, host and port only)"),
     ]
-    # The real process for an argparse refusal and an environment one; the rest are the same
+    # The real process for a flag's refusal and an environment one; the rest are the same
     # checks reached through the entry point in-process, without a start-up each.
     in_a_process = {0, 15}
     for n, ((args, env), expected) in enumerate(cases):
@@ -120,11 +116,11 @@ def test_a_non_loopback_host_warns(tmp_path: Path) -> None:
 
 
 def start_up_warnings(args: list[str], environ: dict[str, str]) -> list[str]:
-    from heddle.server.cli import config_from, parser
+    from heddle.server.cli import config_from
     from heddle.server.config import DEFAULT_MAX_CONNECTIONS, check_config
     from heddle.server.connections import connection_cap
 
-    config = config_from(parser().parse_args(["--port", "0", *args]), environ)
+    config = config_from(["--port", "0", *args], environ)
     lowered = connection_cap(config.max_connections, DEFAULT_MAX_CONNECTIONS, config.max_concurrent)[1]
     return [*check_config(config), *([lowered] if lowered else [])]
 
@@ -151,12 +147,12 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadedServer
 
 
 def test_bearer_token_guards_every_route_but_the_probes(guarded: ThreadedServer) -> None:
-    from heddle.server.cli import config_from, parser
+    from heddle.server.cli import config_from
 
     # The shared server takes its token from HEDDLE_AUTH_TOKEN; the flag settles the same setting
     # (tests/server/test_bundle.py's server is guarded by the flag, in a process).
     def token(args: list[str], environ: dict[str, str]) -> str | None:
-        return config_from(parser().parse_args(["--port", "0", *args]), environ).auth_token
+        return config_from(["--port", "0", *args], environ).auth_token
 
     assert token(["--auth-token", "s3cret"], {}) == token([], {"HEDDLE_AUTH_TOKEN": "s3cret"}) == "s3cret"
     server = guarded

@@ -19,6 +19,7 @@ import pytest
 from heddle.canonical import dumps, fingerprint
 from heddle.sessions.seal import seal
 from heddle.sessions.sqlite import SqliteStore
+from tests.sessions.support import Synced
 from tests.support.cli import BIN, env_with, heddle, state_of
 from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc, prop, server_tool, write_tool
@@ -186,7 +187,7 @@ def test_the_session_key_is_heddles_own_private_file_apart_from_the_store(
 
 
 def _record(pending: object = None, **changes: object) -> bytes:
-    record = {"format": 2, "id": "d", "digest": "sha256:" + "0" * 64, "document": "x", "created": 1.0,
+    record = {"format": 3, "id": "d", "digest": "sha256:" + "0" * 64, "document": "x", "created": 1.0,
               "updated": 1.0, "turns": 0, "conversation": {}, "inputs": {}, "pending": pending, **changes}
     return dumps(record, strict=False)
 
@@ -195,7 +196,9 @@ def _record(pending: object = None, **changes: object) -> bytes:
     (None, "is not a sealed session record"),
     (b"not json", "is not one this heddle reads"),
     (_record(conversation=[1]), "is not one this heddle reads"),
-    (_record(format=1), "format 1, not 2"),
+    (_record(format=1), "its record is format 1 (written by an earlier heddle)"),
+    (_record({"status": "running", "inputs": {}, "message": None, "journal": {"entries": {}, "waited": None}},
+             format=2), "recorded in record format 2"),
     (_record({"status": "waiting", "inputs": {}, "message": None, "journal": {"entries": "x"},
               "waiting_for": {"kind": "approval", "node": "pay", "tool": "pay", "arguments": {}}}),
      "is not one this heddle reads"),
@@ -211,7 +214,7 @@ def test_a_damaged_record_is_one_line_naming_the_session(tmp_path: Path, capsys:
     key.write_text("a-key-of-this-test-" * 3)
     key.chmod(0o600)
     db = tmp_path / "s.db"
-    raw = SqliteStore(db)
+    raw = Synced(SqliteStore(db))
     raw.create("d", b"garbage" if data is None else seal(key.read_bytes().strip(), "d", 1, data))
     raw.close()
     store = ("--session-db", db, "--session-key", key)

@@ -214,8 +214,32 @@ def test_a_durable_run_killed_resumes_after_its_last_finished_node(tmp_path: Pat
 
     again = heddle_here(capsys, "run", flow, "-t", tools, *store)
     assert again.returncode == 2 and "--resume" in error_line(again)
-    resumed = heddle_here(capsys, "run", flow, "-t", tools, "--resume", "--outputs", *store)
-    assert state_of(resumed) == {"b": 20}
+    # Two --resume at once: exactly one takes the run over; the other is refused naming the owner, and
+    # runs nothing.
+    hold.touch()
+    started.unlink()
+    argv = [str(BIN / "heddle"), "run", str(flow), "-t", str(tools), "--resume", "--outputs", *map(str, store)]
+    racers = [subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=env_with(), start_new_session=True) for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 60
+        while all(r.poll() is None for r in racers) or not started.exists():
+            assert time.monotonic() < deadline, "neither resume ended, or the slow tool never started again"
+            time.sleep(0.02)
+        loser = next(r for r in racers if r.poll() is not None)
+        winner = next(r for r in racers if r is not loser)
+        _, err = loser.communicate()
+        assert loser.returncode != 0 and winner.poll() is None, err
+        assert f"is still going on in process {winner.pid} on host " in err and len(err.strip().splitlines()) == 1, err
+        hold.unlink()
+        out, err = winner.communicate(timeout=60)
+    finally:
+        for racer in racers:
+            if racer.poll() is None:
+                os.killpg(racer.pid, signal.SIGKILL)
+                racer.communicate()
+    assert winner.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1]) == {"b": 20}
     assert log.read_text() == "first\nslow\nslow\n"  # `first` finished before the kill: it did not run again
 
 

@@ -15,8 +15,7 @@ from heddle.plugin_host.errors import PluginLoadError
 from heddle.plugin_host.host import PluginHost
 from heddle.plugin_host.manifest import load_manifest
 from heddle.sessions.open import open_store
-from heddle.sessions.store import SessionStore
-from tests.sessions.support import SESSION_KEY, STORE_PLUGIN
+from tests.sessions.support import SESSION_KEY, STORE_PLUGIN, Synced, synced
 
 KEYED = {"HEDDLE_SESSION_KEY": SESSION_KEY}
 
@@ -60,9 +59,9 @@ def _liar(tmp_path: Path) -> Path:
     return folder / "plugin.json"
 
 
-def _open_liar(tmp_path: Path, mode: str) -> SessionStore:
+def _open_liar(tmp_path: Path, mode: str) -> Synced:
     host = PluginHost.load([_liar(tmp_path)], config_specs=[f'LiarStore={{"mode": "{mode}"}}'])
-    return open_store("plugin:LiarStore", plugins=host, environ=KEYED)
+    return synced("plugin:LiarStore", plugins=host, environ=KEYED)
 
 
 def test_a_store_that_cannot_open_is_one_line_naming_the_plugin(tmp_path: Path) -> None:
@@ -77,7 +76,7 @@ def test_a_store_that_cannot_open_is_one_line_naming_the_plugin(tmp_path: Path) 
     ("garbage", lambda s: s.list(), "answered store.list with {'sessions': 'all of them'}"),
     ("other", lambda s: s.delete("mine"), "answered store.delete with {'whatever': True}"),
 ])
-def test_answers_outside_the_protocol_are_refused(tmp_path: Path, mode: str, call: Callable[[SessionStore], object],
+def test_answers_outside_the_protocol_are_refused(tmp_path: Path, mode: str, call: Callable[[Synced], object],
                                                   said: str) -> None:
     store = _open_liar(tmp_path, mode)
     try:
@@ -92,7 +91,7 @@ def test_a_store_is_named_by_its_type_or_its_plugin(tmp_path: Path) -> None:
     config = json.dumps({"path": str(tmp_path / "s.db")})
     host = PluginHost.load([STORE_PLUGIN], config_specs=[f"SqliteSessions={config}"])
     for spec in ("plugin:SqliteSessions", "plugin:sqlite-sessions"):
-        store = open_store(spec, plugins=host, environ=KEYED)
+        store = synced(spec, plugins=host, environ=KEYED)
         assert store.name == "plugin sqlite-sessions (SqliteSessions)"
         store.close()
     with pytest.raises(UsageError, match=r"no loaded plugin has a store 'Nope'; the loaded store components are: "

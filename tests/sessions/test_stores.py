@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -25,7 +26,7 @@ from heddle.errors import (
 )
 from heddle.sessions.open import check_session_id, new_session_id, open_store
 from heddle.sessions.store import MAX_SESSION_BYTES, SessionStore
-from tests.sessions.support import SESSION_KEY, STORE_PLUGIN, store_options
+from tests.sessions.support import SESSION_KEY, STORE_PLUGIN, Synced, store_options, synced
 from tests.support.postgres import fresh_schema
 
 KINDS = ["sqlite", "file", "postgres", "plugin"]
@@ -43,13 +44,13 @@ def _where(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[s
     return "plugin:SqliteSessions", {"plugin": str(STORE_PLUGIN), "path": str(tmp_path / "plugin.db")}
 
 
-Opened = tuple[SessionStore, str, dict[str, str]]
+Opened = tuple[Synced, str, dict[str, str]]
 
 
 @pytest.fixture(params=KINDS)
 def opened(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opened]:
     spec, where = _where(request.param, tmp_path, request)
-    store = open_store(spec, **store_options(where))
+    store = synced(spec, **store_options(where))
     try:
         yield store, spec, where
     finally:
@@ -57,11 +58,11 @@ def opened(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opened]:
 
 
 @pytest.fixture
-def store(opened: Opened) -> SessionStore:
+def store(opened: Opened) -> Synced:
     return opened[0]
 
 
-def test_create_get_replace_delete_list(store: SessionStore) -> None:
+def test_create_get_replace_delete_list(store: Synced) -> None:
     first = store.create("chat-1", b'{"turn":1}')
     assert (first.id, first.version, first.data) == ("chat-1", 1, b'{"turn":1}')
     assert store.get("chat-1") == first
@@ -81,7 +82,7 @@ def test_create_get_replace_delete_list(store: SessionStore) -> None:
     assert store.create("chat-1", b"{}").version == 1
 
 
-def test_records_come_back_byte_for_byte(store: SessionStore) -> None:
+def test_records_come_back_byte_for_byte(store: Synced) -> None:
     data = json.dumps({"text": 'quote " back\\slash }\n{ "record":', "é": "ünï", "n": [1.5, None]},
                       ensure_ascii=False).encode()
     store.create("exact", data)
@@ -90,7 +91,7 @@ def test_records_come_back_byte_for_byte(store: SessionStore) -> None:
     assert store.list()[0].data == data
 
 
-def test_two_writers_at_one_version_one_wins(store: SessionStore) -> None:
+def test_two_writers_at_one_version_one_wins(store: Synced) -> None:
     store.create("race", b'{"turn":1}')
     seen_a, seen_b = store.get("race"), store.get("race")
     assert seen_a is not None and seen_b is not None
@@ -103,7 +104,7 @@ def test_two_writers_at_one_version_one_wins(store: SessionStore) -> None:
     assert now is not None and (now.version, now.data) == (2, b'{"turn":"a"}')
 
 
-def test_creating_a_taken_id_is_a_conflict(store: SessionStore) -> None:
+def test_creating_a_taken_id_is_a_conflict(store: Synced) -> None:
     store.create("taken", b"{}")
     with pytest.raises(SessionConflict, match="already exists"):
         store.create("taken", b'{"x":1}')
@@ -111,7 +112,7 @@ def test_creating_a_taken_id_is_a_conflict(store: SessionStore) -> None:
     assert got is not None and got.data == b"{}"
 
 
-def test_missing_session(store: SessionStore) -> None:
+def test_missing_session(store: Synced) -> None:
     assert store.get("nobody-here") is None
     assert store.delete("nobody-here") is False
     with pytest.raises(SessionNotFound) as caught:
@@ -120,7 +121,7 @@ def test_missing_session(store: SessionStore) -> None:
     assert store.list() == []
 
 
-def test_the_index_lists_ids_and_last_writes_without_records(store: SessionStore) -> None:
+def test_the_index_lists_ids_and_last_writes_without_records(store: Synced) -> None:
     assert store.index() == []
     store.create("one", b'{"n":1}')
     second = store.create("two", b'{"n":2}')
@@ -132,7 +133,29 @@ def test_the_index_lists_ids_and_last_writes_without_records(store: SessionStore
     assert [sid for sid, _ in store.index()] == ["two"]
 
 
-def test_over_the_size_cap_nothing_is_written(store: SessionStore) -> None:
+def test_the_index_pages_by_last_write_between_two_times(store: Synced) -> None:
+    for n in range(5):
+        store.create(f"s{n}", b'{"n":1}')
+    every = sorted((updated, sid) for sid, updated in store.index())
+    first, last = every[0][0], every[-1][0]
+
+    def paged(since: float | None, until: float) -> list[str]:
+        out: list[str] = []
+        after = None
+        while True:
+            page = store.index_page(since=since, until=until, after=after, limit=2)
+            assert len(page) <= 2
+            out += [sid for sid, _ in page]
+            if len(page) < 2:
+                return out
+            after = (page[-1][1], page[-1][0])
+
+    assert paged(None, last) == [sid for _, sid in every]  # in order of (last write, id), each once
+    assert paged(None, first - 1) == []
+    assert paged(first, last) == [sid for updated, sid in every if updated > first]
+
+
+def test_over_the_size_cap_nothing_is_written(store: Synced) -> None:
     big = b'"' + b"x" * (MAX_SESSION_BYTES - 1) + b'"'
     with pytest.raises(SessionTooLarge) as caught:
         store.create("big", big)
@@ -150,7 +173,7 @@ def test_over_the_size_cap_nothing_is_written(store: SessionStore) -> None:
     assert got is not None and got.data == at_cap
 
 
-def test_session_names_are_checked(store: SessionStore) -> None:
+def test_session_names_are_checked(store: Synced) -> None:
     for bad in ("../escape", ".hidden", "-option", "a/b", "", "x" * 129, "sp ace", "new\nline"):
         with pytest.raises(SessionError, match="is not valid"):
             store.get(bad)
@@ -158,49 +181,34 @@ def test_session_names_are_checked(store: SessionStore) -> None:
             store.create(bad, b"{}")
 
 
-def test_threads_share_a_store(store: SessionStore) -> None:
+def test_concurrent_calls_share_a_store(store: Synced) -> None:
     store.create("counter", b"0")
-    _increment_threads(store, "counter", threads=4, times=10)
+
+    async def increments(raw: SessionStore, times: int) -> None:
+        for _ in range(times):
+            while True:
+                seen = await raw.get("counter")
+                assert seen is not None
+                try:
+                    await raw.replace("counter", str(int(seen.data) + 1).encode(), version=seen.version)
+                    break
+                except SessionConflict:
+                    continue
+
+    async def all_of_them() -> None:
+        await asyncio.gather(*(increments(store.store, 10) for _ in range(4)))
+
+    store._loop.run_until_complete(all_of_them())
     got = store.get("counter")
     assert got is not None and (got.data, got.version) == (b"40", 41)
-
-
-def _increment_threads(store: SessionStore, session_id: str, *, threads: int, times: int) -> None:
-    errors: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            for _ in range(times):
-                _increment(store, session_id)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test below
-            errors.append(exc)
-
-    workers = [threading.Thread(target=work) for _ in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    assert not errors, errors
-
-
-def _increment(store: SessionStore, session_id: str) -> None:
-    while True:
-        seen = store.get(session_id)
-        assert seen is not None
-        try:
-            store.replace(session_id, str(int(seen.data) + 1).encode(), version=seen.version)
-            return
-        except SessionConflict:
-            continue
 
 
 _RACER = """
 import json, sys
 from heddle.errors import SessionConflict
-from heddle.sessions.open import open_store
-from tests.sessions.support import store_options
+from tests.sessions.support import store_options, synced
 spec, where, times = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
-store = open_store(spec, **store_options(where))
+store = synced(spec, **store_options(where))
 print("ready", flush=True)
 sys.stdin.readline()  # both start together
 conflicts = 0
@@ -308,7 +316,7 @@ def test_the_default_places(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("XDG_DATA_HOME", "relative/ignored")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert default_session_db() == tmp_path / "home" / ".local" / "share" / "heddle" / "sessions.db"
-    store = open_store("sqlite")
+    store = synced("sqlite")
     store.close()
     assert stat.S_IMODE((tmp_path / "home" / ".local" / "share" / "heddle").stat().st_mode) == 0o700
 
@@ -322,7 +330,7 @@ def test_sqlite_is_private_and_in_wal_mode(tmp_path: Path) -> None:
 
     old = os.umask(0o022)
     try:
-        store = open_store("sqlite", db=tmp_path / "new" / "sessions.db")
+        store = synced("sqlite", db=tmp_path / "new" / "sessions.db")
         store.create("s", b"{}")
     finally:
         os.umask(old)
@@ -341,7 +349,7 @@ def test_sqlite_is_private_and_in_wal_mode(tmp_path: Path) -> None:
 def test_file_store_layout_is_readable_and_private(tmp_path: Path) -> None:
     old = os.umask(0o022)
     try:
-        store = open_store("file", directory=tmp_path / "new" / "sessions")
+        store = synced("file", directory=tmp_path / "new" / "sessions")
         store.create("chat", b'{"messages":[]}')
         store.replace("chat", b'{"messages":["hi"]}', version=1)
     finally:
@@ -362,7 +370,7 @@ def test_file_store_layout_is_readable_and_private(tmp_path: Path) -> None:
 
 def test_file_store_never_follows_a_link_or_reads_a_special_file(tmp_path: Path) -> None:
     folder = tmp_path / "sessions"
-    store = open_store("file", directory=folder)
+    store = synced("file", directory=folder)
     outside = tmp_path / "outside.json"
     outside.write_text('{"id":"linked","version":1,"updated":1.0,"record":{}}\n')
     (folder / "linked.json").symlink_to(outside)
@@ -388,7 +396,7 @@ def test_file_store_never_follows_a_link_or_reads_a_special_file(tmp_path: Path)
 
 
 def test_file_store_refuses_a_damaged_or_misplaced_file(tmp_path: Path) -> None:
-    store = open_store("file", directory=tmp_path)
+    store = synced("file", directory=tmp_path)
     store.create("whole", b'{"a":1}')
     text = (tmp_path / "whole.json").read_bytes()
     (tmp_path / "cut.json").write_bytes(text[:-5])
@@ -430,16 +438,17 @@ def test_two_postgres_stores_set_up_one_new_table_at_once(postgres_dsn: str) -> 
     for w in workers:
         w.join()
     assert not errors, errors
-    opened[0].create("one", b"{}")
-    assert [s.id for s in opened[1].list()] == ["one"]
-    for s in opened:
+    stores = [Synced(s) for s in opened]
+    stores[0].create("one", b"{}")
+    assert [s.id for s in stores[1].list()] == ["one"]
+    for s in stores:
         s.close()
 
 
 def test_postgres_reads_survive_a_dropped_connection(postgres_dsn: str) -> None:
     import psycopg
 
-    store = open_store(fresh_schema(postgres_dsn), environ=KEYED)
+    store = synced(fresh_schema(postgres_dsn), environ=KEYED)
     store.create("kept", b'{"k":1}')
     with psycopg.connect(postgres_dsn, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
@@ -450,3 +459,39 @@ def test_postgres_reads_survive_a_dropped_connection(postgres_dsn: str) -> None:
     store.close()
     with pytest.raises(StoreUnavailable, match="closed"):
         store.get("kept")
+
+
+def test_postgres_claim_skips_a_row_another_taker_holds(postgres_dsn: str) -> None:
+    import psycopg
+
+    dsn = fresh_schema(postgres_dsn)
+    store = synced(dsn, environ=KEYED)
+    store.create("left", b'{"run":"of a replica that died"}')
+    with psycopg.connect(dsn) as other:  # another replica, taking the run over at this moment
+        other.execute("SELECT 1 FROM heddle_sessions WHERE id = 'left' FOR UPDATE")
+        with pytest.raises(SessionConflict, match="is being taken over by another server"):
+            store.claim("left", b'{"run":"mine"}', version=1)  # refused at once, not after the other's commit
+    with pytest.raises(SessionConflict, match="it was at version 2, it is now at 1"):
+        store.claim("left", b'{"run":"mine"}', version=2)
+    with pytest.raises(SessionNotFound):
+        store.claim("nobody", b"{}", version=1)
+    assert store.claim("left", b'{"run":"mine"}', version=1).version == 2
+    got = store.get("left")
+    assert got is not None and got.data == b'{"run":"mine"}'
+    store.close()
+
+
+def test_a_file_store_refuses_a_file_larger_than_any_it_writes(tmp_path: Path) -> None:
+    from heddle.sessions.files import MAX_STEPS_FILE_BYTES, STEPS_SUFFIX, SUFFIX
+
+    store = synced("file", directory=tmp_path / "sessions", environ={"HEDDLE_SESSION_KEY": SESSION_KEY})
+    try:
+        store.create("s", b"{}")
+        (tmp_path / "sessions" / f"s{SUFFIX}").write_bytes(b"x" * (MAX_SESSION_BYTES + 1024))
+        with pytest.raises(StoreUnavailable, match=r"s\.json is over \d+ bytes, larger than any session heddle"):
+            store.get("s")
+        (tmp_path / "sessions" / f"t{STEPS_SUFFIX}").write_bytes(b"x" * (MAX_STEPS_FILE_BYTES + 1))
+        with pytest.raises(StoreUnavailable, match=r"t\.steps is over \d+ bytes, more than a run's steps"):
+            store.steps("t", 0)
+    finally:
+        store.close()

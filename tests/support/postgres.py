@@ -3,12 +3,15 @@ listening on a unix socket in it (no TCP port at all), removed when the test ses
 
 `postgres_dsn` (session scope) yields the cluster's DSN; `fresh_schema(dsn)` gives a DSN whose
 tables land in a new, empty schema, so tests sharing the cluster do not see each other's rows.
+Each xdist worker has a cluster of its own, but initdb (about a second of CPU) runs once for the
+whole test session: every cluster's data folder is a copy of one made by the first that needs it.
 Skips, with the reason, when Postgres is not installed (scripts/test installs it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import os
 import pwd
@@ -32,6 +35,18 @@ START_SECONDS = 60.0
 # The temporary folder as the suite found it, before tests/conftest.py points TMPDIR at a folder of
 # the test session: the postgres user must reach the cluster's folder, and pytest's are root's alone.
 _TEMP_ROOT = tempfile.gettempdir()
+# Where the session's template data folder goes: named by tests/conftest.py in the process that
+# starts the xdist workers (they inherit it), and removed by that process when the session ends.
+TEMPLATE_ENV = "TESTS_POSTGRES_TEMPLATE"
+
+
+def template_for_this_session() -> Path:
+    return Path(_TEMP_ROOT) / f"heddle-pg-template-{os.getpid()}"
+
+
+def remove_template(template: Path) -> None:
+    shutil.rmtree(template, ignore_errors=True)
+    template.with_name(template.name + ".lock").unlink(missing_ok=True)
 
 
 def _bindir() -> Path | None:
@@ -86,11 +101,11 @@ def throwaway_cluster() -> Iterator[str]:
     env = {"PATH": os.environ.get("PATH", ""), "LC_ALL": "C", "HOME": str(root)}
     server: subprocess.Popen[bytes] | None = None
     try:
-        init = subprocess.run(
-            [str(bindir / "initdb"), "-D", str(data), "--no-sync", "-A", "trust", "-U", SUPERUSER, "-E", "UTF8",
-             "--locale=C"], capture_output=True, text=True, env=env, cwd=root, check=False, timeout=120, **as_user)
-        if init.returncode != 0:
-            pytest.fail(f"initdb failed (exit {init.returncode}): {init.stderr.strip() or init.stdout.strip()}")
+        template = os.environ.get(TEMPLATE_ENV)
+        if template:
+            _copy_of_template(Path(template), data, bindir, env, as_user)
+        else:
+            _initdb(bindir, data, env, as_user)
         with open(log, "wb") as out:
             if as_user:
                 os.chown(log, as_user["user"], as_user["group"])
@@ -112,6 +127,35 @@ def throwaway_cluster() -> Iterator[str]:
                 server.kill()
                 server.wait()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _initdb(bindir: Path, data: Path, env: dict[str, str], as_user: dict[str, Any]) -> None:
+    init = subprocess.run(
+        [str(bindir / "initdb"), "-D", str(data), "--no-sync", "-A", "trust", "-U", SUPERUSER, "-E", "UTF8",
+         "--locale=C"], capture_output=True, text=True, env=env, cwd=data.parent, check=False, timeout=120, **as_user)
+    if init.returncode != 0:
+        pytest.fail(f"initdb failed (exit {init.returncode}): {init.stderr.strip() or init.stdout.strip()}")
+
+
+def _copy_of_template(template: Path, data: Path, bindir: Path, env: dict[str, str], as_user: dict[str, Any]) -> None:
+    """`data` as a copy of the session's template, which the first caller makes (the others wait on
+    the lock): initdb into a folder of its own, renamed into place once whole."""
+    with open(template.with_name(template.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not template.is_dir():
+            making = Path(tempfile.mkdtemp(prefix=template.name + ".", dir=template.parent))
+            if as_user:
+                os.chown(making, as_user["user"], as_user["group"])
+            try:
+                _initdb(bindir, making / "data", env, as_user)
+                (making / "data").rename(template)
+            finally:
+                shutil.rmtree(making, ignore_errors=True)
+    # By the server's user, so that the copy is its own, as initdb would have left it.
+    copied = subprocess.run(["cp", "-a", str(template), str(data)], capture_output=True, text=True, check=False,
+                            timeout=120, **as_user)
+    if copied.returncode != 0:
+        pytest.fail(f"copying the template cluster {template} failed: {copied.stderr.strip()}")
 
 
 def _wait_ready(server: subprocess.Popen[bytes], dsn: str, log: Path) -> None:
