@@ -52,20 +52,26 @@ def detect_format(path: Path, forced: str | None = None) -> Format:
     return "yaml" if path.suffix.lower() in (".yaml", ".yml") else "json"
 
 
+def read_yaml(text: str, source: str, *, aliases: bool = True) -> Any:
+    """YAML text within the nesting and alias caps (`aliases=False` refuses every alias), or a
+    DocumentError naming `source` and, for text that is not YAML, the line and column."""
+    import yaml
+
+    try:
+        return load_yaml(text, aliases=aliases)
+    except ParseLimitError as exc:
+        raise DocumentError(f"{source}: {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise DocumentError(f"{source}:{where} is not valid YAML: {problem}") from None
+
+
 def _parse_text(text: str, fmt: Format, source: str) -> Any:
     # Within the nesting and alias caps: a flow file may come from anyone (a bundle, a request).
     if fmt == "yaml":
-        import yaml
-
-        try:
-            return load_yaml(text)
-        except ParseLimitError as exc:
-            raise DocumentError(f"{source}: {exc}") from None
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise DocumentError(f"{source}:{where} is not valid YAML: {problem}") from None
+        return read_yaml(text, source)
     try:
         return loads_json(text)
     except ParseLimitError as exc:

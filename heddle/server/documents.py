@@ -9,27 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from heddle.agentspec.document import read_yaml
 from heddle.errors import DocumentError, HeddleError
 
 if TYPE_CHECKING:
     from heddle.agentspec.components import Flow
     from heddle.agentspec.document import Format
-
-
-def _load_yaml(text: str, source: str) -> Any:
-    import yaml
-
-    from heddle.safeparse import ParseLimitError, load_yaml
-
-    try:
-        return load_yaml(text, aliases=False)
-    except ParseLimitError as exc:
-        raise DocumentError(f"{source}: {exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise DocumentError(f"{source}:{where} is not valid YAML: {problem}") from None
 
 
 def _typed(data: Any, source: str, node_types: frozenset[str]) -> Flow:
@@ -61,7 +46,7 @@ def flow_from_value(value: Any, *, source: str = "flow", node_types: frozenset[s
             except (ValueError, CanonicalJSONError) as exc:
                 raise DocumentError(f"{source}: is not valid JSON: {exc}") from None
         else:
-            value = _load_yaml(text, source)
+            value = read_yaml(text, source, aliases=False)
     elif not isinstance(value, dict):
         raise DocumentError(f"{source}: must be a flow document (an object, or its JSON or YAML text), "
                             f"not {type(value).__name__}")
