@@ -84,4 +84,13 @@ USED = (
     _.sslkey,
     _.sslrootcert,
     _.sslcrl,
+    # the OpenTelemetry SDK's record of one export, read by its own metrics of exports (heddle/engine/otlp.py)
+    _.error_attrs,
+    # the stand-in for pydantic's plugin loader, which pydantic calls (heddle/shell_options.py)
+    _.get_plugins,
+    # logging's documented switches, read by the logging module (heddle/server/serve.py)
+    _._srcfile,
+    _.logThreads,
+    _.logProcesses,
+    _.logMultiprocessing,
 )

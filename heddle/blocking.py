@@ -23,8 +23,9 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import logging
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar
 
@@ -118,14 +119,28 @@ class Tasks:
     stays the one its callers expect.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, log: logging.Logger | None = None) -> None:
         self._running: set[asyncio.Task[Any]] = set()
+        # An owner whose tasks nobody awaits (a server's drain, its following of a tag) gives a log:
+        # a task's failure is written there as it ends, not lost.
+        self._log = log
 
-    def start(self, coro: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
+    def start(self, work: Awaitable[T], *, name: str | None = None) -> asyncio.Task[T]:
+        coro = work if isinstance(work, Coroutine) else _awaited(work)
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        task.add_done_callback(self._ended)
         return task
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        self._running.discard(task)
+        if self._log is not None and not task.cancelled() and task.exception() is not None:
+            self._log.error("task %s failed", task.get_name(), exc_info=task.exception())
+
+    async def wait(self) -> None:
+        """Wait for every task to end of itself (one started meanwhile too)."""
+        while self._running:
+            await asyncio.wait(set(self._running))
 
     async def aclose(self) -> None:
         interrupted = False
@@ -142,3 +157,7 @@ class Tasks:
                     task.exception()  # a failure nobody is left to hear: retrieved, not logged as lost
         if interrupted:
             raise asyncio.CancelledError
+
+
+async def _awaited(work: Awaitable[T]) -> T:
+    return await work

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from json.decoder import WHITESPACE as _WHITESPACE  # type: ignore[attr-defined]
+from json.decoder import JSONObject  # type: ignore[attr-defined]
 from typing import Any
 
 
@@ -54,31 +56,70 @@ def fingerprint(value: Any) -> str:
     return "sha256:" + sha256_hex(dumps(value, strict=False))
 
 
+def _no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Built in C; only an object that lost a pair has a duplicate to look for.
+    out = dict(pairs)
+    if len(out) == len(pairs):
+        return out
+    seen: set[str] = set()
+    for k, _ in pairs:
+        if k in seen:
+            raise CanonicalJSONError(f"duplicate key {k!r}")
+        seen.add(k)
+    raise AssertionError("a dict shorter than its pairs has a repeated key")
+
+
+def _bad_constant(name: str) -> Any:
+    raise CanonicalJSONError(f"{name} is not allowed")
+
+
+def _finite(text: str) -> float:
+    # json reads a literal past the largest float (1e400) as infinity, without a word.
+    value = float(text)
+    if not math.isfinite(value):
+        raise CanonicalJSONError(f"{text[:40]} is not a finite number")
+    return value
+
+
+# Made once (json.loads makes a decoder a call); it keeps no state between reads but its scanner's
+# key memo, which each read empties, as json's own shared decoder does.
+_STRICT = json.JSONDecoder(object_pairs_hook=_no_dupes, parse_constant=_bad_constant, parse_float=_finite)
+_BOM = "\ufeff"
+
+
 def loads_strict(data: bytes | str) -> Any:
     """Parse JSON refusing duplicate keys and non-finite numbers."""
-
-    def no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        # Built in C; only an object that lost a pair has a duplicate to look for.
-        out = dict(pairs)
-        if len(out) == len(pairs):
-            return out
-        seen: set[str] = set()
-        for k, _ in pairs:
-            if k in seen:
-                raise CanonicalJSONError(f"duplicate key {k!r}")
-            seen.add(k)
-        raise AssertionError("a dict shorter than its pairs has a repeated key")
-
-    def bad_constant(name: str) -> Any:
-        raise CanonicalJSONError(f"{name} is not allowed")
-
-    def finite(text: str) -> float:
-        # json reads a literal past the largest float (1e400) as infinity, without a word.
-        value = float(text)
-        if not math.isfinite(value):
-            raise CanonicalJSONError(f"{text[:40]} is not a finite number")
-        return value
-
     if isinstance(data, bytes):
         data = data.decode("utf-8")
-    return json.loads(data, object_pairs_hook=no_dupes, parse_constant=bad_constant, parse_float=finite)
+    if data.startswith(_BOM):
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", data, 0)  # as json.loads
+    return _STRICT.decode(data)
+
+
+def loads_strict_members(text: str) -> tuple[Any, dict[str, str]]:
+    """`loads_strict(text)`, and when it is an object, each member's value as `text` writes it (a
+    request's document is known by its text, without encoding what was read again). Its top level is
+    read by json's own reader of an object (`json.decoder.JSONObject`, which its stubs leave out), over
+    the same scanner: the same value, errors and positions."""
+    start = _WHITESPACE.match(text).end()
+    if text.startswith(_BOM) or not text.startswith("{", start):
+        return loads_strict(text), {}
+    spans: list[tuple[int, int]] = []
+    members: dict[str, str] = {}
+    scan = _STRICT.scan_once  # type: ignore[attr-defined]
+
+    def value_at(s: str, at: int) -> tuple[Any, int]:
+        value, end = scan(s, at)
+        spans.append((at, end))
+        return value, end
+
+    def top(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        value = _no_dupes(pairs)
+        members.update((key, text[a:b]) for (key, _), (a, b) in zip(pairs, spans, strict=True))
+        return value
+
+    value, end = JSONObject((text, start + 1), True, value_at, None, top)
+    end = _WHITESPACE.match(text, end).end()
+    if end != len(text):
+        raise json.JSONDecodeError("Extra data", text, end)
+    return value, members

@@ -22,11 +22,8 @@ from heddle.engine.options import RunOptions, with_egress
 from heddle.engine.run import PreparedRun, RunOutcome, prepare_run, refuse_waits_without_session, run_prepared
 from heddle.engine.tracing import Tracing
 from heddle.errors import UsageError
-from heddle.sessions.turn import SessionUse, Turn, flow_digest, run_turn
 from heddle.settings import CLI, RunSettings, settle
 from heddle.surface import Surface
-from heddle.tools.command_run import with_commands
-from heddle.tools.commands import CommandSet, read_commands
 from heddle.tools.registry import discover_tools
 
 if TYPE_CHECKING:
@@ -41,6 +38,8 @@ if TYPE_CHECKING:
     from heddle.engine.tracing import ModelObserver
     from heddle.plugin_host.host import PluginHost
     from heddle.sessions.store import SessionStore
+    from heddle.sessions.turn import SessionUse, Turn
+    from heddle.tools.commands import CommandSet
 
 # What a face checks of a turn's inputs and message once the turn is known (a resumed run keeps its own).
 Check = Callable[["Flow", dict[str, Any], "str | None"], None]
@@ -96,7 +95,12 @@ class RunCore:
                     surface: Surface = CLI, keep_running: bool = False) -> RunCore:
         """The core of documents run with `settings`: the tools of `tools_dir`, the commands of a
         commands file (heddle.tools.commands), the plugins the settings load."""
-        declared = read_commands(commands) if commands is not None else None
+        declared: CommandSet | None = None
+        if commands is not None:
+            # The commands' modules load only for a run given a commands file.
+            from heddle.tools.commands import read_commands
+
+            declared = read_commands(commands)
         host = load_plugins(settings, keep_running=keep_running)
         return cls(settings, discover_tools(tools_dir), tools_dir.absolute() if tools_dir is not None else None,
                    declared, host, settings.run_options(surface=surface), surface)
@@ -113,6 +117,11 @@ class RunCore:
 
     def plugins_for(self, flow: Flow) -> Plugins | None:
         """The plugins a run of `flow` goes through: the host's, with the commands it names as tools."""
+        if self.commands is None:
+            return self.host
+        # The commands' modules load only for a run that has commands (a commands file's, or a bundle's).
+        from heddle.tools.command_run import with_commands
+
         return with_commands(self.host, self.commands, flow)
 
     def document_egress(self, flow: Flow) -> tuple[dict[str, tuple[str, ...]] | None, dict[str, Any] | None]:
@@ -155,6 +164,9 @@ class RunCore:
         """How a run uses the session `session_id` of this core's store: the CLI's names open a session,
         the server's must have been issued (POST /v1/sessions)."""
         assert self.sessions is not None, "a face opens the store before it runs in a session"
+        # The sessions' records and leases load only for a run in a session.
+        from heddle.sessions.turn import SessionUse
+
         # A server runs every session run durably: a replica that dies leaves it for another to finish.
         return SessionUse(self.sessions, session_id, answer=answer, resume=resume,
                           durable=self.settings.durable or self.surface is not CLI, create=self.surface is CLI,
@@ -179,6 +191,9 @@ class RunCore:
             # After the document's own checks (what is wrong with it comes first), before anything runs.
             refuse_waits_without_session(prepared.flow, source=document or None)
             return await one(inputs, message)
+        # The sessions' records and leases load only for a run in a session.
+        from heddle.sessions.turn import flow_digest, run_turn
+
         async def turn_run(turn: Turn) -> RunOutcome:
             if check is not None:
                 check(prepared.flow, turn.inputs, turn.message)

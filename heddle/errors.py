@@ -129,6 +129,10 @@ class SessionNotFound(SessionError):
     http_status = 404
 
 
+class SessionOfAnotherDocument(SessionError):
+    """The session is bound to another document (or bundle) than the one it is run with."""
+
+
 class SessionConflict(SessionError):
     """Another run changed the session first (compare-and-swap on its version): this run's turn is
     not recorded; run it again on the session as it is now."""

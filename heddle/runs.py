@@ -23,16 +23,12 @@ from heddle.agentspec import load_flow
 from heddle.agentspec.document import check_strict
 from heddle.agentspec.roots import check_message
 from heddle.blocking import STORE_WRITES, run_blocking
-from heddle.bundle.verified import Bundle
 from heddle.core import RunCore
 from heddle.engine.inputs import input_problem
 from heddle.engine.journal import Answer
 from heddle.engine.tracing import continued
 from heddle.errors import UsageError
-from heddle.format.frame import GZIP_MAGIC, ZSTD_MAGIC
-from heddle.safeparse import open_regular
-from heddle.sessions.open import open_store
-from heddle.sessions.store import check_session_id
+from heddle.format.frame import starts_like_bundle
 from heddle.settings import RunSettings
 from heddle.workspace.sandbox import check_policy
 
@@ -41,6 +37,7 @@ if TYPE_CHECKING:
 
     from heddle.agentspec.components import Flow
     from heddle.agentspec.document import Components
+    from heddle.bundle.verified import Bundle
     from heddle.engine.events import Event
     from heddle.engine.options import RunOptions
     from heddle.engine.run import RunOutcome
@@ -185,14 +182,9 @@ def _inputs(inputs: Mapping[str, Any] | None, proposed: Mapping[str, Any]) -> di
 
 def _starts_like_bundle(path: Path) -> bool:
     try:
-        fd = open_regular(path)
+        return starts_like_bundle(path)
     except OSError:
         return False  # load_flow names what is wrong with the path
-    try:
-        head = os.read(fd, len(ZSTD_MAGIC))
-    finally:
-        os.close(fd)
-    return head == ZSTD_MAGIC or head[: len(GZIP_MAGIC)] == GZIP_MAGIC
 
 
 def _flow_path(target: object) -> Path:
@@ -249,7 +241,19 @@ async def arun(
     reply = _session_request(settings, session, answer, resume)
     if settings.plugin_configs and not settings.plugins:
         raise UsageError("plugin_configs sets a plugin component's settings; load the plugin with plugins=")
-    if isinstance(target, Bundle):
+    if isinstance(target, str | os.PathLike):
+        path = _flow_path(target)
+        loaded = from_document(path, settings, tools_dir=Path(tools_dir) if tools_dir is not None else None,
+                               fmt=flow_format, components=Path(components) if components is not None else None,
+                               inputs=_inputs(inputs, {}), commands=Path(commands) if commands is not None else None)
+        source = str(path)
+    else:
+        # Only a Bundle brings the verifier and the format (heddle.bundle.verified): a document's run
+        # never loads them, and an object given as a Bundle was made by them.
+        from heddle.bundle.verified import Bundle
+
+        if not isinstance(target, Bundle):
+            _flow_path(target)  # refused, naming what a target may be
         if tools_dir is not None:
             raise UsageError(f"tools_dir cannot be used with the bundle {target.path}: a sealed bundle runs only "
                              "its own tools")
@@ -259,12 +263,6 @@ async def arun(
                                  "its own")
         loaded = from_bundle(target, settings, inputs=_inputs(inputs, target.input))
         source = str(target.path)
-    else:
-        path = _flow_path(target)
-        loaded = from_document(path, settings, tools_dir=Path(tools_dir) if tools_dir is not None else None,
-                               fmt=flow_format, components=Path(components) if components is not None else None,
-                               inputs=_inputs(inputs, {}), commands=Path(commands) if commands is not None else None)
-        source = str(path)
     store: SessionStore | None = None
     try:
         if session is None:
@@ -307,6 +305,9 @@ def _session_request(settings: RunSettings, session: object, answer: object, res
     if not isinstance(resume, bool):
         raise UsageError(f"resume: give True or False, not {type(resume).__name__}")
 
+    # The session store is loaded only for a run in a session.
+    from heddle.sessions.store import check_session_id
+
     check_session_id(session)
     if answer is None:
         return None
@@ -326,6 +327,9 @@ def _open_store(settings: RunSettings, host: PluginHost | None) -> SessionStore:
         if value is not None and spec != kind:
             raise UsageError(f"settings.{name} is for the {kind} session store, and settings.session_store is "
                              f"{shown!r}; drop one of them")
+    # The stores and their drivers load only for a run in a session.
+    from heddle.sessions.open import open_store
+
     return open_store(spec, db=settings.session_db, directory=settings.session_dir, plugins=host,
                       key_file=settings.session_key)
 

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from heddle.engine.options import RunOptions
 from heddle.errors import UsageError
 from heddle.format.limits import ZSTD_LEVEL, ZSTD_MAX_LEVEL, ZSTD_MIN_LEVEL
-from heddle.oci.artifact import TRANSFER_TIMEOUT_S
+from heddle.oci.limits import TRANSFER_TIMEOUT_S
 from heddle.plugin_host import MAX_NODE_ATTEMPTS, PLUGIN_TIMEOUT_S
-from heddle.sessions.lease import LEASE_SECONDS
+from heddle.sessions import LEASE_SECONDS
 from heddle.surface import Surface
 from heddle.workspace import MOUNT_MAX_BYTES, MOUNT_MAX_ENTRIES
 

@@ -19,6 +19,8 @@ typer's own, word for word) to the adapter typer would have used, built then.
 from __future__ import annotations
 
 import re
+import sys
+import types
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,19 @@ from heddle.settings import Setting, Unit
 
 # typer adds the Python type (`<path>`, `<list[Path]>`) after a name; a person needs the metavar.
 _TYPE = re.compile(r" <[^>]*>$")
+
+
+def without_pydantic_plugins() -> None:
+    """Build this process's pydantic validators without looking for pydantic plugins: for a shell's own
+    process only, called before its first validator is built.
+
+    pydantic asks for its plugins as it builds its first validator, by reading the entry points of every
+    installed distribution (importing importlib.metadata, email and zipfile on the way): 50 to 80 ms of
+    every command that reads a document, where no plugin was ever meant to watch heddle's own models. A
+    library caller's process keeps pydantic's behaviour; so does a process that already loaded them."""
+    loader = types.ModuleType("pydantic.plugin._loader")
+    loader.get_plugins = tuple  # type: ignore[attr-defined]  # no plugins: ()
+    sys.modules.setdefault("pydantic.plugin._loader", loader)
 
 
 def option(spec: Setting, *, plain: Unit, panel: str | None, help_text: str | None = None) -> tuple[Any, Any]:

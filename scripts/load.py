@@ -2,6 +2,7 @@
 
     scripts/load [--runs 200] [--concurrency 1,4,16] [--serve echo,no-tool,3-tool,surfaces]
     scripts/load [--bundle X --trust K.pub | --flow F --tools-dir T] [--max-concurrent N] [--otel]
+    scripts/load --url http://127.0.0.1:PORT [--seconds 10] [--workers 6]   (a mixed load, load_mixed.py)
 
 Bounded and loopback only: every server is started on 127.0.0.1 with a port of its own, the
 run count and concurrency are capped, and nothing else is contacted. What it serves by default:
@@ -27,7 +28,9 @@ Prints markdown tables; exits 1 if a check failed.
 
 `--otel` also measures each heddle-server with tracing on (OTEL_EXPORTER_OTLP_ENDPOINT set to an
 OTLP/HTTP sink this driver runs, which answers and discards every export), labelled `+otel`, and
-prints its requests/s as a share of the same server's untraced (the aim: within 3% on 3-tool).
+the same untraced server a second time, labelled `+twin`; then prints the traced one's requests/s
+as a share of the untraced's (the aim: within 3% on 3-tool), turn by turn, beside the twin's share:
+what two identical servers differ by on this machine, the noise the aim is read against.
 
 The client is a few lines over asyncio streams rather than an HTTP library: it shares the
 machine's cores with the server, and its own cost per request is in every figure.
@@ -61,6 +64,7 @@ HOST = "127.0.0.1"
 BIN = Path(sys.executable).parent
 ECHO_TOOL = "#!/bin/sh\ncat\n"
 RETRY_PAUSE_S = 0.01
+IDLE_REOPEN_S = 1.0
 MAX_ATTEMPTS = 1000
 # With more than one server, each level's runs are driven in this many turns, one server after another.
 ROUNDS = 5
@@ -74,6 +78,8 @@ MCP_VERSION = "2026-07-28"  # the stateless era: one POST per call, no session t
 # The server's aims (docs/benchmarks.md): a no-tool flow within 2x the floor's requests/s at these levels.
 AIM_RATIO = 2.0
 AIM_LEVELS = (1, 16)
+# Tracing's (docs/observability.md): a traced server's requests/s at least this share of the untraced's.
+AIM_TRACED = 97.0
 # Answers of these servers are far smaller: past these the driver stops rather than read on.
 HEAD_LIMIT = 64 << 10
 BODY_LIMIT = 64 << 20
@@ -109,6 +115,7 @@ class Result:
     leftover_processes: list[int] = field(default_factory=list)
     leftover_files: list[str] = field(default_factory=list)
     exit_status: int | None = None
+    turns: list[tuple[int, float, float]] = field(default_factory=list)  # each turn's (ok, seconds, cpu_s)
 
     @property
     def runs_per_s(self) -> float:
@@ -384,6 +391,7 @@ class Caller:
     def __init__(self, host: str, port: int, request: bytes) -> None:
         self.host, self.port, self.request = host, port, request
         self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self.used = time.monotonic()  # when its last answer came
 
     async def post(self) -> tuple[int, bytes]:
         if self._streams is not None and self._streams[0].at_eof():
@@ -411,6 +419,7 @@ class Caller:
             body = await reader.readexactly(int(length))
         if headers.get("connection", "").lower() == "close":
             self.close()
+        self.used = time.monotonic()
         return status, body
 
     @staticmethod
@@ -532,11 +541,18 @@ async def batch(target: Target, count: int) -> None:
             else:
                 result.failed += 1
 
-    cpu = cpu_seconds(target.proc.pid)
+    for caller in target.callers:
+        # A connection left idle while the other servers took their turn may be closing under the
+        # server's keep-alive timeout (5 s) just as it is used again: one idle for long is opened anew.
+        if time.monotonic() - caller.used > IDLE_REOPEN_S:
+            caller.close()
+    cpu, ok = cpu_seconds(target.proc.pid), result.ok
     started = time.perf_counter()
     await asyncio.gather(*(worker(c) for c in target.callers))
-    result.seconds += time.perf_counter() - started
-    result.cpu_s += cpu_seconds(target.proc.pid) - cpu
+    seconds, cpu = time.perf_counter() - started, cpu_seconds(target.proc.pid) - cpu
+    result.seconds += seconds
+    result.cpu_s += cpu
+    result.turns.append((result.ok - ok, seconds, cpu))
 
 
 async def drive(targets: list[Target], runs: int, concurrency: int, rounds: int) -> None:
@@ -560,8 +576,9 @@ async def drive(targets: list[Target], runs: int, concurrency: int, rounds: int)
                 raise SystemExit(f"load: {target.served.label}: the warm-up run failed with {status}: "
                                  f"{answer[:500]!r}")
         counts = [runs // rounds + (1 if i < runs % rounds else 0) for i in range(rounds)]
-        for count in counts:
-            for target in targets:
+        for i, count in enumerate(counts):
+            # Back and forth: a machine getting busier or quieter through the turns falls on each alike.
+            for target in targets if i % 2 == 0 else targets[::-1]:
                 await batch(target, count)
     finally:
         for target in targets:
@@ -583,7 +600,7 @@ def stop(target: Target) -> None:
     result.leftover_files = sorted(str(p.relative_to(target.work)) for p in target.work.iterdir())
 
 
-def measure(served: list[Served], runs: int, concurrency: int, root: Path) -> list[Result]:
+def measure(served: list[Served], runs: int, concurrency: int, root: Path, turns: int = ROUNDS) -> list[Result]:
     """One level: every server started, driven in turns, checked and stopped."""
     targets: list[Target] = []
     try:
@@ -592,7 +609,7 @@ def measure(served: list[Served], runs: int, concurrency: int, root: Path) -> li
             work.mkdir()
             proc, url = start_server(one.args, work, root, one.env)
             targets.append(Target(one, proc, url, work, Result(concurrency=concurrency, runs=runs, label=one.label)))
-        rounds = max(1, min(ROUNDS if len(targets) > 1 else 1, runs // concurrency))
+        rounds = max(1, min(turns if len(targets) > 1 else 1, runs // concurrency))
         asyncio.run(drive(targets, runs, concurrency, rounds))
         for target in targets:
             target.result.peak_rss_kib = peak_rss_kib(target.proc.pid)
@@ -659,16 +676,52 @@ def surface_latency(results: list[Result], served: list[Served]) -> str:
     return "\n".join(lines)
 
 
+def _shares(r: Result, base: Result) -> list[float]:
+    """`r`'s requests/s as a share of `base`'s, turn by turn (the two were driven one after the other)."""
+    return [100 * (a_ok / a_s) / (b_ok / b_s)
+            for (a_ok, a_s, _), (b_ok, b_s, _) in zip(r.turns, base.turns, strict=False) if a_ok and b_ok]
+
+
+def _cpu(r: Result, base: Result) -> str:
+    """The median, over the turns, of `r`'s server CPU a request over `base`'s: steadier than requests/s
+    on a shared machine, as what else runs there slows a server more than it adds to its CPU."""
+    ratios = [(a_cpu / a_ok) / (b_cpu / b_ok) for (a_ok, _, a_cpu), (b_ok, _, b_cpu)
+              in zip(r.turns, base.turns, strict=False) if a_ok and b_ok and a_cpu and b_cpu]
+    return f"{100 * statistics.median(ratios):.1f}%" if ratios else ""
+
+
+def _spread(shares: list[float]) -> str:
+    return f"{statistics.median(shares):.1f}% ({min(shares):.1f} to {max(shares):.1f})" if shares else ""
+
+
 def tracing_cost(results: list[Result]) -> str:
-    """Each traced server's requests/s as a share of the same server's untraced, per level."""
+    """Each traced server's requests/s as a share of the same server's untraced, per level: over the
+    whole level, and the median of its turns (each traced turn against the untraced one beside it).
+    The untraced twin, a second untraced server driven in the same turns, is the noise floor: what
+    two identical servers differ by on this machine now."""
     plain = {(r.label, r.concurrency): r for r in results}
-    lines = ["| traced | concurrency | runs/s | untraced runs/s | share |", "|---|---:|---:|---:|---:|"]
+    lines = [("| traced | concurrency | runs/s | untraced runs/s | share | share a turn, median (range) "
+              "| untraced twin's share a turn, median (range) | server CPU ms/request, traced / untraced "
+              "| CPU a request, traced / untraced, a turn (median) | the twin's | aim |"),
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
-        base = plain.get((r.label.removesuffix("+otel"), r.concurrency))
+        name = r.label.removesuffix("+otel")
+        base = plain.get((name, r.concurrency))
         if not r.label.endswith("+otel") or base is None or not base.runs_per_s:
             continue
+        shares = _shares(r, base)
+        twin = plain.get((f"{name}+twin", r.concurrency))
+        noise = _shares(twin, base) if twin is not None else []
+        share = statistics.median(shares) if shares else 100 * r.runs_per_s / base.runs_per_s
+        # Read against the twin: when two untraced servers differ by more than the aim, so may this.
+        floor = abs(100 - statistics.median(noise)) if noise else 0.0
+        aim = f"within {100 - AIM_TRACED:g}%: " + ("met" if share >= AIM_TRACED else "missed")
+        if floor > 100 - AIM_TRACED:
+            aim += f", but the twin is {floor:.1f}% off: not shown"
         lines.append(f"| {r.label} | {r.concurrency} | {r.runs_per_s:.1f} | {base.runs_per_s:.1f} "
-                     f"| {100 * r.runs_per_s / base.runs_per_s:.1f}% |")
+                     f"| {100 * r.runs_per_s / base.runs_per_s:.1f}% | {_spread(shares)} | {_spread(noise)} "
+                     f"| {r.cpu_ms:.2f} / {base.cpu_ms:.2f} | {_cpu(r, base)} "
+                     f"| {_cpu(twin, base) if twin is not None else ''} | {aim} |")
     return "\n".join(lines)
 
 
@@ -763,12 +816,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--input", default='{"x": "hello"}', help="The run's input (JSON object).")
     p.add_argument("--otel", action="store_true",
                    help="Also measure each heddle-server with tracing on, spans sent to a sink that discards them.")
+    p.add_argument("--turns", type=int, default=ROUNDS,
+                   help=f"With more than one server, the turns each level's runs are driven in, one server after "
+                        f"another, the order reversed each turn [{ROUNDS}]; more give a steadier comparison.")
     p.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)  # the floor's own process
+    p.add_argument("--url", help="Drive a server already running (or a load balancer) with a mixed load instead: "
+                                 "stateless runs, session turns and durable runs (scripts/load_mixed.py).")
+    p.add_argument("--seconds", type=float, default=10.0, help="With --url: how long the load runs [10].")
+    p.add_argument("--workers", type=int, default=6, help="With --url: client threads, each a kind in turn [6].")
     args = p.parse_args(argv)
     if args.serve_echo:
         return serve_echo()
+    if args.url is not None:
+        if urlsplit(args.url).hostname not in ("127.0.0.1", "localhost", "::1"):
+            p.error(f"--url {args.url}: this driver loads loopback servers only")
+        from load_mixed import drive
+
+        return drive(args.url, seconds=args.seconds, workers=max(1, min(args.workers, MAX_CONCURRENCY)))
     if not 1 <= args.runs <= MAX_RUNS:
         p.error(f"--runs {args.runs}: give 1 to {MAX_RUNS}")
+    if args.turns < 1:
+        p.error(f"--turns {args.turns}: give 1 or more (a level of fewer runs is driven in as many turns as it has)")
     # Nothing given is left unused: each of these says what to serve, or goes with one that does.
     if args.bundle is not None and args.flow is not None:
         p.error("--bundle and --flow: give one")
@@ -796,7 +864,11 @@ def main(argv: list[str] | None = None) -> int:
                                            env={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint},
                                            base=None if s.base is None else f"{s.base}+otel")
                        for s in served if s.args is not None]
-        results = [r for c in args.concurrency for r in measure(served, args.runs, c, root)]
+            # The same untraced server again, driven in the same turns: how far two alike differ.
+            served += [dataclasses.replace(s, label=f"{s.label}+twin", what=f"{s.what}, untraced again (noise)",
+                                           base=None if s.base is None else f"{s.base}+twin")
+                       for s in served if s.args is not None and not s.label.endswith("+otel")]
+        results = [r for c in args.concurrency for r in measure(served, args.runs, c, root, args.turns)]
         for one in served:
             mine = [r for r in results if r.label == one.label]
             print(table(mine, what=one.what, max_concurrent=None if one.args is None else max_concurrent) + "\n")

@@ -5,8 +5,9 @@ not use are kept (extra="allow") so a valid document is never refused for carryi
 so a document re-serialises as it was written.
 """
 
-from __future__ import annotations
-
+# Annotations are code here, not strings (no `from __future__ import annotations`): pydantic compiles and
+# evaluates a string annotation of every field of every model as the model is made, a sixth of the time
+# making them takes in each process. A name defined further down is quoted.
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ Property = dict[str, Any]
 """A JSON Schema fragment with a `title`: an input or output of a component."""
 
 
-def node_key(node: NodeBase) -> str:
+def node_key(node: "NodeBase") -> str:
     """Nodes are identified by id (names need not be unique); fall back to the name."""
     return node.id or node.name
 
@@ -161,7 +162,7 @@ class LlmConfigBase(Component):
     api_key: str | None = None
     # Replaces heddle's own retries and, with its request_timeout, --model-timeout for this model's
     # requests (heddle.model.client).
-    retry_policy: RetryPolicy | None = None
+    retry_policy: "RetryPolicy | None" = None
 
 
 class OpenAiCompatibleConfig(LlmConfigBase):
@@ -287,7 +288,7 @@ class RemoteTool(WithIO):
     )
 
     @model_validator(mode="after")
-    def _check_remote_tool(self) -> RemoteTool:
+    def _check_remote_tool(self) -> "RemoteTool":
         if "inputs" not in self.model_fields_set:
             self.inputs = inferred_inputs(self)
         check_definition(self)
@@ -329,7 +330,7 @@ HTTP_METHOD = re.compile(r"[A-Za-z]+\Z")
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
-def request_label(tool: RemoteTool | ApiNode) -> str:
+def request_label(tool: "RemoteTool | ApiNode") -> str:
     return f"{tool.component_type} {tool.name!r}"
 
 
@@ -345,7 +346,7 @@ def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
             yield from _strings(item, f"{where}[{i}]")
 
 
-def templates(tool: RemoteTool | ApiNode) -> Iterator[tuple[str, str]]:
+def templates(tool: "RemoteTool | ApiNode") -> Iterator[tuple[str, str]]:
     """(field, text) for each attribute of the tool whose placeholders are its inputs."""
     yield "url", tool.url
     yield "http_method", tool.http_method
@@ -354,7 +355,7 @@ def templates(tool: RemoteTool | ApiNode) -> Iterator[tuple[str, str]]:
     yield from _strings(tool.headers, "headers")
 
 
-def inferred_inputs(tool: RemoteTool | ApiNode) -> list[dict[str, Any]]:
+def inferred_inputs(tool: "RemoteTool | ApiNode") -> list[dict[str, Any]]:
     """One string input per placeholder, for a tool or node that declares no inputs (an ApiNode's
     api_spec_uri's too, as the specification infers them, though it is never fetched)."""
     names: dict[str, None] = {}
@@ -371,7 +372,7 @@ class Origin:
     port: int
 
     @classmethod
-    def of(cls, scheme: str, host: str, port: int | None) -> Origin:
+    def of(cls, scheme: str, host: str, port: int | None) -> "Origin":
         scheme = scheme.lower()
         return cls(scheme, host.lower().strip("[]"), port or DEFAULT_PORTS[scheme])
 
@@ -401,7 +402,7 @@ class Allowed:
     path: str
 
     @classmethod
-    def parse(cls, entry: str) -> Allowed | None:
+    def parse(cls, entry: str) -> "Allowed | None":
         origin = url_origin(entry)
         if origin is None:
             return None
@@ -411,7 +412,7 @@ class Allowed:
         return origin == self.origin and (path or "/").startswith(self.path)
 
 
-def _header_problems(tool: RemoteTool | ApiNode) -> Iterator[str]:
+def _header_problems(tool: "RemoteTool | ApiNode") -> Iterator[str]:
     for field, headers in (("headers", tool.headers), ("sensitive_headers", tool.sensitive_headers)):
         for name, value in headers.items():
             if not isinstance(value, (str, int, float, bool)):
@@ -426,7 +427,7 @@ def _header_problems(tool: RemoteTool | ApiNode) -> Iterator[str]:
         yield f"header {both[0]!r} is in both headers and sensitive_headers; keep one"
 
 
-def definition_problems(tool: RemoteTool | ApiNode) -> list[str]:
+def definition_problems(tool: "RemoteTool | ApiNode") -> list[str]:
     """What makes the tool's request impossible to send as the document says, before any call."""
     problems: list[str] = []
     origin = url_origin(tool.url)
@@ -459,7 +460,7 @@ def definition_problems(tool: RemoteTool | ApiNode) -> list[str]:
     return problems
 
 
-def check_definition(tool: RemoteTool | ApiNode) -> None:
+def check_definition(tool: "RemoteTool | ApiNode") -> None:
     """Raise ValueError (reported as the document's error, with its path) naming every problem."""
     problems = definition_problems(tool)
     if problems:
@@ -471,7 +472,7 @@ DEFAULT_OUTPUT = "response"  # an ApiNode's output when it declares none
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
-def check_outputs(node: ApiNode) -> None:
+def check_outputs(node: "ApiNode") -> None:
     """Refuse an output WayFlow reads with a jq query that is not one key of the answer."""
     for prop in node.outputs:
         title = prop["title"]
@@ -526,7 +527,7 @@ class _RemoteTransport(_ClientTransport):
     retry_policy: Any = None
 
     @model_validator(mode="after")
-    def _check_remote(self) -> _RemoteTransport:
+    def _check_remote(self) -> "_RemoteTransport":
         label = f"{self.component_type} {self.name!r}"  # type: ignore[attr-defined]
         if not re.match(r"https?://[^/]", self.url):
             raise ValueError(f"{label}: url {self.url!r} is not an http(s) URL")
@@ -599,7 +600,7 @@ class RetryPolicy(BaseModel):
     recoverable_statuses: dict[str, list[str]] = Field(default_factory=_recoverable)
 
     @model_validator(mode="after")
-    def _check_delays(self) -> RetryPolicy:
+    def _check_delays(self) -> "RetryPolicy":
         if self.max_retry_delay < self.initial_retry_delay:
             raise ValueError("retry_policy: max_retry_delay must be greater than or equal to initial_retry_delay")
         return self
@@ -625,7 +626,7 @@ class MCPToolSpec(WithIO):
     requires_confirmation: bool = False  # each call of it waits for a person's approval, as its toolbox's may
 
     @model_validator(mode="after")
-    def _check_spec(self) -> MCPToolSpec:
+    def _check_spec(self) -> "MCPToolSpec":
         if len(self.outputs) > 1 or any(p.get("type", "string") != "string" for p in self.outputs):
             raise ValueError(f"MCPToolSpec {self.name!r}: its outputs may only be one string property")
         return self
@@ -644,7 +645,7 @@ class MCPToolBox(Component):
     requires_confirmation: bool = False  # each call of each of its tools waits for a person's approval
 
     @model_validator(mode="after")
-    def _check_toolbox(self) -> MCPToolBox:
+    def _check_toolbox(self) -> "MCPToolBox":
         names = [entry if isinstance(entry, str) else entry.name for entry in self.tool_filter or []]
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:
@@ -689,7 +690,7 @@ class TlsPostgresDatabaseConnectionConfig(Component):
     sslcrl: str | None = None
 
     @model_validator(mode="after")
-    def _check_postgres(self) -> TlsPostgresDatabaseConnectionConfig:
+    def _check_postgres(self) -> "TlsPostgresDatabaseConnectionConfig":
         label = f"TlsPostgresDatabaseConnectionConfig {self.name!r}"
         for field in ("user", "password", "sslkey"):
             value = getattr(self, field)
@@ -762,7 +763,7 @@ class MessageSummarizationTransform(_SummarizationTransform):
         return self.summarized_message_template
 
     @model_validator(mode="after")
-    def _check_message_transform(self) -> MessageSummarizationTransform:
+    def _check_message_transform(self) -> "MessageSummarizationTransform":
         self._check_transform(MESSAGE_CACHE_ENTITY)
         return self
 
@@ -785,7 +786,7 @@ class ConversationSummarizationTransform(_SummarizationTransform):
         return self.summarized_conversation_template
 
     @model_validator(mode="after")
-    def _check_conversation_transform(self) -> ConversationSummarizationTransform:
+    def _check_conversation_transform(self) -> "ConversationSummarizationTransform":
         label = f"ConversationSummarizationTransform {self.name!r}"
         if (self.max_num_messages is None) == (self.max_num_characters is None):
             raise ValueError(f"{label}: give one of max_num_messages and max_num_characters (set max_num_messages "
@@ -970,7 +971,7 @@ class Swarm(_AgentGroup):
         return [recipient for caller, recipient in self.relationships if caller.name == name]
 
     @model_validator(mode="after")
-    def _check_swarm(self) -> Swarm:
+    def _check_swarm(self) -> "Swarm":
         label = self._label()
         if not self.relationships:
             raise ValueError(f"{label}: relationships is empty, so its agents could never reach each other; list "
@@ -1021,7 +1022,7 @@ class ManagerWorkers(_AgentGroup):
         return [("group_manager", self.group_manager), *((f"workers[{i}]", w) for i, w in enumerate(self.workers))]
 
     @model_validator(mode="after")
-    def _check_manager_workers(self) -> ManagerWorkers:
+    def _check_manager_workers(self) -> "ManagerWorkers":
         label = self._label()
         if not self.workers:
             raise ValueError(f"{label}: workers is empty; give it at least one worker, or use an Agent")
@@ -1079,7 +1080,7 @@ class A2AConnectionConfig(Component):
     retry_policy: Any = None
 
     @model_validator(mode="after")
-    def _check_connection(self) -> A2AConnectionConfig:
+    def _check_connection(self) -> "A2AConnectionConfig":
         label = f"A2AConnectionConfig {self.name!r}"
         if self.retry_policy is not None:
             raise ValueError(f"{label}: retry_policy is not supported by heddle yet; drop it (session_parameters' "
@@ -1106,7 +1107,7 @@ class A2AAgent(WithIO):
     session_parameters: A2ASessionParameters = Field(default_factory=A2ASessionParameters)
 
     @model_validator(mode="after")
-    def _check_a2a(self) -> A2AAgent:
+    def _check_a2a(self) -> "A2AAgent":
         label = f"A2AAgent {self.name!r}"
         if url_origin(self.agent_url) is None:
             raise ValueError(f"{label}: agent_url {self.agent_url!r} must be an http:// or https:// URL whose host "
@@ -1139,7 +1140,7 @@ class NodeBase(WithIO):
         return ["next"]
 
     @model_validator(mode="after")
-    def _check_branches(self) -> NodeBase:
+    def _check_branches(self) -> "NodeBase":
         # pyagentspec's rule: written branches are the node's own (an AgentNode's may be any; a
         # plugin's node has its manifest's), without repeats.
         written = self.branches or []
@@ -1210,7 +1211,7 @@ class BranchingNode(NodeBase):
 
 class FlowNode(NodeBase):
     component_type: Literal["FlowNode"] = "FlowNode"
-    subflow: Flow
+    subflow: "Flow"
 
     def next_branches(self) -> list[str]:
         # One per branch_name of the subflow's EndNodes (`next` when they name none).
@@ -1240,7 +1241,7 @@ class ApiNode(NodeBase):
     )
 
     @model_validator(mode="after")
-    def _check_api_node(self) -> ApiNode:
+    def _check_api_node(self) -> "ApiNode":
         if "inputs" not in self.model_fields_set:
             self.inputs = inferred_inputs(self)
         if "outputs" not in self.model_fields_set:
@@ -1289,7 +1290,7 @@ def schema_types(schema: Property) -> set[str]:
     return found or {"any"}
 
 
-def flow_inputs(flow: Flow) -> list[Property]:
+def flow_inputs(flow: "Flow") -> list[Property]:
     # io reads these classes: a subflow's inputs and outputs are its nodes', the recursion pyproject's
     # import contract names (here, in flow_outputs and in _AgentGroup._check_members).
     from heddle.agentspec import io
@@ -1297,13 +1298,13 @@ def flow_inputs(flow: Flow) -> list[Property]:
     return io.flow_inputs(flow)
 
 
-def flow_outputs(flow: Flow) -> list[Property]:
+def flow_outputs(flow: "Flow") -> list[Property]:
     from heddle.agentspec import io
 
     return io.flow_outputs(flow)
 
 
-def flow_branches(flow: Flow) -> list[str]:
+def flow_branches(flow: "Flow") -> list[str]:
     """The branches a flow can end by: one per distinct EndNode `branch_name` ("next" when unnamed)."""
     names = [n.branch_name or "next" for n in flow.nodes if isinstance(n, EndNode)]
     return list(dict.fromkeys(names)) or ["next"]
@@ -1327,7 +1328,7 @@ def _check_declared(node: NodeBase, kind: str, declared: list[Property], inferre
 
 
 class _MapNodeBase(NodeBase):
-    subflow: Flow
+    subflow: "Flow"
     reducers: dict[str, Reducer] | None = None
 
     def reducer_of(self) -> dict[str, str]:
@@ -1352,7 +1353,7 @@ class _MapNodeBase(NodeBase):
         return out
 
     @model_validator(mode="after")
-    def _check_map(self) -> _MapNodeBase:
+    def _check_map(self) -> "_MapNodeBase":
         label = f"{type(self).__name__} {self.name!r}"
         outputs = {p["title"]: p for p in flow_outputs(self.subflow)}
         for title, method in (self.reducers or {}).items():
@@ -1387,7 +1388,7 @@ class ParallelFlowNode(NodeBase):
     """Runs every subflow concurrently (at most --max-parallel at once); its outputs are the union of theirs."""
 
     component_type: Literal["ParallelFlowNode"] = "ParallelFlowNode"
-    subflows: list[Flow] = Field(default_factory=_list)
+    subflows: "list[Flow]" = Field(default_factory=_list)
 
     def inferred_inputs(self) -> list[Property]:
         merged: dict[str, Property] = {}
@@ -1400,7 +1401,7 @@ class ParallelFlowNode(NodeBase):
         return [p for flow in self.subflows for p in flow_outputs(flow)]
 
     @model_validator(mode="after")
-    def _check_parallel(self) -> ParallelFlowNode:
+    def _check_parallel(self) -> "ParallelFlowNode":
         inputs: dict[str, tuple[int, Property]] = {}
         outputs: dict[str, int] = {}
         label = f"ParallelFlowNode {self.name!r}"
@@ -1427,7 +1428,7 @@ class CatchExceptionNode(NodeBase):
     `caught_exception_info` set, success by the subflow's own branch with its outputs."""
 
     component_type: Literal["CatchExceptionNode"] = "CatchExceptionNode"
-    subflow: Flow
+    subflow: "Flow"
 
     def next_branches(self) -> list[str]:
         return [CAUGHT_EXCEPTION_BRANCH, *flow_branches(self.subflow)]
@@ -1453,7 +1454,7 @@ class CatchExceptionNode(NodeBase):
         return values
 
     @model_validator(mode="after")
-    def _check_catch(self) -> CatchExceptionNode:
+    def _check_catch(self) -> "CatchExceptionNode":
         label = f"CatchExceptionNode {self.name!r}"
         if CAUGHT_EXCEPTION_BRANCH in flow_branches(self.subflow):
             raise ValueError(f"{label}: an EndNode of its subflow is named {CAUGHT_EXCEPTION_BRANCH!r}, the "
@@ -1489,7 +1490,7 @@ class InputMessageNode(NodeBase):
     message: str | None = None
 
     @model_validator(mode="after")
-    def _check_input_message(self) -> InputMessageNode:
+    def _check_input_message(self) -> "InputMessageNode":
         if len(self.outputs) > 1 or any(p.get("type", "string") != "string" for p in self.outputs):
             raise ValueError(f"InputMessageNode {self.name!r}: its outputs may only be one string property (the "
                              "user's message)")
@@ -1508,7 +1509,7 @@ class OutputMessageNode(NodeBase):
     message: str
 
     @model_validator(mode="after")
-    def _check_output_message(self) -> OutputMessageNode:
+    def _check_output_message(self) -> "OutputMessageNode":
         label = f"OutputMessageNode {self.name!r}"
         if self.outputs:
             raise ValueError(f"{label}: it declares outputs {self.output_titles()}, but an OutputMessageNode gives "

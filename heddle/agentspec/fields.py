@@ -194,7 +194,13 @@ def unread_fields(document: Any) -> list[str]:
 
 
 def components_of(document: Any, *, skip_metadata: bool = True) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(JSON path, component) of every component of a parsed document, in document order.
+    """(JSON path, component) of every component of a parsed document, in document order."""
+    return ((path, node) for path, node in containers_of(document, skip_metadata=skip_metadata)
+            if isinstance(node, dict) and isinstance(node.get("component_type"), str))
+
+
+def containers_of(document: Any, *, skip_metadata: bool = True) -> Iterator[tuple[str, dict[str, Any] | list[Any]]]:
+    """(JSON path, object or array) of every container of a parsed document, in document order.
 
     A stack, not recursion: a document from a bundle may nest as deep as it likes; and each
     container once, since YAML aliases (and resolved references) share them."""
@@ -205,9 +211,8 @@ def components_of(document: Any, *, skip_metadata: bool = True) -> Iterator[tupl
         if not isinstance(node, (dict, list)) or id(node) in seen:
             continue
         seen.add(id(node))
+        yield path, node
         if isinstance(node, dict):
-            if isinstance(node.get("component_type"), str):
-                yield path, node
             stack.extend((f"{path}.{key}", value) for key, value in reversed(node.items())
                          if not (skip_metadata and key == "metadata"))
         else:

@@ -99,6 +99,8 @@ def check_message(flow: c.Flow, message: str | None, *, named: str = "--message"
 
     `named` is how the shell names the message (`--message`), `give` how a user gives one."""
     root = document_root(flow)
+    if root.conversational == (message is not None):
+        return  # what nearly every run is: its words are made only for a refusal
     what = source or f"the document {flow.name!r}"
     top = f"its top level is {root.component_type} {root.name!r}" if root.name else \
         f"its top level is a {root.component_type}"

@@ -44,11 +44,6 @@ class Collected:
         self.skipped.extend(other.skipped)
 
 
-def secret_by_name(parts: Sequence[str]) -> str | None:
-    """Why the file at path `parts` (its components, file name last) looks like a secret, or None."""
-    return _secret_file(parts[-2] if len(parts) > 1 else None, parts[-1]) or _secret_folder(parts[:-1])
-
-
 def _secret_file(parent: str | None, name: str) -> str | None:
     """Why a file named `name` in a folder named `parent` looks like a secret by those two names."""
     lower = name.lower()
@@ -66,6 +61,12 @@ def _secret_folder(folders: Sequence[str]) -> str | None:
         if folder in _SECRET_DIRS:
             return f"inside {folder}/"
     return None
+
+
+def _split(source: str) -> tuple[str, str]:
+    """`os.path.split` of a path the walk made (a folder's path, a separator, a name), in one step of C."""
+    head, sep, name = source.rpartition(os.sep)
+    return head or sep, name
 
 
 def _allowed(source: str, include: Sequence[str]) -> str | None:
@@ -86,20 +87,28 @@ class SecretScreen:
     def __init__(self, files: Sequence[PlanFile], include: Sequence[Path] = ()) -> None:
         self._include = list(include)
         self._files = list(files)
-        self._sources: list[str] = []
         self._by_name: dict[int, str] = {}
         # Each folder resolved and judged once: the files collected are no links themselves.
-        folders: dict[str, tuple[str, str, str | None]] = {}  # folder: its real path, name, verdict
+        folders: dict[str, tuple[str, str | None]] = {}  # folder: its real name, verdict
+        # The same for the folders of the payload paths, judged once a folder.
+        placed: dict[str, tuple[str | None, str | None]] = {}
         for i, item in enumerate(files):
-            folder, name = os.path.split(item.source)
+            folder, name = _split(os.fspath(item.source))
             seen = folders.get(folder)
             if seen is None:
-                real = os.path.realpath(folder)
-                parts = real.split(os.sep)
-                seen = folders[folder] = (real, parts[-1], _secret_folder(parts))
-            real, parent, inside = seen
-            self._sources.append(os.path.join(real, name))
-            why = secret_by_name(item.path.split("/")) or _secret_file(parent, name) or inside
+                parts = os.path.realpath(folder).split(os.sep)
+                seen = folders[folder] = (parts[-1], _secret_folder(parts))
+            parent, inside = seen
+            dest, _, dest_name = item.path.rpartition("/")
+            there = placed.get(dest)
+            if there is None:
+                above = dest.split("/") if dest else []
+                there = placed[dest] = (above[-1] if above else None, _secret_folder(above))
+            # Under the same name, the file's own folder can only add a credentials pair to the verdict.
+            why = (_secret_file(there[0], dest_name) or there[1]
+                   or (_secret_file(parent, name) if name != dest_name or (parent, name) in _CREDENTIAL_PAIRS
+                       else None)
+                   or inside)
             if why is not None:
                 self._by_name[i] = why
 
@@ -115,7 +124,8 @@ class SecretScreen:
             why = self._by_name.get(i) or ("a private key by its content" if item.path in by_content else None)
             if why is None:
                 continue
-            allowed = _allowed(self._sources[i], wanted)
+            folder, name = _split(os.fspath(item.source))
+            allowed = _allowed(os.path.join(os.path.realpath(folder), name), wanted)
             if allowed is not None:
                 used.add(allowed)
                 continue
@@ -178,21 +188,22 @@ def collect_tree(source: Path, dest: str, *, what: str) -> Collected:
     return out
 
 
-def _walk(folder: Path, dest: str, out: Collected, what: str) -> None:
+def _walk(folder: str | Path, dest: str, out: Collected, what: str) -> None:
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError as exc:
         raise PackError(f"{what}: {folder} cannot be listed: {exc.strerror}") from None
+    files = out.files
     for entry in entries:
-        path = Path(entry.path)
+        path = entry.path  # a string: a Path for each of many files costs more than its stat
         if entry.name == LEFT_OUT:
-            out.skipped.append(path)
+            out.skipped.append(Path(path))
             continue
         st = entry.stat(follow_symlinks=False)
         target = f"{dest}/{entry.name}"
         if stat.S_ISDIR(st.st_mode):
             _walk(path, target, out, what)
         elif stat.S_ISREG(st.st_mode):
-            out.files.append(PlanFile(target, path, file_mode(st.st_mode), st.st_size))
+            files.append(PlanFile(target, path, file_mode(st.st_mode), st.st_size))
         else:
-            raise _refuse(path, st.st_mode, what)
+            raise _refuse(Path(path), st.st_mode, what)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
 
-from heddle.agentspec.components import LlmConfig
+from heddle.agentspec.components import LlmConfig, env_reference
 from heddle.agentspec.document import _parse_text, detect_format, parse_components
-from heddle.agentspec.fields import components_of
+from heddle.agentspec.fields import components_of, containers_of
 from heddle.agentspec.references import REF, REFS, resolve_references
 from heddle.engine.pgcache import postgres_env_reads
 from heddle.errors import DocumentError
@@ -25,7 +25,6 @@ from heddle.format.archive import read_head
 from heddle.format.errors import MalformedBundleError, PackError
 from heddle.format.limits import DEFAULT_LIMITS
 from heddle.format.verify import open_file, sealed_manifest, walk_payload
-from heddle.model.endpoints import _ENV_REF
 from heddle.tools.remote import header_env_reads
 
 # The OpenAiConfig default when a config gives no api_key (heddle.model.client.resolve_api_key).
@@ -58,14 +57,8 @@ def _label(config: dict[str, Any], path: str) -> str:
     return f"llm_config {shown} at {path}"
 
 
-def env_reference(value: Any) -> str | None:
-    """The variable a `$NAME` or `${NAME}` value names, or None if it is not such a reference."""
-    match = _ENV_REF.match(value) if isinstance(value, str) else None
-    return None if match is None else match.group(1) or match.group(2)
-
-
 def _literal(value: Any) -> bool:
-    return value is not None and value != "" and env_reference(value) is None
+    return value is not None and value != "" and not (isinstance(value, str) and env_reference(value))
 
 
 def _reference(value: Any) -> str | None:
@@ -76,22 +69,14 @@ def _reference(value: Any) -> str | None:
 
 
 def _tables(document: Any, where: str) -> dict[str, tuple[str, Any]]:
-    """{id: (where it is written, value)} for every `$referenced_components` entry of a parsed document."""
+    """{id: (where it is written, value)} for every `$referenced_components` entry of a parsed document,
+    the first in document order where an id is written twice (the outermost table is first)."""
     found: dict[str, tuple[str, Any]] = {}
-    stack: list[tuple[str, Any]] = [("$", document)]
-    seen: set[int] = set()
-    while stack:
-        path, node = stack.pop()
-        if not isinstance(node, (dict, list)) or id(node) in seen:
-            continue
-        seen.add(id(node))
-        items = node.items() if isinstance(node, dict) else ((f"[{i}]", v) for i, v in enumerate(node))
-        for key, value in items:
-            at = f"{path}{key}" if isinstance(node, list) else f"{path}.{key}"
-            if key == REFS and isinstance(value, dict):
-                for ref, target in value.items():
-                    found.setdefault(str(ref), (f"{where}{at}.{ref}", target))
-            stack.append((at, value))
+    for path, node in containers_of(document, skip_metadata=False):
+        table = node.get(REFS) if isinstance(node, dict) else None
+        if isinstance(table, dict):
+            for ref, target in table.items():
+                found.setdefault(str(ref), (f"{where}{path}.{REFS}.{ref}", target))
     return found
 
 
@@ -168,7 +153,8 @@ def env_reads(document: Any, components: Any = None) -> list[EnvRead]:
     out: dict[str, EnvRead] = {}
     for path, config in _configs(resolved, skip_metadata=True):
         for key in _FROM_ENV:
-            name = env_reference(config.get(key))
+            value = config.get(key)
+            name = env_reference(value) if isinstance(value, str) else None
             if name is not None:
                 out.setdefault(name, EnvRead(name, f"{key} of {_label(config, path)}"))
         if config.get("api_key") is None and config.get("component_type") == "OpenAiConfig":

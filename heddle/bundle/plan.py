@@ -33,7 +33,7 @@ from heddle.format.manifest import (
     ToolEntry,
 )
 from heddle.format.pack import PackPlan
-from heddle.format.paths import PathSet, path_problem
+from heddle.format.paths import PathSet, all_clean, collision_free, path_problem
 from heddle.format.tar import split_name
 
 if TYPE_CHECKING:
@@ -187,6 +187,12 @@ def _plugins(manifests: Sequence[Path], carried: Collected) -> list[PluginEntry]
 
 
 def _check_paths(carried: Collected, limits: Limits) -> None:
+    paths = [item.path for item in carried.files]
+    # Passes of C over all paths at once (as a manifest is checked); the loop below runs only to
+    # name the file at fault.
+    if (all_clean(paths, max_depth=limits.max_depth) and collision_free(paths)
+            and all(split_name(PAYLOAD + p) is not None for p in paths if len(p.encode()) + len(PAYLOAD) > 100)):
+        return
     seen = PathSet()
     for item in carried.files:
         problem = path_problem(item.path, max_depth=limits.max_depth)

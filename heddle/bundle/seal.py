@@ -28,6 +28,7 @@ from heddle.format.keys import SigningKey, load_signing_key
 from heddle.format.manifest import Proposals
 from heddle.format.pack import pack
 from heddle.format.replaced import check_replaceable
+from heddle.format.verify import collector_paused
 from heddle.graph import check_flow
 from heddle.plugin_host.carried import read_carried
 from heddle.settings import LEVEL, parse_rounds
@@ -195,19 +196,23 @@ def seal(flow: StrPath, settings: SealSettings | None = None, /, **given: Any) -
     # A tools folder that does not exist carries nothing; the graph check above already refused
     # a flow that names a tool it would have had to hold.
     carried_tools = tools_root if tools_root is not None and tools_root.exists() else None
-    plan = make_plan(
-        flow_path, name=settings.name or loaded.name or None, tools_dir=carried_tools, tools=specs,
-        mounts=parsed_mounts, plugins=plugin_paths, input=dict(settings.input) if settings.input is not None else None,
-        requires=settings.requires, proposals=proposals, include_secrets=[Path(p) for p in settings.include_secrets],
-        flow_format=settings.flow_format, components=components_path, commands=declared,
-    )
-    out = Path(settings.output) if settings.output is not None else Path(f"{plan.name}.heddle")
-    check_replaceable(out, what="-o")
-    if settings.release is not None:
-        plan = dataclasses.replace(plan, release=settings.release)
-    if sealed_hosts is not None:
-        plan = dataclasses.replace(plan, egress=sealed_hosts, secrets=sealed_secrets)
-    packed = pack(plan, out, signing_key=key, progress=settings.progress, level=chosen_level)
+    # A plan and a manifest of a big tree are tens of thousands of small objects, none in a cycle: the
+    # cyclic collector's passes over them were a tenth of packing one (heddle.format.verify.collector_paused).
+    with collector_paused():
+        plan = make_plan(
+            flow_path, name=settings.name or loaded.name or None, tools_dir=carried_tools, tools=specs,
+            mounts=parsed_mounts, plugins=plugin_paths,
+            input=dict(settings.input) if settings.input is not None else None, requires=settings.requires,
+            proposals=proposals, include_secrets=[Path(p) for p in settings.include_secrets],
+            flow_format=settings.flow_format, components=components_path, commands=declared,
+        )
+        out = Path(settings.output) if settings.output is not None else Path(f"{plan.name}.heddle")
+        check_replaceable(out, what="-o")
+        if settings.release is not None:
+            plan = dataclasses.replace(plan, release=settings.release)
+        if sealed_hosts is not None:
+            plan = dataclasses.replace(plan, egress=sealed_hosts, secrets=sealed_secrets)
+        packed = pack(plan, out, signing_key=key, progress=settings.progress, level=chosen_level)
     return SealResult(
         path=packed.path,
         digest=f"sha256:{packed.digest}",

@@ -21,6 +21,7 @@ from heddle.bundle.fingerprints import fingerprints_of, sealed_commands, sealed_
 from heddle.engine.tracing import DIGEST, SIGNER, verify_span
 from heddle.errors import UsageError
 from heddle.format.cache import digest_text
+from heddle.format.snapshot import parent_dirs
 from heddle.format.trust import TrustPolicy
 from heddle.format.verify import verify_bundle
 from heddle.tools.registry import discover_tools
@@ -85,19 +86,14 @@ def remove_data_dir(bundle: Bundle | None) -> None:
 
 def _sealed_size(manifest: Manifest, prefix: str) -> tuple[int, int]:
     """(files and folders, bytes) under `prefix` of a payload proved against `manifest`: what a walk of
-    the mount would count (a run's mount limits), without the walk."""
-    size, files, folders = 0, 0, {prefix}
-    for entry in manifest.files:
-        if entry.path == prefix:
-            return 1, entry.size
-        if entry.path.startswith(prefix) and entry.path[len(prefix)] == "/":
-            files += 1
-            size += entry.size
-            parent = entry.path.rpartition("/")[0]
-            while parent not in folders:
-                folders.add(parent)
-                parent = parent.rpartition("/")[0]
-    return files + len(folders), size
+    the mount would count (a run's mount limits), without the walk; passes of C over the paths."""
+    entry = manifest.by_path.get(prefix)
+    if entry is not None:
+        return 1, entry.size
+    under = prefix + "/"
+    files = [f for f in manifest.files if f.path.startswith(under)]
+    folders = [d for d in parent_dirs(f.path for f in files) if d.startswith(under)]
+    return len(files) + len(folders) + 1, sum(f.size for f in files)
 
 
 def open_bundle(

@@ -40,5 +40,7 @@ def main() -> None:
     sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
     from heddle.cli.errors import run_app
     from heddle.cli.root import app
+    from heddle.shell_options import without_pydantic_plugins
 
+    without_pydantic_plugins()  # heddle.shell_options says why
     sys.exit(run_app(app))

@@ -9,12 +9,14 @@ imported, so `heddle --help` stays fast.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import sys
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -22,6 +24,10 @@ from typer.core import TyperCommand, TyperGroup
 from heddle.cli.collector import resume_collector
 from heddle.settings import BY_NAME, PACK_SETTINGS, SHELL_SETTINGS, RunSettings, Setting
 from heddle.shell_options import format_sections, option, quicken, value
+
+if TYPE_CHECKING:
+    from heddle.cli.target import Remote
+    from heddle.format.trust import TrustPolicy
 
 # How a command that reads a document finds and reads it (run, validate, bundle, tools).
 FORMAT = typer.Option(None, "--format", metavar="json|yaml",
@@ -33,6 +39,44 @@ FLOW = typer.Option(None, "--flow", metavar="PATH", dir_okay=False,
                     help="Read PATH as a flow document whatever its name (instead of the FLOW|BUNDLE argument).")
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def bundle_options(trust: list[Path], allow_unsigned: bool, data_dir: Path | None = None) -> list[str]:
+    """The options given that only a bundle takes: with any of them the path must be a bundle."""
+    return [name for name, given in (("--trust", trust), ("--allow-unsigned", allow_unsigned),
+                                     ("--data-dir", data_dir is not None)) if given]
+
+
+@dataclasses.dataclass(frozen=True)
+class BundleFlags:
+    """How a command that runs a sealed bundle fetches, trusts and opens it (`heddle run`, `heddle mcp`):
+    the settings of these names, which @takes gives the command as one parameter of this type."""
+
+    trust: list[Path]
+    allow_unsigned: bool
+    data_dir: Path | None
+    plain_http: bool
+    offline: bool
+    allow_downgrade: bool
+    transfer_timeout: str | None
+
+    def options(self) -> list[str]:
+        return bundle_options(self.trust, self.allow_unsigned, self.data_dir)
+
+    def remote(self) -> Remote:
+        from heddle.cli.target import Remote, transfer_seconds
+
+        return Remote(self.plain_http, self.offline, seen=True, allow_downgrade=self.allow_downgrade,
+                      timeout=transfer_seconds(self.transfer_timeout))
+
+    def policy(self) -> TrustPolicy:
+        from heddle.format.trust import TrustPolicy
+
+        return TrustPolicy.from_names(self.trust, allow_unsigned=self.allow_unsigned)
+
+
+# Their names, in the order their options are listed.
+BUNDLE_FLAGS = tuple(field.name for field in dataclasses.fields(BundleFlags))
 
 _SHELL: Mapping[str, Setting] = {s.name: s for s in (*SHELL_SETTINGS, *PACK_SETTINGS)}
 _TITLES: Mapping[str, str] = {"limits": "Limits", "workspaces": "Workspaces", "sandbox": "Sandbox",
@@ -59,14 +103,16 @@ def takes(*names: str, help: Mapping[str, str] | None = None) -> Callable[[F], F
     """Give a command the options of these settings (see the module docstring).
 
     `help` replaces a setting's help text for this command (and hides its default), for a
-    command that takes a setting in another sense, as `bundle` records a proposal."""
+    command that takes a setting in another sense, as `bundle` records a proposal. A parameter
+    typed `BundleFlags` receives the settings of BUNDLE_FLAGS (which `names` lists) as one value."""
     specs = [_spec(name) for name in names]
     overrides = dict(help or {})
 
     def decorate(command: F) -> F:
-        own = [p for p in inspect.signature(command).parameters.values()
-               if p.name not in ("settings", "given") and p.name not in names]
         hints = typing.get_type_hints(command)
+        grouped = [name for name, hint in hints.items() if hint is BundleFlags]
+        own = [p for p in inspect.signature(command).parameters.values()
+               if p.name not in ("settings", "given", *grouped) and p.name not in names]
         params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints.get(p.name, p.annotation))
                   for p in own]
         for spec in specs:
@@ -95,6 +141,8 @@ def takes(*names: str, help: Mapping[str, str] | None = None) -> Callable[[F], F
                 kwargs["settings"] = RunSettings(**values)
             if "given" in wants:
                 kwargs["given"] = frozenset(given)
+            for name in grouped:
+                kwargs[name] = BundleFlags(**{flag: kwargs.pop(flag) for flag in BUNDLE_FLAGS})
             return command(**kwargs)
 
         wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]

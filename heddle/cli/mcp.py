@@ -8,16 +8,14 @@ same admission and limits. stdout carries the protocol alone; everything else go
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import typer
 
-from heddle.cli.flags import RESUMES_COLLECTOR, takes
+from heddle.cli.flags import BUNDLE_FLAGS, RESUMES_COLLECTOR, BundleFlags, takes
 from heddle.settings import SETTINGS, RunSettings
 
-_MCP_SETTINGS = (*(s.name for s in SETTINGS if s.cli and s.flag), "trust", "allow_unsigned", "data_dir",
-                 "plain_http", "offline", "allow_downgrade", "transfer_timeout", "log_format", "log_level")
+_MCP_SETTINGS = (*(s.name for s in SETTINGS if s.cli and s.flag), *BUNDLE_FLAGS, "log_format", "log_level")
 
 
 @takes(*_MCP_SETTINGS)
@@ -28,13 +26,7 @@ def mcp(
     *,
     settings: RunSettings,
     given: frozenset[str],
-    trust: list[Path],
-    allow_unsigned: bool,
-    data_dir: Path | None,
-    plain_http: bool,
-    offline: bool,
-    allow_downgrade: bool,
-    transfer_timeout: str | None,
+    bundle_flags: BundleFlags,
     log_format: str | None,
     log_level: str | None,
 ) -> None:
@@ -57,31 +49,27 @@ def mcp(
     from heddle.cli.collector import resume_collector
     from heddle.cli.opening import open_verified
     from heddle.cli.output import use_log
-    from heddle.cli.target import Remote, resolve_target, transfer_seconds
+    from heddle.cli.target import resolve_target
     from heddle.errors import UsageError
-    from heddle.format.trust import TrustPolicy
     from heddle.settings import LOG_FORMAT, LOG_LEVEL
 
     use_log(log_format or LOG_FORMAT.default, log_level or LOG_LEVEL.default)
-    options = [name for name, on in (("--trust", trust), ("--allow-unsigned", allow_unsigned),
-                                     ("--data-dir", data_dir is not None)) if on]
-    resolved = resolve_target(target, None, bundle_options=options,
-                              remote=Remote(plain_http, offline, seen=True, allow_downgrade=allow_downgrade,
-                                            timeout=transfer_seconds(transfer_timeout)))
+    resolved = resolve_target(target, None, bundle_options=bundle_flags.options(), remote=bundle_flags.remote())
     if not resolved.is_bundle:
         raise UsageError(f"{target}: heddle mcp serves a sealed bundle, and this is a flow document; seal it first "
                          "(heddle bundle) and serve the .heddle file")
     resume_collector()
-    policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
-    bundle = open_verified(resolved.path, trust=policy, data_dir=data_dir, fmt=None, plugins=settings.plugins)
+    bundle = open_verified(resolved.path, trust=bundle_flags.policy(), data_dir=bundle_flags.data_dir, fmt=None,
+                           plugins=settings.plugins)
     if resolved.seen_key is not None:
         from heddle.oci.seen import remember
 
         remember(resolved.seen_key, bundle)
     from heddle.server.config import ServerConfig
 
-    config = ServerConfig(bundle=str(resolved.path), trust=tuple(trust), allow_unsigned=allow_unsigned,
-                          data_dir=data_dir, settings=settings, given=given, serve="mcp")
+    config = ServerConfig(bundle=str(resolved.path), trust=tuple(bundle_flags.trust),
+                          allow_unsigned=bundle_flags.allow_unsigned, data_dir=bundle_flags.data_dir,
+                          settings=settings, given=given, serve="mcp")
     asyncio.run(_serve(config, bundle))
 
 

@@ -12,6 +12,16 @@ if TYPE_CHECKING:
     from heddle.format.trust import TrustPolicy
 
 
+def refuse_others(name: object, *, tools_dir: Path | None, components: Path | None, commands: Path | None) -> None:
+    """A sealed bundle runs only its own tools, commands and components: a flag giving others is refused."""
+    from heddle.errors import UsageError
+
+    for flag, value in (("--tools-dir", tools_dir), ("--components", components), ("--commands", commands)):
+        if value is not None:
+            raise UsageError(f"{flag} cannot be used with the bundle {name}: a sealed bundle runs only its own "
+                             "tools, commands and components")
+
+
 def open_verified(target: Path, *, trust: TrustPolicy, data_dir: Path | None, fmt: str | None,
                   seed_data: bool = True, plugins: Sequence[Path] = ()) -> Bundle:
     """Verify the bundle against `trust` and return it; say where `rw` mounts were seeded (and, with

@@ -9,10 +9,10 @@ from typing import Any
 import typer
 
 from heddle.cli.collector import resume_collector
+from heddle.cli.flags import BUNDLE_FLAGS, RESUMES_COLLECTOR, BundleFlags, bundle_options, takes
 from heddle.cli.flags import COMPONENTS as _COMPONENTS
 from heddle.cli.flags import FLOW as _FLOW
 from heddle.cli.flags import FORMAT as _FORMAT
-from heddle.cli.flags import RESUMES_COLLECTOR, takes
 from heddle.cli.output import QUIET, VERBOSE, json_option
 from heddle.cli.output import use as use_output  # by name: `bundle` has an `output` parameter
 from heddle.settings import SETTINGS, RunSettings
@@ -64,15 +64,9 @@ def _spelled(mount: Any) -> str:
     return mount if isinstance(mount, str) else str(mount.describe())
 
 
-def _bundle_options(trust: list[Path], allow_unsigned: bool, data_dir: Path | None = None) -> list[str]:
-    """The options given that only a bundle takes: with any of them the path must be a bundle."""
-    return [name for name, given in (("--trust", trust), ("--allow-unsigned", allow_unsigned),
-                                     ("--data-dir", data_dir is not None)) if given]
-
-
 # `heddle run` takes every run setting the command line sets, and how to find and trust a bundle.
-_RUN_SETTINGS = ("tools_dir", "commands", *(s.name for s in SETTINGS if s.cli and s.flag), "trust", "allow_unsigned",
-                 "data_dir", "plain_http", "offline", "allow_downgrade", "transfer_timeout", "log_format", "log_level")
+_RUN_SETTINGS = ("tools_dir", "commands", *(s.name for s in SETTINGS if s.cli and s.flag), *BUNDLE_FLAGS,
+                 "log_format", "log_level")
 _TARGET_HELP = ("A sealed bundle (a .heddle path, oci://REGISTRY/REPO:TAG, oci://REGISTRY/REPO@sha256:DIGEST or an "
                 "https:// URL), or a flow document (.json, .yaml, .yml).")
 
@@ -118,13 +112,7 @@ def run(
     given: frozenset[str],
     tools_dir: Path | None,
     commands: Path | None,
-    trust: list[Path],
-    allow_unsigned: bool,
-    data_dir: Path | None,
-    plain_http: bool,
-    offline: bool,
-    allow_downgrade: bool,
-    transfer_timeout: str | None,
+    bundle_flags: BundleFlags,
     log_format: str | None,
     log_level: str | None,
 ) -> None:
@@ -186,26 +174,17 @@ def run(
         if answer is not None and message is not None:
             raise UsageError("--message and an answer flag: give one answer to what the session waits for")
     inputs = _read_input(input) if input is not None else None
-    from heddle.cli.target import Remote, transfer_seconds
-
     if target is not None and "://" in target:
         resume_collector()  # a reference is pulled (downloaded into the cache) with the collector on
-    resolved = resolve_target(target, flow_file, bundle_options=_bundle_options(trust, allow_unsigned, data_dir),
-                              remote=Remote(plain_http, offline, seen=True, allow_downgrade=allow_downgrade,
-                                            timeout=transfer_seconds(transfer_timeout)))
+    resolved = resolve_target(target, flow_file, bundle_options=bundle_flags.options(), remote=bundle_flags.remote())
     path = resolved.path
     if resolved.is_bundle:
         # A bundle's payload is read, checked and written with the collector on, as any command's.
         resume_collector()
-        from heddle.cli.opening import open_verified
-        from heddle.format.trust import TrustPolicy
+        from heddle.cli.opening import open_verified, refuse_others
 
-        for flag, value in (("--tools-dir", tools_dir), ("--components", components), ("--commands", commands)):
-            if value is not None:
-                raise UsageError(f"{flag} cannot be used with the bundle {resolved.name}: a sealed bundle runs only "
-                                 "its own tools, commands and components")
-        policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
-        sealed = open_verified(path, trust=policy, data_dir=data_dir, fmt=format,
+        refuse_others(resolved.name, tools_dir=tools_dir, components=components, commands=commands)
+        sealed = open_verified(path, trust=bundle_flags.policy(), data_dir=bundle_flags.data_dir, fmt=format,
                                plugins=settings.plugins)
         if resolved.seen_key is not None:
             from heddle.oci.seen import remember
@@ -385,21 +364,18 @@ def validate(
     use_output(quiet=quiet, verbose=verbose)
     from heddle.cli.target import Remote, resolve_target
     from heddle.core import load_plugins
-    from heddle.errors import GraphError, UsageError
+    from heddle.errors import GraphError
     from heddle.settings import settle
     from heddle.validation import validation_report
 
-    resolved = resolve_target(target, flow_file, bundle_options=_bundle_options(trust, allow_unsigned),
+    resolved = resolve_target(target, flow_file, bundle_options=bundle_options(trust, allow_unsigned),
                               remote=Remote(plain_http, offline))
     path = resolved.path
     if resolved.is_bundle:
-        from heddle.cli.opening import open_verified
+        from heddle.cli.opening import open_verified, refuse_others
         from heddle.format.trust import TrustPolicy
 
-        for flag, value in (("--tools-dir", tools_dir), ("--components", components), ("--commands", commands)):
-            if value is not None:
-                raise UsageError(f"{flag} cannot be used with the bundle {resolved.name}: a sealed bundle runs only "
-                                 "its own tools, commands and components")
+        refuse_others(resolved.name, tools_dir=tools_dir, components=components, commands=commands)
         policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
         sealed = open_verified(path, trust=policy, data_dir=None, fmt=format, seed_data=False,
                                plugins=settings.plugins)

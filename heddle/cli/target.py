@@ -106,20 +106,6 @@ def bundle_target(text: str | Path, remote: Remote = Remote()) -> Target:
     return Target(pulled.path, True, pulled.reference, pulled.oci_digest, key)
 
 
-def _starts_like_bundle(path: Path) -> bool:
-    """True when the regular file at `path` starts with a bundle's magic number (zstd, or
-    gzip for format 1). OSErrors, `NotRegularFileError` among them, pass through."""
-    from heddle.format.frame import GZIP_MAGIC, ZSTD_MAGIC
-    from heddle.safeparse import open_regular
-
-    fd = open_regular(path)
-    try:
-        head = os.read(fd, len(ZSTD_MAGIC))
-    finally:
-        os.close(fd)
-    return head == ZSTD_MAGIC or head[: len(GZIP_MAGIC)] == GZIP_MAGIC
-
-
 def _one_of(positional: str | Path | None, flow: Path | None, what: str) -> str | Path | None:
     """The path given, or None when it was given with --flow; refuses none and both."""
     if positional is not None and flow is not None:
@@ -181,8 +167,10 @@ def resolve_target(positional: str | Path | None, flow: Path | None, *, bundle_o
     path = Path(given)
     suffix = path.suffix.lower()
     must_be_bundle = suffix == BUNDLE_SUFFIX or bool(bundle_options)
+    from heddle.format.frame import starts_like_bundle
+
     try:
-        if _starts_like_bundle(path):
+        if starts_like_bundle(path):
             return Target(path, True)
     except NotRegularFileError as exc:
         if must_be_bundle:
@@ -222,8 +210,10 @@ def resolve_flow(positional: Path | None, flow: Path | None) -> Path:
         return flow
     path = Path(given)
     suffix = path.suffix.lower()
+    from heddle.format.frame import starts_like_bundle
+
     try:
-        bundle = _starts_like_bundle(path)
+        bundle = starts_like_bundle(path)
     except (NotRegularFileError, OSError):
         bundle = False  # load_flow names what is wrong with the path
     if bundle or suffix == BUNDLE_SUFFIX:

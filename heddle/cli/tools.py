@@ -55,7 +55,7 @@ def tools(
     use_output(quiet=quiet, verbose=verbose)
     import asyncio
 
-    from heddle.cli.run import _bundle_options
+    from heddle.cli.flags import bundle_options
     from heddle.core import load_plugins
     from heddle.errors import UsageError
     from heddle.runs import discover
@@ -76,16 +76,13 @@ def tools(
         from heddle.cli.target import Remote, resolve_target
         from heddle.runs import from_bundle, from_document
 
-        resolved = resolve_target(target, flow_file, bundle_options=_bundle_options(trust, allow_unsigned),
+        resolved = resolve_target(target, flow_file, bundle_options=bundle_options(trust, allow_unsigned),
                                   remote=Remote(plain_http, offline))
         if resolved.is_bundle:
-            from heddle.cli.opening import open_verified
+            from heddle.cli.opening import open_verified, refuse_others
             from heddle.format.trust import TrustPolicy
 
-            for flag, value in (("--tools-dir", tools_dir), ("--components", components), ("--commands", commands)):
-                if value is not None:
-                    raise UsageError(f"{flag} cannot be used with the bundle {resolved.path}: a sealed bundle has "
-                                     "only its own tools, components and commands")
+            refuse_others(resolved.path, tools_dir=tools_dir, components=components, commands=commands)
             policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
             sealed = open_verified(resolved.path, trust=policy, data_dir=None, fmt=format, seed_data=False,
                                    plugins=settings.plugins)

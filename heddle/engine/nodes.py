@@ -10,11 +10,9 @@ from heddle.agentspec.io import declared_values
 from heddle.agentspec.templates import as_text, render
 from heddle.engine import events as ev
 from heddle.engine import structured
-from heddle.engine.agent import run_agent
 from heddle.engine.composite import run_composite, walk_subflow
 from heddle.engine.context import RunContext
 from heddle.engine.journal import WaitingFor
-from heddle.engine.multiagent import run_multi_agent
 from heddle.engine.seams import ModelRequest, Outcome, ToolRequest
 from heddle.errors import CallDenied, MissingInputError, RunError, ToolInputError
 from heddle.tools.client import as_output
@@ -91,13 +89,19 @@ async def llm_node(ctx: RunContext, node: c.LlmNode, inputs: dict[str, Any]) -> 
 
 
 async def agent_node(ctx: RunContext, node: c.AgentNode, inputs: dict[str, Any]) -> Outcome:
+    # The agent loops (and their transforms, tool output and conversations) load only for a flow that
+    # has an agent.
     if isinstance(node.agent, c.MULTI_AGENT):
+        from heddle.engine.multiagent import run_multi_agent
+
         return await run_multi_agent(ctx, node, inputs), None
     if isinstance(node.agent, c.A2AAgent):
         # Here, as ApiNode's below: the HTTP client (httpx) is loaded by a flow that talks over HTTP only.
         from heddle.engine.a2a import run_a2a_agent
 
         return await run_a2a_agent(ctx, node, node.agent), None
+    from heddle.engine.agent import run_agent
+
     return await run_agent(ctx, node, inputs), None
 
 

@@ -21,6 +21,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from heddle.agentspec import components as c
+from heddle.agentspec.fields import components_of
 from heddle.errors import RunError
 
 if TYPE_CHECKING:
@@ -159,18 +160,12 @@ def postgres_env_reads(document: Any) -> list[tuple[str, str]]:
     """(variable, what reads it) for each sensitive field of a Postgres connection config in a resolved
     document (a mapping), in document order; for what a bundle needs where it runs."""
     out: list[tuple[str, str]] = []
-    stack: list[tuple[str, Any]] = [("$", document)]
-    while stack:
-        path, node = stack.pop()
-        if isinstance(node, list):
-            stack.extend((f"{path}[{i}]", item) for i, item in reversed(list(enumerate(node))))
-        elif isinstance(node, dict):
-            if node.get("component_type") == "TlsPostgresDatabaseConnectionConfig":
-                for field in ("user", "password", "sslkey"):
-                    value = node.get(field)
-                    name = c.env_reference(value) if isinstance(value, str) else None
-                    if name is not None:
-                        label = f"TlsPostgresDatabaseConnectionConfig {node.get('name')!r}"
-                        out.append((name, f"{field} of {label} at {path}"))
-            stack.extend((f"{path}.{key}", value) for key, value in reversed(node.items()) if key != "metadata")
+    for path, node in components_of(document):
+        if node["component_type"] == "TlsPostgresDatabaseConnectionConfig":
+            for field in ("user", "password", "sslkey"):
+                value = node.get(field)
+                name = c.env_reference(value) if isinstance(value, str) else None
+                if name is not None:
+                    label = f"TlsPostgresDatabaseConnectionConfig {node.get('name')!r}"
+                    out.append((name, f"{field} of {label} at {path}"))
     return out

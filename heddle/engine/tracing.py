@@ -23,6 +23,7 @@ which may quote them, too.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -97,12 +98,30 @@ class TracingUnavailable(UsageError):
 _PROVIDERS: dict[tuple[tuple[str, str], ...], Any] = {}
 _TRACERS: dict[tuple[tuple[str, str], ...], Any] = {}
 _MAKING = threading.Lock()
+# The environment tracer() saw last, and its answer.
+_LAST: tuple[dict[Any, Any] | None, Any] = (None, None)
 
 
 def tracer() -> Any | None:
     """The process's tracer for the configuration the environment gives now, or None when tracing is off.
 
     Raises TracingUnavailable when a collector is named and `heddle[otel]` is not installed."""
+    global _LAST
+    # A server asks once a request: an environment equal to the one seen last is answered as it was,
+    # found by comparing the dict under os.environ (CPython's; some 1 us) rather than decoding and
+    # sorting every variable (some 60 us).
+    data = getattr(os.environ, "_data", None)
+    seen, answer = _LAST
+    if data is not None and data == seen:
+        return answer
+    snapshot = dict(data) if data is not None else None
+    found = _configured()
+    if snapshot is not None and snapshot == data:  # unchanged meanwhile by another thread
+        _LAST = (snapshot, found)
+    return found
+
+
+def _configured() -> Any | None:
     if endpoint() is None:
         return None
     key = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("OTEL_")))
@@ -120,11 +139,11 @@ def _make(key: tuple[tuple[str, str], ...]) -> Any:
         if not installed():
             raise TracingUnavailable(f"{'/'.join(ENDPOINT_VARIABLES)} names a collector, but tracing needs the "
                                      f"OpenTelemetry SDK: pip install '{EXTRA}'")
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+        from heddle.engine.otlp import SpanExporter
 
         # The attributes given here win over the variables': the name only when they give none.
         defaults = {"service.version": __version__}
@@ -132,7 +151,7 @@ def _make(key: tuple[tuple[str, str], ...]) -> Any:
                 "OTEL_RESOURCE_ATTRIBUTES", ""):
             defaults["service.name"] = "heddle"
         provider = TracerProvider(resource=Resource.create(defaults))
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        provider.add_span_processor(BatchSpanProcessor(SpanExporter()))
         _PROVIDERS[key] = provider
     return provider
 
@@ -212,21 +231,38 @@ class Tracing:
              quiet: tuple[type[BaseException], ...] = ()) -> Iterator[Any]:
         """A span named `name`, current inside; an exception (but `quiet` ones) marks it failed, with
         its type, and its message only when content is captured."""
-        from opentelemetry.trace import SpanKind, Status, StatusCode
-
-        kind = SpanKind.CLIENT if client else SpanKind.INTERNAL
-        with self.tracer.start_as_current_span(name, kind=kind, attributes={**self.bundle, **attributes},
-                                               record_exception=False, set_status_on_exception=False) as span:
-            try:
-                yield span
-            except BaseException as exc:
-                if not isinstance(exc, quiet):
-                    span.set_attribute("error.type", type(exc).__name__)
-                    span.set_status(Status(StatusCode.ERROR, str(exc) if self.capture_content else None))
-                raise
+        api = _api()
+        # The SDK's start_as_current_span, without its two generator layers (a run makes eight spans
+        # a request and more).
+        span = self.tracer.start_span(name, kind=api.CLIENT if client else api.INTERNAL,
+                                      attributes={**self.bundle, **attributes}, record_exception=False,
+                                      set_status_on_exception=False)
+        token = api.attach(api.set_span_in_context(span))
+        try:
+            yield span
+        except BaseException as exc:
+            if not isinstance(exc, quiet):
+                span.set_attribute("error.type", type(exc).__name__)
+                span.set_status(api.Status(api.ERROR, str(exc) if self.capture_content else None))
+            raise
+        finally:
+            api.detach(token)
+            span.end()
 
     def content(self, value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, default=str)
+
+
+@functools.cache
+def _api() -> Any:
+    """What a span needs of the OpenTelemetry API, imported once (when the first span starts)."""
+    from types import SimpleNamespace
+
+    from opentelemetry.context import attach, detach
+    from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
+
+    return SimpleNamespace(attach=attach, detach=detach, set_span_in_context=set_span_in_context, Status=Status,
+                           ERROR=StatusCode.ERROR, CLIENT=SpanKind.CLIENT, INTERNAL=SpanKind.INTERNAL)
 
 
 def _suspended() -> tuple[type[BaseException], ...]:
@@ -238,9 +274,10 @@ def sandbox_span(tracing: Tracing, *, safe: bool, backend: str, tool: str) -> It
     """Around a tool's program in its workspace: the environment it adds (`TRACEPARENT`, this span's)."""
     with tracing.span("heddle.sandbox", {"heddle.sandbox.safe": safe, "heddle.sandbox.backend":
                                          backend if safe else "none", "gen_ai.tool.name": tool,
-                                         **_fingerprint(tracing, tool)}):
-        value = traceparent()
-        yield {} if value is None else {"TRACEPARENT": value}
+                                         **_fingerprint(tracing, tool)}) as span:
+        context = span.get_span_context()  # as the W3C propagator writes it, without looking it up again
+        yield ({"TRACEPARENT": f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"}
+               if context.is_valid else {})
 
 
 @contextlib.contextmanager
@@ -356,8 +393,8 @@ class TracedSeams(SeamsLayer):
                     span.set_attribute("heddle.tool.outcome", "error")
                 span.set_attribute("heddle.tool.duration_ms", (time.perf_counter() - started) * 1000)
                 raise
-            span.set_attribute("heddle.tool.outcome", "ok")
-            span.set_attribute("heddle.tool.duration_ms", (time.perf_counter() - started) * 1000)
+            span.set_attributes({"heddle.tool.outcome": "ok",
+                                 "heddle.tool.duration_ms": (time.perf_counter() - started) * 1000})
             code = output.get("exit_code") if kind == "command_run" else None
             if isinstance(code, int):
                 span.set_attribute("heddle.tool.exit_code", code)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from heddle.format.errors import BundleLimitError, MalformedBundleError
 from heddle.format.limits import Limits
+from heddle.safeparse import open_regular
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 GZIP_MAGIC = b"\x1f\x8b"
@@ -24,6 +26,17 @@ class FrameInfo:
     content_size: int
     end: int
     file_size: int
+
+
+def starts_like_bundle(path: Path) -> bool:
+    """True when the regular file at `path` starts with a bundle's magic number (zstd, or gzip for
+    format 1). OSErrors, `NotRegularFileError` among them, pass through."""
+    fd = open_regular(path)
+    try:
+        head = os.read(fd, len(ZSTD_MAGIC))
+    finally:
+        os.close(fd)
+    return head == ZSTD_MAGIC or head[: len(GZIP_MAGIC)] == GZIP_MAGIC
 
 
 def _pread(fd: int, n: int, at: int, what: str) -> bytes:

@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any, NamedTuple, Protocol
 
 from heddle import canonical
 from heddle.errors import UsageError
@@ -71,14 +71,14 @@ _KEEP_BUDGET = 32 << 20
 _local = threading.local()
 
 
-@dataclass(frozen=True)
-class PlanFile:
+class PlanFile(NamedTuple):
     """One file to seal: where it goes under `payload/`, where it comes from, its mode, and
     its size when the walk that found it saw one (a hint for the progress bar and for sharing
-    the hashing out; what is sealed is what the hashing pass reads)."""
+    the hashing out; what is sealed is what the hashing pass reads). A tuple, not a dataclass:
+    a walk makes one for each of many files."""
 
     path: str
-    source: Path
+    source: str | os.PathLike[str]  # a string from a walk: a Path for each of many files is dear
     mode: int = 0o644
     size: int | None = None
 
@@ -161,15 +161,16 @@ def _identity(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _open_source(item: PlanFile) -> int:
+def _open_source(item: PlanFile) -> tuple[int, os.stat_result]:
     try:
         fd = os.open(item.source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         raise PackError(f"{item.source}: cannot be read for {item.path!r}: {exc.strerror}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise PackError(f"{item.source}: is not a regular file; a bundle carries regular files only")
-    return fd
+    return fd, st
 
 
 def _size(item: PlanFile) -> int:
@@ -233,23 +234,27 @@ def _hash_batch(items: Sequence[PlanFile], budget: _Budget, screen: Screen | Non
     out: list[Hashed] = []
     buffer = _buffer()
     for item in items:
-        fd = _open_source(item)
+        fd, st = _open_source(item)
         try:
-            st = os.fstat(fd)
+            if st.st_size <= _KEEP_FILE and budget.take(st.st_size):
+                # A small file in one read (one byte more, to see one that grew), hashed and kept as it is.
+                data = os.read(fd, st.st_size + 1)
+                if len(data) != st.st_size:
+                    raise PackError(f"{item.source} changed size while it was being packed; pack again")
+                flagged = screen is not None and bool(data) and screen.flags(memoryview(data))
+                out.append((FileEntry(item.path, st.st_size, hashlib.sha256(data).hexdigest(), item.mode),
+                            _identity(st), data, flagged))
+                continue
             digest = hashlib.sha256()
-            kept: list[bytes] | None = [] if st.st_size <= _KEEP_FILE and budget.take(st.st_size) else None
             flagged = False
             first = screen is not None
             for chunk in _chunks(fd, st.st_size, item, buffer):
                 if first and screen is not None:
                     flagged, first = screen.flags(chunk), False
                 digest.update(chunk)
-                if kept is not None:
-                    kept.append(bytes(chunk))
         finally:
             os.close(fd)
-        out.append((FileEntry(item.path, st.st_size, digest.hexdigest(), item.mode), _identity(st),
-                    None if kept is None else b"".join(kept), flagged))
+        out.append((FileEntry(item.path, st.st_size, digest.hexdigest(), item.mode), _identity(st), None, flagged))
     return out
 
 
@@ -307,7 +312,9 @@ def _as_signing_keys(signing_key: SigningKey | Sequence[SigningKey] | None) -> l
     return list(signing_key)
 
 
-def build_manifest(plan: PackPlan, entries: Sequence[FileEntry], *, limits: Limits, what: str) -> Manifest:
+def build_manifest(plan: PackPlan, entries: Sequence[FileEntry], *, limits: Limits,
+                   what: str) -> tuple[Manifest, bytes]:
+    """The manifest of `plan` holding `entries`, checked as a verifier reads one, and its canonical bytes."""
     manifest = Manifest(
         name=plan.name,
         flow=plan.flow,
@@ -325,12 +332,17 @@ def build_manifest(plan: PackPlan, entries: Sequence[FileEntry], *, limits: Limi
         egress=plan.egress,
         secrets=plan.secrets,
     )
-    # Read back what would be written, so a bundle this heddle makes is one it can open.
+    doc = manifest.to_json()
     try:
-        manifest.to_bytes()
+        # Every member but the files, whose types the reading below checks column by column.
+        canonical.dumps({**doc, "files": []})
     except canonical.CanonicalJSONError as exc:
         raise PackError(f"{what}: the manifest cannot hold {exc} (pass numbers as integers or strings)") from None
-    return Manifest.from_json(manifest.to_json(), limits=limits, what=what, error=PackError)
+    # Read back what would be written, so a bundle this heddle makes is one it can open.
+    checked = Manifest.from_json(doc, limits=limits, what=what, error=PackError)
+    if checked != manifest:  # what is written is what was read back
+        doc = checked.to_json()
+    return checked, canonical.dumps(doc, strict=False)
 
 
 def pack(
@@ -380,8 +392,7 @@ def pack(
         if progress is not None:
             progress.finish()
             progress.start(total, f"packing {out.name}")
-        manifest = build_manifest(plan, [row[0] for row in hashed], limits=limits, what=what)
-        manifest_bytes = canonical.dumps(manifest.to_json(), strict=False)  # build_manifest proved it canonical
+        manifest, manifest_bytes = build_manifest(plan, [row[0] for row in hashed], limits=limits, what=what)
         at = signed_at if signed_at is not None else now_stamp()
         signatures = Signatures(tuple(sign(manifest_bytes, k, signed_at=at) for k in _as_signing_keys(signing_key)))
         signatures_bytes = signatures.to_bytes()
@@ -399,9 +410,9 @@ def pack(
                     if progress is not None:
                         progress.advance(len(kept))
                     continue
-                fd = _open_source(item)
+                fd, st = _open_source(item)
                 try:
-                    if _identity(os.fstat(fd)) != identity:
+                    if _identity(st) != identity:
                         raise PackError(f"{item.source} changed while it was being packed; pack again")
                     writer.begin(payload_name(entry.path), entry.size, entry.mode, mtime)
                     for chunk in _chunks(fd, entry.size, item, buffer):

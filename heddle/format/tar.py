@@ -83,24 +83,27 @@ _OWNERS = _ZERO_OCTAL * 2
 _AFTER_CHECKSUM = REGULAR.encode() + bytes(100) + b"ustar\0" + b"00" + bytes(64) + _ZERO_OCTAL * 2
 # What the fixed fields add to the checksum, which counts its own field as eight spaces.
 _FIXED_SUM = sum(_OWNERS) + 8 * 0x20 + sum(_AFTER_CHECKSUM)
+_TAIL = bytes(12)
 
 
 def header(name: str, size: int, mode: int, mtime: int) -> bytes:
     """The header of a regular file, byte for byte as SPEC.md describes it."""
-    split = split_name(name)
-    if split is None:
-        raise ValueError(f"{name!r} does not fit a ustar header")
-    prefix, short = split
+    # Written once a file: the short name's case and each number formatted by C (`_octal`'s digits).
+    name_field = name.encode("utf-8")
+    prefix_field = b""
+    if len(name_field) > NAME_BYTES:
+        split = split_name(name)
+        if split is None:
+            raise ValueError(f"{name!r} does not fit a ustar header")
+        prefix_field, name_field = split[0].encode("utf-8"), split[1].encode("utf-8")
     # A wider number would not be cut: it would shift every later field of the header.
-    if not (0 <= size <= MAX_SIZE and 0 <= mtime <= MAX_SIZE):
-        raise ValueError(f"{name!r}: size {size} or mtime {mtime} does not fit a ustar header")
-    name_field, prefix_field = short.encode("utf-8"), prefix.encode("utf-8")
-    mode_field, size_field, mtime_field = _octal(mode, 8), _octal(size, 12), _octal(mtime, 12)
-    total = _FIXED_SUM + sum(name_field) + sum(prefix_field) + sum(mode_field) + sum(size_field) + sum(mtime_field)
-    checksum = format(total, "o").rjust(6, "0").encode("ascii") + b"\0 "
+    if not (0 <= size <= MAX_SIZE and 0 <= mtime <= MAX_SIZE and 0 <= mode < 8**7):
+        raise ValueError(f"{name!r}: size {size}, mtime {mtime} or mode {mode:o} does not fit a ustar header")
+    mode_field, times = b"%07o\0" % mode, b"%011o\0%011o\0" % (size, mtime)
+    total = _FIXED_SUM + sum(name_field) + sum(prefix_field) + sum(mode_field) + sum(times)
     return b"".join((
-        name_field.ljust(NAME_BYTES, b"\0"), mode_field, _OWNERS, size_field, mtime_field, checksum,
-        _AFTER_CHECKSUM, prefix_field.ljust(PREFIX_BYTES, b"\0"), bytes(12),
+        name_field.ljust(NAME_BYTES, b"\0"), mode_field, _OWNERS, times, b"%06o\0 " % total,
+        _AFTER_CHECKSUM, prefix_field.ljust(PREFIX_BYTES, b"\0"), _TAIL,
     ))
 
 

@@ -27,7 +27,7 @@ from heddle.model.endpoints import ModelEndpoint, endpoint_url, resolve_api_key
 from heddle.model.sse import event_data, lines
 from heddle.model.turn import AssistantTurn, ToolCall, TurnAssembler, turn_from_completion
 from heddle.safeparse import loads_json
-from heddle.tools.retry import TOTAL_BUDGET_S, recoverable_status, wait_before
+from heddle.tools.retry import TOTAL_BUDGET_S, recoverable_status, tls_failure, wait_before
 
 if TYPE_CHECKING:
     from heddle.agentspec.components import RetryPolicy
@@ -226,7 +226,7 @@ class ModelClient:
         except BodyError as exc:
             raise ModelOverrun(exc.message) from None
         except _RETRYABLE_TRANSPORT as exc:
-            if policy is not None and _tls(exc):
+            if policy is not None and tls_failure(exc):
                 raise ModelError(_failed(where, exc)) from exc
             raise _Retryable(*_describe(exc)) from exc
         except httpx.TimeoutException as exc:
@@ -235,7 +235,7 @@ class ModelClient:
                 raise _Retryable(f"no answer within {limit:g} s", type(exc).__name__) from exc
             raise ModelOverrun(f"{where}: no answer within {self.timeout:g} s ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
-            if policy is None or _tls(exc):
+            if policy is None or tls_failure(exc):
                 raise ModelError(_failed(where, exc)) from exc
             raise _Retryable(*_describe(exc)) from exc
         except httpx.HTTPError as exc:
@@ -283,20 +283,6 @@ class ModelClient:
 def _failed(where: str, exc: httpx.HTTPError) -> str:
     what, detail = _describe(exc)
     return f"{where}: {what}: {detail}" if detail else f"{where}: {what}"
-
-
-def _tls(exc: BaseException) -> bool:
-    """A failure of the server's certificate, which no retry mends (the reference runtime's reading)."""
-    import ssl
-
-    current: BaseException | None = exc
-    while current is not None:
-        if isinstance(current, ssl.SSLCertVerificationError) or any(
-                s in str(current) for s in ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "hostname",
-                                            "self signed certificate")):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
 
 
 def _describe(exc: httpx.HTTPError) -> tuple[str, str]:

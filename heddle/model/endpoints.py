@@ -9,13 +9,12 @@ is the config's name or id. Every refusal names the config and what to do, befor
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from heddle.agentspec.components import GEMINI_API_KEY_VARIABLE, GeminiConfig, written_api_key
+from heddle.agentspec.components import GEMINI_API_KEY_VARIABLE, GeminiConfig, env_reference, written_api_key
 from heddle.errors import UsageError
 from heddle.secret_env import is_secret, secret_read
 
@@ -23,7 +22,6 @@ if TYPE_CHECKING:
     from heddle.agentspec.components import LlmConfig, RetryPolicy
 
 FLAG = "--model-url"
-_ENV_REF = re.compile(r"^\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))$")
 
 
 @dataclass(frozen=True)
@@ -48,6 +46,16 @@ def endpoint_url(url: str, *, where: str | None = None) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
+def _from_env(value: str, field: str, where: str) -> tuple[str, str | None]:
+    """The variable a `$NAME` (or `${NAME}`) value of `field` names, and its value (None: not set)."""
+    name = env_reference(value)
+    if name is None:
+        raise UsageError(f"{where}: {field} {value!r} is not a valid environment variable reference; write it as $NAME")
+    if is_secret(name):
+        raise UsageError(f"{where}: {secret_read(field, name)}")
+    return name, os.environ.get(name)
+
+
 def resolve_api_key(value: str | None, *, config_type: str, where: str) -> str | None:
     """Turn the flow's `api_key` into the key to send: `$NAME` reads the environment.
 
@@ -59,14 +67,7 @@ def resolve_api_key(value: str | None, *, config_type: str, where: str) -> str |
         return None
     if not value.startswith("$"):
         return value
-    match = _ENV_REF.match(value)
-    if match is None:
-        raise UsageError(f"{where}: api_key {value!r} is not a valid environment variable reference;"
-                         " write it as $NAME")
-    name = match.group(1) or match.group(2)
-    if is_secret(name):
-        raise UsageError(f"{where}: {secret_read('api_key', name)}")
-    key = os.environ.get(name)
+    name, key = _from_env(value, "api_key", where)
     if key is None:
         raise UsageError(f"{where}: api_key names environment variable {name}, which is not set;"
                          f" export {name} before running")
@@ -76,19 +77,11 @@ def resolve_api_key(value: str | None, *, config_type: str, where: str) -> str |
     return key
 
 
-
-
 def resolve_url(value: str, *, where: str) -> str:
     """The config's `url`: as written, or the value of the variable a `$NAME` (or `${NAME}`) names."""
     if not value.startswith("$"):
         return value
-    match = _ENV_REF.match(value)
-    if match is None:
-        raise UsageError(f"{where}: url {value!r} is not a valid environment variable reference; write it as $NAME")
-    name = match.group(1) or match.group(2)
-    if is_secret(name):
-        raise UsageError(f"{where}: {secret_read('url', name)}")
-    url = os.environ.get(name)
+    name, url = _from_env(value, "url", where)
     if url is None or not url.strip():
         state = "is not set" if url is None else "is empty"
         raise UsageError(f"{where}: url names environment variable {name}, which {state}; "

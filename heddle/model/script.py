@@ -36,20 +36,15 @@ def load_script(path: str | Path) -> list[dict[str, Any]]:
         except (ValueError, CanonicalJSONError) as exc:
             raise ScriptError(f"{path}: not valid JSON ({exc})") from None
     else:
-        data = _load_yaml(text, path)
+        # Read as a flow document's YAML is, within the same nesting and alias caps.
+        from heddle.agentspec.document import read_yaml
+        from heddle.errors import DocumentError
+
+        try:
+            data = read_yaml(text, str(path))
+        except DocumentError as exc:
+            raise ScriptError(exc.message) from None
     return check_script(data, str(path))
-
-
-def _load_yaml(text: str, path: Path) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or "syntax error"
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ScriptError(f"{path}: not valid YAML: {problem}{at}") from None
 
 
 def check_script(data: Any, source: str) -> list[dict[str, Any]]:

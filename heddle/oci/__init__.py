@@ -12,16 +12,26 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from heddle.format.limits import DEFAULT_LIMITS, Limits
-from heddle.oci.artifact import TRANSFER_TIMEOUT_S, Pulled, Pushed, Resolved
+from heddle.oci.limits import TRANSFER_TIMEOUT_S
 
 if TYPE_CHECKING:
     from heddle.format.progress import Progress
+    from heddle.oci.artifact import Pulled, Pushed, Resolved
     from heddle.oci.reference import Reference, UrlReference
 
 __all__ = ["TRANSFER_TIMEOUT_S", "Pulled", "Pushed", "Resolved", "fetch", "pull", "push", "resolve", "source"]
+
+
+def __getattr__(name: str) -> Any:
+    # The artifact's names load on first use: the flag table reads TRANSFER_TIMEOUT_S before --help.
+    if name in ("Pulled", "Pushed", "Resolved"):
+        from heddle.oci import artifact
+
+        return getattr(artifact, name)
+    raise AttributeError(f"module 'heddle.oci' has no attribute {name!r}")
 
 def resolve(ref: str | Reference, *, plain_http: bool = False, offline: bool = False,
             cache_dir: Path | None = None, environ: Mapping[str, str] | None = None,
@@ -88,4 +98,6 @@ def source(text: str | os.PathLike[str], *, plain_http: bool = False, offline: b
 
         raise UsageError(f"{' and '.join(given)} apply to a bundle reference (oci://REGISTRY/REPO:TAG or an "
                          f"https:// URL); {os.fspath(text)} is a file: leave {'them' if len(given) > 1 else 'it'} out")
+    from heddle.oci.artifact import Pulled
+
     return Pulled(Path(text))

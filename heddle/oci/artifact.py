@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from heddle.format.errors import MalformedBundleError
+from heddle.safeparse import ParseLimitError, loads_strict_json
 
 if TYPE_CHECKING:
     from heddle.oci.reference import Reference
@@ -110,9 +111,6 @@ def _descriptor(value: Any, where: str, what: str) -> tuple[str, str, int]:
 
 def read_manifest(raw: bytes, *, what: str, content_type: str | None = None) -> ArtifactManifest:
     """The heddle artifact `raw` describes, or MalformedBundleError (exit 7) naming what it is instead."""
-    # Here, not at the top: the flag table reads this module's TRANSFER_TIMEOUT_S before --help.
-    from heddle.safeparse import ParseLimitError, loads_strict_json
-
     if len(raw) > MAX_MANIFEST_BYTES:
         raise MalformedBundleError(f"{what}: the OCI manifest is over {MAX_MANIFEST_BYTES} bytes")
     try:
@@ -149,12 +147,6 @@ def read_manifest(raw: bytes, *, what: str, content_type: str | None = None) -> 
     if bundle_digest is not None and not _DIGEST.fullmatch(bundle_digest):
         raise MalformedBundleError(f"{what}: its {BUNDLE_DIGEST} annotation {bundle_digest!r} is not a sha256 digest")
     return ArtifactManifest(raw, digest_of(raw), layer_digest, layer_size, dict(annotations))
-
-
-# Seconds one exchange with a registry or URL may take in all, its whole answer read (a manifest,
-# a token, a bundle's download): a server that drips bytes ends here. Silence ends sooner, at the
-# client's read timeout (heddle.oci.client.TIMEOUT). `--transfer-timeout` sets it.
-TRANSFER_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,10 @@ import httpx
 
 from heddle.bounded import ACCEPT_ENCODING, STEP, Body, BodyError, keep_deadline
 from heddle.format.errors import MalformedBundleError
-from heddle.oci.artifact import ACCEPT, MANIFEST_TYPE, MAX_MANIFEST_BYTES, TRANSFER_TIMEOUT_S
+from heddle.oci.artifact import ACCEPT, MANIFEST_TYPE, MAX_MANIFEST_BYTES
 from heddle.oci.auth import Challenge, Credentials, find_credentials, may_carry_credentials, parse_challenge
 from heddle.oci.errors import RegistryError
+from heddle.oci.limits import TRANSFER_TIMEOUT_S
 from heddle.oci.reference import Reference, is_loopback
 from heddle.safeparse import loads_json
 from heddle.version import __version__

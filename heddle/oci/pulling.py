@@ -20,9 +20,10 @@ from heddle.format.errors import BundleError, BundleLimitError, ContentMismatchE
 from heddle.format.limits import DEFAULT_LIMITS, Limits
 from heddle.format.progress import Progress
 from heddle.format.verify import peek
-from heddle.oci.artifact import TRANSFER_TIMEOUT_S, ArtifactManifest, Pulled, Resolved, digest_of, read_manifest
+from heddle.oci.artifact import ArtifactManifest, Pulled, Resolved, digest_of, read_manifest
 from heddle.oci.client import Registry, Session
 from heddle.oci.errors import RegistryError
+from heddle.oci.limits import TRANSFER_TIMEOUT_S
 from heddle.oci.reference import Reference, UrlReference, parse_oci, parse_url
 from heddle.oci.store import MANIFEST, PulledStore, key_digest, oci_key, url_key
 

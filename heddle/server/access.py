@@ -44,9 +44,16 @@ class AccessLog:
         self.metrics = metrics
         self.routes = tuple(routes)
         self.capture_content = capture_content
+        # A path without parameters is its own template, found without matching every route's pattern
+        # (once a request); unless a route before it would match it first.
+        self._fixed = {r.path: r.path for i, r in enumerate(self.routes) if not r.param_convertors
+                       and not any(s.path_regex.match(r.path) for s in self.routes[:i])}
 
     def route(self, path: str) -> str | None:
         """The template of the route `path` reaches (`/v1/sessions/{session_id}`), or None."""
+        fixed = self._fixed.get(path)
+        if fixed is not None:
+            return fixed
         return next((r.path for r in self.routes if r.path_regex.match(path)), None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -49,11 +49,14 @@ class Admission:
     def saturation(self) -> float:
         return self.active / self.limit
 
-    def check_open(self) -> None:
+    def check_open(self, *, run: bool = True) -> None:
+        """503 while draining, for a new run (counted) or a new session (`run` False)."""
         if self.draining:
-            self.metrics.run_rejected("draining")
-            raise ApiError(503, "draining", "the server is shutting down and takes no new runs; "
-                                            "retry on another instance", headers={"Retry-After": "1"})
+            if run:
+                self.metrics.run_rejected("draining")
+            raise ApiError(503, "draining", f"the server is shutting down and takes no new "
+                                            f"{'runs' if run else 'sessions'}; retry on another instance",
+                           headers={"Retry-After": "1"})
 
     def admit(self) -> Ticket:
         """A slot for one run, or 503 while draining, or 429 when every slot is taken."""

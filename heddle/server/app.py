@@ -16,7 +16,7 @@ from starlette.types import ASGIApp
 
 from heddle.errors import HeddleError
 from heddle.server.access import RUN_FIELDS, AccessLog, run_fields
-from heddle.server.body import Gone, read_json_object
+from heddle.server.body import Gone, read_json_members, read_json_object
 from heddle.server.errors import ApiError, as_api_error, bad_request, error_body
 from heddle.server.guard import guard_middleware
 from heddle.server.service import Service
@@ -37,6 +37,8 @@ def _error(status: int, type_: str, message: str, headers: dict[str, str] | None
 
 
 def _stream_flag(request: Request) -> bool:
+    if not request.scope.get("query_string"):
+        return False  # nearly every request: no query to parse
     value = request.query_params.get("stream")
     if value is None or value.lower() in ("false", "0"):
         return False
@@ -81,17 +83,17 @@ def build_app(service: Service) -> Starlette:
     async def runs(request: Request) -> ASGIApp:  # a Response, or the run's stream
         from heddle.server.run_response import RunResponse
 
-        protocol = request.query_params.get("protocol")
+        protocol = request.query_params.get("protocol") if request.scope.get("query_string") else None
         if protocol == AGUI and AGUI in config.surfaces:
             from heddle.server.surfaces.agui import agui_run
 
             return await agui_run(service, await read_json_object(request, config.max_body_bytes))
         encoder = service.encoder(protocol)
         stream = _stream_flag(request) or protocol == "heddle"
-        body = await read_json_object(request, config.max_body_bytes)
+        body, members = await read_json_members(request, config.max_body_bytes)
         ticket = service.admission.admit()
         try:
-            job = await service.prepare(body)
+            job = await service.prepare(body, flow_text=members.get("flow"))
         except BaseException:
             ticket.release()
             raise

@@ -8,7 +8,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive
 
 from heddle.canonical import CanonicalJSONError
-from heddle.safeparse import ParseLimitError, loads_strict_json
+from heddle.safeparse import ParseLimitError, loads_strict_json_members
 from heddle.server.errors import ApiError, bad_request
 
 # Past the cap the rest of the body is still read (up to this much) and dropped, so the client
@@ -63,12 +63,18 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
     """The body as a JSON object; an empty body is `{}`."""
+    return (await read_json_members(request, limit))[0]
+
+
+async def read_json_members(request: Request, limit: int) -> tuple[dict[str, Any], dict[str, str]]:
+    """`read_json_object`, and each of its members' values as the body writes it: what a request's
+    flow is known by (heddle.server.flow_cache)."""
     raw = await read_body(request, limit)
     if not raw.strip():
-        return {}
+        return {}, {}
     try:
         # No duplicate key, no non-finite number, no lone surrogate (which no file, pipe or tool can carry).
-        value = loads_strict_json(raw)
+        value, members = loads_strict_json_members(raw)
     except UnicodeDecodeError:
         raise bad_request("the request body is not UTF-8; send JSON text") from None
     except ParseLimitError as exc:
@@ -77,4 +83,4 @@ async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
         raise bad_request(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise bad_request(f"the request body must be a JSON object, not {type(value).__name__}")
-    return value
+    return value, members

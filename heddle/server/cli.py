@@ -295,4 +295,7 @@ def main() -> None:
 
         write_line(sys.stdout, f"heddle-server {__version__}")
         sys.exit(0)
+    from heddle.shell_options import without_pydantic_plugins
+
+    without_pydantic_plugins()  # heddle.shell_options says why
     sys.exit(run())

@@ -130,6 +130,10 @@ class ServerConfig:
     drain_timeout: float = field(default=30.0, metadata=_own(
         kind="duration", flag="--drain-timeout", metavar="DURATION", minimum=0, group=LIMITS,
         help="On SIGTERM, how long runs in flight may finish before they are cancelled."))
+    drain_delay: float = field(default=0.0, metadata=_own(
+        kind="duration", flag="--drain-delay", metavar="DURATION", minimum=0, group=LIMITS,
+        help="On SIGTERM, how long the port stays open at least (/readyz 503, new runs 503) so that a load "
+             "balancer stops sending requests before it closes; 0 where something else waits (a preStop hook)."))
     header_timeout: float = field(default=10.0, metadata=_own(
         kind="duration", flag="--header-timeout", metavar="DURATION", minimum=0.001, group=LIMITS,
         help="Time a connection may take to send a request's line and headers, from when it opens or sends its "

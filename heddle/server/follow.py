@@ -17,7 +17,8 @@ refused digest is not pulled again while the tag stays on it: trust does not cha
 runs, and what is served only moves forward. A registry that cannot be reached, answers an error, or
 sends a download that is not the digest it stated (corrupted, cut short, over a cap) is tried again
 on the next interval: what a digest names never changes, but one bad transfer says nothing of the
-next. The loop stops when the server starts draining.
+next. A session bound to a bundle the server does not serve (begun on a replica that pulled the new
+release first) has it look at once (`catch_up`). The loop stops when the server starts draining.
 """
 
 from __future__ import annotations
@@ -195,11 +196,14 @@ class Follower:
         self.last_error: Event | None = None
         self.last_check: float | None = None
         self._task: asyncio.Task[None] | None = None
+        self._looking = asyncio.Lock()  # one round at a time: the interval's, or one a session asked for
+        # Bundle digests a session named that a look asked for did not bring: not asked for again until a swap.
+        self._sought: dict[str, None] = {}
 
     def start(self) -> None:
         """Start following (on the server's loop, once it listens)."""
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._follow(), name="heddle-follow")
+            self._task = self.service.tasks.start(self._follow(), name="heddle-follow")
 
     def stop(self) -> None:
         """Stop following: a pull under way finishes in its thread and is thrown away."""
@@ -214,7 +218,24 @@ class Follower:
     async def _follow(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            self._apply(await self._round())
+            async with self._looking:
+                self._apply(await self._round())
+
+    async def catch_up(self, bundle_digest: str) -> None:
+        """Look at the tag now, for a session bound to a bundle this server does not serve: a release
+        pushed since the last look, which another replica already serves. Once per bundle digest until
+        the next swap, so that sessions of a bundle the tag never names (another agent's, or a release
+        this server let go) cost one look; a request that comes while a look is under way waits for it."""
+        if self._task is None or self._task.done():
+            return
+        first = bundle_digest not in self._sought
+        if first:
+            self._sought[bundle_digest] = None
+            while len(self._sought) > 64:
+                del self._sought[next(iter(self._sought))]
+        async with self._looking:
+            if first:
+                self._apply(await self._round())
 
     async def _round(self) -> _Outcome:
         """One check (and pull) in a thread of its own, so the loop never waits on the registry or the
@@ -297,6 +318,7 @@ class Follower:
             return
         assert outcome.digest is not None
         self.service.swap(outcome.edition)
+        self._sought.clear()
         self.digest = outcome.digest
         sealed = outcome.edition.sealed
         assert sealed is not None, "a following server serves a bundle"

@@ -89,6 +89,10 @@ class Metrics:
             self.refusals_by_reason.labels(reason=reason)  # every reason shown from the start, at 0
         self._serving = False
         self._by_outcome: dict[str, Any] = {}
+        # A tool's call counter and duration series, by (tool, outcome), each looked up once: tools are this
+        # server's, or the one label of a request's own, so what is kept here is as many as the series.
+        self._calls_by_tool: dict[tuple[str, str], Any] = {}
+        self._durations_by_tool: dict[tuple[str, str], Any] = {}
 
     def bundle_served(self, sealed: Bundle | None, oci_digest: str | None) -> None:
         """`sealed` (a Bundle, or None for a server of flows) is what is served from now on."""
@@ -129,9 +133,16 @@ class Metrics:
 
     def tool_called(self, tool: str, ok: bool, duration_ms: float | None = None) -> None:
         outcome = "ok" if ok else "error"
-        self.tool_calls.labels(tool=tool, outcome=outcome).inc()
+        key = (tool, outcome)
+        calls = self._calls_by_tool.get(key)
+        if calls is None:
+            calls = self._calls_by_tool[key] = self.tool_calls.labels(tool=tool, outcome=outcome)
+        calls.inc()
         if duration_ms is not None:
-            self.tool_duration.labels(tool=tool, outcome=outcome).observe(duration_ms / 1000)
+            durations = self._durations_by_tool.get(key)
+            if durations is None:
+                durations = self._durations_by_tool[key] = self.tool_duration.labels(tool=tool, outcome=outcome)
+            durations.observe(duration_ms / 1000)
 
     def refused_for(self, reason: str) -> None:
         self.refusals_by_reason.labels(reason=reason).inc()

@@ -286,7 +286,8 @@ def openapi_document(version: str, *, auth: bool = False) -> dict[str, Any]:
         "413": _error("The body is over 1 MiB."),
         "415": _error("The body is not Content-Type: application/json."),
     }
-    store_down = {"503": _error("The session store cannot be reached (and, for runs, the server is draining).")}
+    store_down = {"503": _error("The session store cannot be reached (and, for runs and new sessions, the server is "
+                                "draining).")}
     sessions_off = "sessions are off (no --session-store)"
     run_responses = {
         "200": {"description": "The run's final state, or in a session what its run waits for; with ?stream=true, "
@@ -311,7 +312,9 @@ def openapi_document(version: str, *, auth: bool = False) -> dict[str, Any]:
         "404": _error("flowPath names no flow under the flows root, or there is no such session."),
         "409": _error("Another run changed the session first: this turn was not recorded; run it again. Or "
                       "(already_answered) another answer to the same wait was taken first, and this one ran nothing; "
-                      "or the answer carries the fingerprint of another call than the one the session waits on."),
+                      "or the answer carries the fingerprint of another call than the one the session waits on; "
+                      "or (release_retired) this server does not hold the release the session began on, and "
+                      "nothing ran: start a new session."),
         "413": _error("The body is over 1 MiB, or the session would be over its cap (16 MiB); nothing was "
                       "written."),
         **denied,

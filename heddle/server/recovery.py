@@ -6,8 +6,9 @@ the lease: a run whose owner no longer holds it (the lease expired, or on this h
 gone) is resumed here, from its checkpoint and steps, as `POST /v1/runs {"session": ID, "resume":
 true}` would: through the same admission, run core and metrics. Taking it over is the store's
 compare-and-swap on the record, so of the replicas that find it at once exactly one proceeds. A run
-is resumed only on the bundle it started with (its session is bound to the bundle's digest); a server
-that serves another leaves it for one that serves it, and counts it in /metrics.
+is resumed only on the bundle it started with (its session is bound to the bundle's digest), served or
+kept for its sessions (Service.swap); a server that holds neither leaves it for one that does, and
+counts it in /metrics.
 """
 
 from __future__ import annotations
@@ -100,7 +101,6 @@ class Recovery:
         from heddle.sessions.record import decode
         from heddle.sessions.store import index_page
 
-        served = self.service.core.digest if self.service.sealed is not None else None
         until = time.time() - self.lease / 3  # an owner renews at least this often
         # A write lands in the store a moment after its time is taken: the margin looks at it again.
         since = None if self._horizon is None else self._horizon - self.lease / 3
@@ -123,7 +123,7 @@ class Recovery:
             if record.owner.holds():
                 kept.add(sid)
                 return True
-            if record.digest != served:
+            if not self.service.runs_release(record.digest):
                 elsewhere += 1
                 kept.add(sid)
                 return True

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from starlette.types import Receive, Scope, Send
 
+from heddle.blocking import Tasks
 from heddle.server import sse
 from heddle.server.admission import Ticket
 from heddle.server.body import disconnected
@@ -145,6 +146,7 @@ class RunResponse:
         the connection keeps it), and a run that ends within that step needs no watcher at all.
         The run is awaited itself, so that its end wakes this task at once."""
         loop = asyncio.get_running_loop()
+        watchers = Tasks()
         gone: asyncio.Task[None] | None = None
         waiting = True
 
@@ -155,7 +157,7 @@ class RunResponse:
         def watch() -> None:
             nonlocal gone
             if waiting and not run.done():
-                gone = loop.create_task(disconnected(receive))
+                gone = watchers.start(disconnected(receive))
                 gone.add_done_callback(client_left)
 
         loop.call_soon(watch)  # after the run's first step, which create_task scheduled before it
@@ -172,8 +174,7 @@ class RunResponse:
             if not run.done():
                 run.cancel()
                 await _settle(run)
-            if gone is not None:
-                gone.cancel()
+            await watchers.aclose()
         return left and run.cancelled()
 
     async def _answered(self, receive: Receive, send: Send) -> str:
@@ -236,11 +237,12 @@ class RunResponse:
 
     async def _first_event(self, run: RunTask, gone: asyncio.Task[None]) -> None:
         """Wait until the run emits its first event, ends, or the client goes."""
-        started = asyncio.create_task(self.started.wait())
+        waits = Tasks()
+        started = waits.start(self.started.wait())
         try:
             await asyncio.wait({run, gone, started}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            started.cancel()
+            await waits.aclose()
 
     async def _relay(self, run: RunTask, queue: Items, receive: Receive, send: Send, *,
                      headers: list[tuple[bytes, bytes]], render: Callable[[Any], bytes],
@@ -249,7 +251,8 @@ class RunResponse:
         """Send what the run puts on `queue` as it comes, then `tail()`; stop the run if the client goes.
         After a _HOLD item, what comes is kept in `held` for `tail` to send or drop."""
         run.add_done_callback(lambda _: queue.put_nowait(_DONE))
-        gone = asyncio.create_task(disconnected(receive))
+        watchers = Tasks()
+        gone = watchers.start(disconnected(receive))
         getter: asyncio.Task[Any] | None = None
         holding = False
         try:
@@ -265,7 +268,7 @@ class RunResponse:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             while True:
                 if getter is None:
-                    getter = asyncio.create_task(queue.get())
+                    getter = watchers.start(queue.get())
                 done, _ = await asyncio.wait({getter, gone}, timeout=sse.KEEPALIVE_S if keepalive else None,
                                              return_when=asyncio.FIRST_COMPLETED)
                 if gone in done:
@@ -292,9 +295,7 @@ class RunResponse:
             await send({"type": "http.response.body", "body": last, "more_body": False})
             return _outcome(run)
         finally:
-            if getter is not None:
-                getter.cancel()
-            gone.cancel()
             if not run.done():
                 run.cancel()
                 await _settle(run)
+            await watchers.aclose()

@@ -9,15 +9,16 @@ turn of heddle.sessions.turn, bound to the bundle's digest or to the digest of t
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from heddle.blocking import FLOW_PREPARATION, STORE_READS, WORKSPACE_COPIES, run_blocking, run_blocking_undoable
-from heddle.errors import HeddleError, SessionError, SessionNotFound
+from heddle.blocking import FLOW_PREPARATION, STORE_READS, WORKSPACE_COPIES, Tasks, run_blocking, run_blocking_undoable
+from heddle.errors import HeddleError, SessionError, SessionNotFound, SessionOfAnotherDocument
 from heddle.server.admission import Admission
 from heddle.server.config import ENV_SESSION_KEY, SURFACES, ServerConfig
 from heddle.server.edition import Edition, Lease, build_edition
@@ -41,10 +42,16 @@ if TYPE_CHECKING:
     from heddle.server.follow import Follower
     from heddle.server.model_policy import PolicyPlan
     from heddle.server.recovery import Recovery
-    from heddle.sessions.store import SessionStore
+    from heddle.sessions.store import SessionStore, Stored
     from heddle.sessions.turn import SessionUse
 
 T = TypeVar("T")
+
+# How many releases a server with sessions keeps after a swap took them out of service, for the sessions
+# begun on them (Service.swap): a conversation keeps the release it began on.
+KEPT_RELEASES = 2
+
+log = logging.getLogger("heddle.server")
 
 
 @dataclass
@@ -101,7 +108,11 @@ class Job:
                 session=self.session, digest=self.digest, document=self.document, inputs_given=self.inputs_given,
                 check=lambda flow, inputs, message: check_run(flow, inputs, message, source=self.source))
         except SessionError as exc:
-            raise for_http(exc, self.session.store.name if self.session is not None else "") from None
+            said = for_http(exc, self.session.store.name if self.session is not None else "")
+            if isinstance(exc, SessionOfAnotherDocument) and self.lease.edition.sealed is not None:
+                # Not the caller's mistake: the server moved on to another release (docs/sessions.md).
+                raise ApiError(409, "release_retired", said.message) from None
+            raise said from None
 
     def answer(self, outcome: RunOutcome) -> dict[str, Any]:
         """POST /v1/runs's answer of a run that ended: its result, or in a session what it waits for."""
@@ -240,8 +251,15 @@ class Service:
         # The one reference to what is served: a following server swaps it whole (swap).
         self.edition: Edition = build_edition(config, self.policy, sealed, self.metrics.observer(from_request=False))
         self.edition.oci_digest = oci_digest  # the registry's digest of a bundle pulled by reference
-        self._closing: set[asyncio.Task[None]] = set()
+        # Every task the server starts is owned here, so that its end (aclose) stops and awaits each one.
+        # Its own, which nobody awaits (draining, following a tag, a surface's transport): a failure is logged.
+        self.tasks = Tasks(log)
+        # The runs: the request that started one hears how it ended.
+        self.runs = Tasks()
+        self._closing = Tasks(log)  # retired editions being closed: awaited, never cut short
         self._retired: set[Edition] = set()  # swapped out, closed once their last run ends (or at aclose)
+        # Of those, the releases kept for the sessions begun on them, by bundle digest, with their last use.
+        self._kept: dict[str, tuple[Edition, float]] = {}
         # Request flows as read and prepared, by document (heddle.server.flow_cache).
         self.flows = FlowCache()
         self.follower: Follower | None = None  # when --pull-interval follows a tag
@@ -276,13 +294,61 @@ class Service:
     def swap(self, edition: Edition) -> Edition:
         """Serve `edition` from the next request on. One assignment on the event loop, so a request is
         prepared wholly on the old edition or wholly on the new; runs already going keep the old one
-        (their lease), which is closed once the last of them ends."""
+        (their lease), which is closed once the last of them ends. With sessions, the old release is kept
+        for the sessions begun on it (their next turns run on it, `_release_of`): the last KEPT_RELEASES,
+        each until a newer one pushes it out or none of its sessions came back for --session-idle-timeout
+        (by then they have expired)."""
         old, self.edition = self.edition, edition
         edition.core.sessions = self.sessions
         self.metrics.bundle_served(edition.sealed, edition.oci_digest)
         self._retired.add(old)
-        old.retire(self._close_later)
+        if self.sessions is not None and old.sealed is not None:
+            self._kept[old.core.digest] = (old, time.monotonic())
+            self._let_go()
+        else:
+            old.retire(self._close_later)
         return old
+
+    def _let_go(self) -> None:
+        """Retire the kept releases past KEPT_RELEASES (the oldest first) and those unused for the idle timeout."""
+        stale = time.monotonic() - self.config.session_idle_timeout
+        for digest, (edition, used) in list(self._kept.items()):
+            if len(self._kept) > KEPT_RELEASES or used < stale:
+                del self._kept[digest]
+                edition.retire(self._close_later)
+
+    def runs_release(self, digest: str) -> bool:
+        """Whether a session run bound to `digest` runs here: the bundle served, or a release kept for it."""
+        return self.sealed is not None and (digest == self.core.digest or digest in self._kept)
+
+    async def _release_of(self, session_id: str) -> tuple[Stored | None, Edition | None]:
+        """The session's record as read now (its turn starts from it), and the release it is bound to when
+        this server holds it: served, kept, or (following a tag) pulled now because another replica
+        already serves it. Only a following server, or one that keeps a release, looks."""
+        from heddle.sessions.record import decode
+
+        self._let_go()
+        store = self.sessions
+        if store is None or not (self._kept or self.follower is not None):
+            return None, None
+        try:
+            stored = await store.get(session_id)
+            if stored is None:
+                return None, None
+            data = stored.data
+            digest = (await run_blocking(STORE_READS, lambda: decode(session_id, data, store=store.name))).digest
+        except SessionError:
+            return None, None  # the turn answers what is wrong with the session
+        if digest and digest != self.core.digest and digest not in self._kept and self.follower is not None:
+            await self.follower.catch_up(digest)
+        # Looked up after the reads: a release let go meanwhile is not leased again.
+        if digest == self.core.digest:
+            return stored, self.edition
+        kept = self._kept.get(digest)
+        if kept is None:
+            return stored, None
+        self._kept[digest] = (kept[0], time.monotonic())
+        return stored, kept[0]
 
     def _close_later(self, edition: Edition) -> None:
         async def close() -> None:
@@ -291,9 +357,7 @@ class Service:
             finally:
                 self._retired.discard(edition)
 
-        task = asyncio.get_running_loop().create_task(close())
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        self._closing.start(close(), name="closing a retired edition")
 
     # ------------------------------------------------------------------ requests
 
@@ -306,10 +370,11 @@ class Service:
             raise bad_request(f"request field {named[0]!r}: this server runs the bundle {sealed.name!r} "
                               f"({sealed.digest}) and nothing else; send only 'inputs'", "bundle_only")
 
-    async def _resolve(self, body: dict[str, Any], *, run: bool = False) -> _Resolved:
+    async def _resolve(self, body: dict[str, Any], *, run: bool = False, edition: Edition | None = None,
+                       flow_text: str | None = None) -> _Resolved:
         request = parse_run_request(body, allow_request_code=self.config.allow_request_code,
                                     sessions=self.sessions is not None if run else None)
-        edition = self.edition
+        edition = edition or self.edition
         sealed = edition.sealed
         if sealed is not None:
             self._refuse_for_bundle(sealed, request)
@@ -320,7 +385,7 @@ class Service:
         # A request's own tools make its preparation its own: such a flow is read (or found) here and
         # prepared later, with them.
         if request.flow is not None:
-            ready = await self._ready_value(request.flow, edition, prepare=not request.tools)
+            ready = await self._ready_value(request.flow, edition, prepare=not request.tools, text=flow_text)
             source, from_request = "flow", True
         elif request.flow_path is not None:
             if self.config.flows_root is None:
@@ -362,13 +427,13 @@ class Service:
 
         return prepare
 
-    async def _ready_value(self, value: Any, edition: Edition, *, prepare: bool) -> Ready:
+    async def _ready_value(self, value: Any, edition: Edition, *, prepare: bool, text: str | None = None) -> Ready:
         """A request's `flow`, kept from an earlier request of the same document or read and prepared
         now, in one worker thread."""
         from heddle.server.documents import flow_from_value
         from heddle.server.flow_cache import read_ready, value_key
 
-        keyed = value_key(value)
+        keyed = value_key(value, text)
         if keyed is not None:
             kept = self.flows.get(keyed[0], edition)
             if kept is not None:
@@ -400,12 +465,21 @@ class Service:
         self.flows.put(key, ready)
         return ready
 
-    async def prepare(self, body: dict[str, Any]) -> Job:
-        """The request as a job ready to run, or the 400 saying what is wrong with it."""
+    async def prepare(self, body: dict[str, Any], *, flow_text: str | None = None) -> Job:
+        """The request as a job ready to run, or the 400 saying what is wrong with it. `flow_text`: its
+        `flow` as the body wrote it (heddle.server.body.read_json_members), when the body was read here."""
         # Leased before anything reads the edition, so that a swap meanwhile leaves this request on it.
         lease = self.edition.lease()
         try:
-            resolved = await self._resolve(body, run=True)
+            resolved = await self._resolve(body, run=True, edition=lease.edition, flow_text=flow_text)
+            read = None
+            if resolved.request.session is not None and lease.edition.sealed is not None:
+                # A conversation keeps the release it began on, where this server holds it.
+                read, began = await self._release_of(resolved.request.session)
+                if began is not None and began is not lease.edition:
+                    lease.release()
+                    lease = began.lease()
+                    resolved = await self._resolve(body, run=True, edition=began, flow_text=flow_text)
         except BaseException:
             lease.release()
             raise
@@ -428,7 +502,9 @@ class Service:
             # In a session the message and the inputs are checked once the turn is known: a run that
             # resumes keeps the ones it started with (heddle.sessions.turn).
             job.session = lease.edition.core.session(request.session, answer=request.answer, resume=request.resume)
-            job.digest, job.document = self._binding(resolved)
+            if read is not None:
+                job.session = replace(job.session, read=read)
+            job.digest, job.document = self._binding(resolved, lease.edition)
             job.inputs_given = request.inputs_given
         return job
 
@@ -452,7 +528,7 @@ class Service:
             else:
                 loop.call_soon_threadsafe(deliver, event)
 
-        task = asyncio.create_task(job.run(sink, rendering))
+        task = self.runs.start(job.run(sink, rendering))
         ticket.attach(task)
         task.add_done_callback(metrics.run_ended)
         return task
@@ -485,12 +561,12 @@ class Service:
         raise ApiError(400, "needs_session", f"the {source} may wait for a person: {waits[0]}{more}; it runs only "
                                              f"in a session, and {how}")
 
-    def _binding(self, resolved: _Resolved) -> tuple[str, str]:
+    def _binding(self, resolved: _Resolved, edition: Edition) -> tuple[str, str]:
         """What a session run of `resolved` is bound to: the bundle's digest, or the digest of the flow
         the request named as heddle read it (as `heddle run` binds a document, so that an edit that
         changes what runs changes it), and its name for messages."""
-        if self.sealed is not None:
-            return self.core.digest, f"bundle {self.sealed.name!r}"
+        if edition.sealed is not None:
+            return edition.core.digest, f"bundle {edition.sealed.name!r}"
         from heddle.sessions.turn import flow_digest
 
         digest = resolved.ready.binding() if resolved.ready is not None else flow_digest(resolved.flow)
@@ -520,6 +596,7 @@ class Service:
         from heddle.sessions.record import Record
 
         store = self._store()
+        self.admission.check_open(run=False)
         await self._call(store, self._room(store))
         sid = new_session_id()
         digest, document = "", ""
@@ -535,7 +612,8 @@ class Service:
         one may pass the cap."""
         from heddle.server.sessions import Expiring
 
-        live = await store.sweep() if isinstance(store, Expiring) else len(await store.index())
+        assert isinstance(store, Expiring), "the server's store is always wrapped (Service.__init__)"
+        live = await store.live(self.config.max_sessions)
         if live >= self.config.max_sessions:
             raise ApiError(507, "too_many_sessions",
                            f"this server holds {live} sessions, its cap (--max-sessions {self.config.max_sessions}); "
@@ -644,14 +722,20 @@ class Service:
         return [{k: v for k, v in row.items() if k != "manifest"} for row in self.host.describe()]
 
     async def aclose(self) -> None:
-        """Stop the plugin processes, remove their homes and the bundle's temporary data folder
-        (of the edition served and of any a swap retired)."""
+        """Stop every task the server started (cancelled and awaited) and the plugin processes, and remove
+        their homes and the bundle's temporary data folder (of the edition served and of any a swap retired)."""
         try:
+            # What outlived the drain (after a second signal, or without one): stopped before what they use.
+            if self.recovery is not None:
+                await self.recovery.aclose()
+            await self.tasks.aclose()
+            await self.runs.aclose()
             await self.edition.aclose()
-            # And a retired edition a run still held when the server stopped (after a second signal).
-            await asyncio.gather(*self._closing, *(edition.aclose() for edition in list(self._retired)),
-                                 return_exceptions=True)
+            # And a retired edition a run still held when the server stopped, beside those closing.
+            await asyncio.gather(*(edition.aclose() for edition in list(self._retired)), return_exceptions=True)
+            await self._closing.wait()
         finally:
+            await self._closing.aclose()
             if self.sessions is not None:
                 sessions, self.sessions = self.sessions, None
                 await sessions.close()

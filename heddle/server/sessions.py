@@ -8,6 +8,7 @@ request's terms already: heddle.surface.SERVER.)
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from heddle.sessions.store import Index, SessionStore, Stored
 
 STORE = "this server's session store"
+# How many expired sessions a new session removes (more are removed by the next ones).
+SWEEP_PAGE = 100
 
 # What the stores themselves say (they serve the CLI too) in a caller's terms; the session layer's own
 # messages are already in them (heddle.surface.SERVER).
@@ -123,15 +126,15 @@ class Expiring:
         since = expired if since is None else max(since, expired)
         return await index_page(self.store, since=since, until=until, after=after, limit=limit)
 
-    async def sweep(self) -> int:
-        """Remove the expired sessions; the number of the others."""
-        live = 0
-        for sid, updated in await self.store.index():
-            if self._expired(updated):
-                await self.store.delete(sid)
-            else:
-                live += 1
-        return live
+    async def live(self, most: int) -> int:
+        """The sessions not expired, counted up to `most`, once a page of the expired ones is removed:
+        each new session reads two pages of the store's index at the most, never all of it."""
+        from heddle.sessions.store import index_page
+
+        expired = time.time() - self.idle
+        for sid, _ in await index_page(self.store, since=None, until=expired, after=None, limit=SWEEP_PAGE):
+            await self.store.delete(sid)
+        return len(await index_page(self.store, since=expired, until=math.inf, after=None, limit=most))
 
     async def close(self) -> None:
         await self.store.close()

@@ -25,11 +25,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-# How long an owner's lease lasts unless it is renewed: the longest a run of a process that died
-# waits before another takes it over. Renewed every third of it, so a pause of the owner (a full
-# disk, a stalled store) of up to two thirds of it costs nothing.
-LEASE_SECONDS = 30.0
-
 # The runs of this process that are going on, by token: a lease of this process whose run ended
 # (it failed and its record kept it) is no longer held, whatever its time says.
 _RUNNING: set[str] = set()

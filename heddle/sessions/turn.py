@@ -28,9 +28,11 @@ from heddle.errors import (
     SessionConflict,
     SessionError,
     SessionNotFound,
+    SessionOfAnotherDocument,
     SessionTooLarge,
 )
-from heddle.sessions.lease import LEASE_SECONDS, Owner, new_owner, running
+from heddle.sessions import LEASE_SECONDS
+from heddle.sessions.lease import Owner, new_owner, running
 from heddle.sessions.record import Pending, Record, decode
 from heddle.sessions.steps import StepLog, read_steps, step_line
 from heddle.surface import NEUTRAL, Surface
@@ -62,6 +64,9 @@ class SessionUse:
     create: bool = True
     # How the shell that asks names what a person gives (--approve, or "answer": {"approve": true}).
     surface: Surface = NEUTRAL
+    # The session's record as the face read it just before (a server, to choose the release it runs on):
+    # the turn starts from it rather than reading it again; its writes compare-and-swap on its version.
+    read: Stored | None = None
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,7 @@ async def run_turn(use: SessionUse, *, digest: str, document: str, inputs: dict[
 async def _run_turn(use: SessionUse, me: Owner, *, digest: str, document: str, inputs: dict[str, Any],
                     inputs_given: bool, message: str | None, run: Runner) -> TurnResult:
     store, sid = use.store, use.session_id
-    stored = await store.get(sid)
+    stored = use.read if use.read is not None else await store.get(sid)
     record, version = _opened(use, stored, digest=digest, document=document)
     turn = _turn(use, record, inputs=inputs, inputs_given=inputs_given, message=message)
     if use.resume:
@@ -273,9 +278,10 @@ def _opened(use: SessionUse, stored: Stored | None, *, digest: str, document: st
         # Issued by POST /v1/sessions before any run: its first run binds it, in the same write as its turn.
         return replace(record, digest=digest, document=document), stored.version
     if record.digest != digest:
-        raise SessionError(f"session {sid!r} belongs to {record.document or 'another document'} ({record.digest}), "
-                           f"not to {document} ({digest}); a session resumes only with the document that opened "
-                           f"it: use {say('new_session')}")
+        raise SessionOfAnotherDocument(
+            f"session {sid!r} belongs to {record.document or 'another document'} ({record.digest}), not to "
+            f"{document} ({digest}); a session resumes only with the document that opened it: use "
+            f"{say('new_session')}")
     return record, stored.version
 
 
@@ -373,10 +379,14 @@ async def _leased(use: SessionUse, work: Awaitable[RunOutcome], renew: Callable[
     """`work`, with `renew` called every third of the lease while it runs. When a renewal finds the
     record taken over (the lease had expired, and another process took the run), the run stops."""
     lost: list[SessionConflict] = []
+    ended = asyncio.Event()  # no renewal starts once the run ended
 
     async def keep(task: asyncio.Task[RunOutcome]) -> None:
         while True:
-            await asyncio.sleep(use.lease / 3)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ended.wait(), use.lease / 3)
+            if ended.is_set():
+                return
             try:
                 await renew()
             except SessionConflict:
@@ -388,9 +398,9 @@ async def _leased(use: SessionUse, work: Awaitable[RunOutcome], renew: Callable[
             except SessionError:
                 continue  # the store is out of reach for now: the lease runs on until the next try
 
-    task = asyncio.ensure_future(work)
     keeper = Tasks()
-    keeper.start(keep(task), name=f"lease of session {use.session_id}")
+    task = keeper.start(work)
+    renewing = keeper.start(keep(task), name=f"lease of session {use.session_id}")
     try:
         return await task
     except asyncio.CancelledError:
@@ -398,4 +408,9 @@ async def _leased(use: SessionUse, work: Awaitable[RunOutcome], renew: Callable[
             raise lost[0] from None
         raise
     finally:
+        # A renewal under way finishes rather than being cut off: the store may apply a write whose
+        # caller was cancelled, and the run's next write would then meet its own renewal as another
+        # run's (a conflict that loses the turn, and leaves the run for recovery to do again).
+        ended.set()
+        await asyncio.wait({renewing})
         await keeper.aclose()

@@ -9,8 +9,9 @@ runs under its own reaper, a child subreaper forked for it by the reaper server
 (heddle/tools/reaper.py, started once per heddle process by heddle/tools/spawner.py) that kills
 everything the tool left behind once it exits (and on a timeout, a cancelled run, or heddle's
 own death). Under `--safe` the sandbox's pid namespace does the same, so a sandboxed call needs
-no reaper, unless it runs under an egress list: its reaper makes its network namespace and
-relay. Elsewhere the tool's process group is killed, which a `setsid` child escapes.
+no reaper; under an egress list its sandbox also gets a network namespace of its own whose one
+listener heddle holds (spawner.OwnNetwork). Elsewhere the tool's process group is killed, which a
+`setsid` child escapes.
 
 The call ends when the tool exits, not when its pipes close: what it wrote before exiting is
 read for a short grace, and a process that escaped the kill and still holds a pipe is cut off.
@@ -123,16 +124,69 @@ class _Grouped:
 
     @classmethod
     async def start(cls, call: _Call, name: str, argv: Sequence[str], cwd: Path | None,
-                    env: Mapping[str, str] | None) -> _Grouped:
+                    env: Mapping[str, str] | None, netns: spawner.OwnNetwork | None = None) -> _Grouped:
+        """`netns`: `argv` is a bubblewrap command line, whose sandbox is given its network namespace."""
         loop = asyncio.get_running_loop()
+        answer = None  # where the listener comes, for a call given its network namespace
+        theirs: list[int] = []
+        # heddle's own copy of the end written to let the program start: while it is open, a fork that failed
+        # or died cannot let the program start by closing its copy, and heddle stops it first.
+        hold: int | None = None
+        if netns is not None:
+            made: list[int] = []
+            try:
+                for _ in range(2):
+                    made.extend(os.pipe())
+                info_r, info_w, block_r, hold = made
+                # Asked before the sandbox starts, so that the fork that makes the listener is made meanwhile.
+                answer = spawner.SPAWNER.ask_listener(info_r, hold, netns.port)
+            except OSError as exc:
+                for fd in made:
+                    os.close(fd)
+                raise ToolError(name, f"its network namespace could not be made: {exc.strerror or exc}") from None
+            os.close(info_r)  # the fork's now
+            theirs = [info_w, block_r]
+            argv = spawner.own_network_argv(argv, info_w, block_r)
         try:
             transport, _ = await loop.subprocess_exec(
                 lambda: call, *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, cwd=str(cwd) if cwd else None,
-                env=dict(env) if env is not None else None, start_new_session=True)
-        except OSError as exc:
-            raise _start_error(name, argv[0], exc.errno or 0, exc.strerror) from None
-        return cls(transport, call)
+                env=dict(env) if env is not None else None, start_new_session=True,
+                pass_fds=theirs)
+        except BaseException as exc:
+            if answer is not None:
+                answer.close()
+            if hold is not None:
+                os.close(hold)
+            if isinstance(exc, OSError):
+                raise _start_error(name, argv[0], exc.errno or 0, exc.strerror) from None
+            raise
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        self = cls(transport, call)
+        if netns is None or answer is None or hold is None:
+            return self
+        try:
+            with answer:
+                async with asyncio.timeout(spawner.PROBE_WAIT):
+                    await _readable(answer.fileno())
+                listener = spawner.take_listener(answer)
+            await netns.adopt(listener)
+        except (OSError, TimeoutError) as exc:
+            await self.stop()
+            self.close()
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or "it took too long"
+            detail = _tail(bytes(call.err))
+            raise ToolError(name, f"its network namespace could not be made: {why}"
+                            + (f" ({detail})" if detail else "")) from None
+        except BaseException:
+            await asyncio.shield(self.stop())
+            self.close()
+            raise
+        finally:
+            os.close(hold)
+        return self
 
     def feed(self, payload: bytes) -> None:
         stdin = self.transport.get_pipe_transport(0)
@@ -207,10 +261,9 @@ class _Reaped:
 
     @classmethod
     async def start(cls, call: _Call, name: str, argv: Sequence[str], cwd: Path | None,
-                    env: Mapping[str, str] | None, netns: tuple[str, int] | None = None) -> _Reaped:
+                    env: Mapping[str, str] | None) -> _Reaped:
         try:
-            pipes = spawner.SPAWNER.spawn(argv, os.environ if env is None else env, str(cwd) if cwd else None,
-                                          netns)
+            pipes = spawner.SPAWNER.spawn(argv, os.environ if env is None else env, str(cwd) if cwd else None)
         except OSError as exc:
             raise ToolError(name, f"its runner ({spawner.REAPER}) could not be started: "
                             f"{exc.strerror or exc}") from None
@@ -268,8 +321,6 @@ class _Reaped:
             raise _start_error(name, program, int(value))
         if value.isdigit() and kind == "cwd":
             raise ToolError(name, f"its working folder {cwd} could not be entered: {os.strerror(int(value))}")
-        if value.isdigit() and kind == "netns":
-            raise ToolError(name, f"its network namespace could not be made: {os.strerror(int(value))}")
         if value.isdigit() and kind == "fork":
             raise ToolError(name, f"{program} could not be started: {os.strerror(int(value))}")
         detail = _tail(bytes(self.call.err))
@@ -322,7 +373,7 @@ async def run_tool_process(
     surface: Surface = NEUTRAL,
     sandboxed: bool = False,
     max_stdout: int | None = None,
-    netns: tuple[str, int] | None = None,
+    netns: spawner.OwnNetwork | None = None,
 ) -> dict[str, Any]:
     """Run one tool call and return its JSON object output; raise ToolError on any failure.
     `surface` names the timeout as the shell that set it takes it; `sandboxed` says `argv`
@@ -363,23 +414,21 @@ async def run_process(
     timeout_text: str = "",
     max_stdout: int | None = None,
     stdout_hint: str = "",
-    netns: tuple[str, int] | None = None,
+    netns: spawner.OwnNetwork | None = None,
 ) -> Exited:
     """Run `argv` (no shell) with `stdin` as its input, to its exit, its descendants killed with it
     (see the module docstring), with exactly `env` (heddle's own environment when None);
     ToolError naming `name` when it cannot start, runs out of time (`timeout_text` says the
     limit, `timeout_hint` how to raise it) or prints more than `max_stdout` bytes on stdout
     (the run's default cap when None; `stdout_hint` how to raise it). Only the end of its stderr
-    is kept (`STDERR_KEEP`). `netns` (the Unix socket of the call's egress proxy and the relay's port): the
-    call's reaper gives it a network namespace of its own whose relay is its one way out
-    (heddle.tools.reaper; `argv` is then a sandbox that makes none itself)."""
+    is kept (`STDERR_KEEP`). `netns`: `argv` is a bubblewrap sandbox (`sandboxed`), which is given a network
+    namespace of its own whose one way out is a listener made there before the program starts and handed
+    to `netns.adopt` (spawner.OwnNetwork)."""
     max_stdout = RunOptions.max_tool_stdout_bytes if max_stdout is None else max_stdout
     call = _Call(asyncio.get_running_loop(), max_stdout)
     running: _Running
-    if netns is not None:
-        running = await _Reaped.start(call, name, argv, cwd, env, netns)
-    elif sandboxed or not spawner.available():
-        running = await _Grouped.start(call, name, argv, cwd, env)
+    if sandboxed or netns is not None or not spawner.available():
+        running = await _Grouped.start(call, name, argv, cwd, env, netns)
     else:
         running = await _Reaped.start(call, name, argv, cwd, env)
     try:
@@ -400,6 +449,21 @@ async def run_process(
 
 class _Overflowed(Exception):
     """The tool printed more on stdout than the call keeps."""
+
+
+async def _readable(fd: int) -> None:
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
 
 
 async def _converse(running: _Running, call: _Call, payload: bytes, timeout: float | None) -> None:

@@ -8,8 +8,7 @@ it on the first call), so a call costs a fork of this small interpreter, not the
 one. Each request on the socket is one call: a 4-byte big-endian length and, with it, five file
 descriptors (the tool's stdin, stdout and stderr, a status pipe, a control pipe), then that
 many bytes of `marshal` data (this same interpreter wrote it; marshal, unlike json, costs no
-import): `{"argv": [...], "env": {...}, "cwd": "..." or None}` and optionally `"netns": [SOCKET,
-PORT]`. For each, this
+import): `{"argv": [...], "env": {...}, "cwd": "..." or None}`. For each, this
 process forks a per-call reaper, and collects it as it exits: so every process of a call is
 waited for by its parent, and the CPU time of each is counted in heddle's own children's times,
 as a tool's was when heddle started it directly.
@@ -21,34 +20,35 @@ orphan normally goes to init; as a subreaper the per-call reaper becomes the par
 orphan below it, so its own children after the tool's exit are exactly the tool's leftovers,
 whatever sessions they made. One reaper per call keeps calls that run at the same time apart.
 
-With `netns` (a sandboxed call under an egress allow-list) the per-call reaper first moves into a
-network namespace of its own, in a user namespace of its own as an unprivileged process must, with
-loopback up and no other interface, and forks the call's relay there: it listens on 127.0.0.1:PORT and
-forwards each connection to SOCKET, heddle's egress proxy for the call, a Unix socket outside. The tool
-(bubblewrap, told not to make a network namespace of its own) starts in that namespace, so the relay is
-its only way out. The relay is a fork of this running interpreter, not a new one started in the sandbox
-(tens of milliseconds a call).
+A request `{"listener": PORT}` comes with three descriptors instead: the read end of a sandbox's
+bubblewrap `--info-fd`, the write end of its `--block-fd`, and a socket to answer heddle on; it is made
+for a sandboxed tool call under an egress allow-list, whose sandbox makes a fresh user and network
+namespace, reports them and holds its program. The fork made for it waits for the report, enters the
+sandbox's user and network namespaces (made by its own user, so it may), makes a socket listening on
+127.0.0.1:PORT there and sends it to heddle (a socket stays in the namespace it was made in wherever its
+descriptor goes: heddle's egress proxy accepts on it), lets the program start, and ends. So the call
+costs one short-lived fork of this process, made while bubblewrap starts, and no process of its own
+while it runs; the listener is its namespace's only way out.
 
 The call is stopped (heddle's timeout or cancellation, or heddle's death) when heddle closes its
 end of the control pipe; SIGTERM, SIGHUP and SIGINT stop it as well. The tool and its leftovers
 are killed. The status pipe gets `pid N` (the per-call reaper, a session leader) and then one
 last line: `exit N` (N negative for a signal, as subprocess reports it), `exec ERRNO` when the
-tool could not be started, `cwd ERRNO` when its folder could not be entered, `netns ERRNO` when its
-network namespace could not be made. The pipe's end is
+tool could not be started, `cwd ERRNO` when its folder could not be entered. The pipe's end is
 the call's end. The server itself ends when heddle closes the socket.
 """
 
 from __future__ import annotations
 
 import array
+import contextlib
 import ctypes
-import fcntl
+import errno
 import marshal
 import os
 import select
 import signal
 import socket
-import struct
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -56,12 +56,11 @@ from typing import Any
 PR_SET_CHILD_SUBREAPER = 36
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
-SIOCGIFFLAGS = 0x8913
-SIOCSIFFLAGS = 0x8914
-IFF_UP = 0x1
-_CHUNK = 64 * 1024
+IP_FREEBIND = 15
+INFO_CAP = 4096  # bytes of bubblewrap's --info-fd report
 HEADER = 4
 CALL_FDS = 5
+LISTENER_FDS = 3
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 # Ignored here (and so inherited by a fork), or ignored by Python at start-up: a tool gets them
@@ -69,11 +68,22 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 RESET_SIGNALS = (*STOP_SIGNALS, signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGQUIT)
 
 
+# Loaded, and its functions looked up, once in the server: each fork then finds them ready (a fork that
+# loads them pays for it on every call).
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_PRCTL, _SETNS = _LIBC.prctl, _LIBC.setns
+
+
 def _prctl(option: int, value: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(option, value, 0, 0, 0) != 0:
+    if _PRCTL(option, value, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl({option}): {os.strerror(err)}")
+
+
+def _setns(fd: int, kind: int) -> None:
+    if _SETNS(fd, kind) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
 
 
 def _kill(pid: int) -> bool:
@@ -143,83 +153,50 @@ def kill_leftovers() -> None:
             return
 
 
-def _forward(conn: socket.socket, path: str) -> None:
-    """One connection of the relay, both ways, to the Unix socket `path`, each side's end passed on."""
-    up = socket.socket(socket.AF_UNIX)
+def listen_in(port: int, fds: Sequence[int]) -> None:
+    """Make a sandbox's listener (in a fork of the server; see the module's docstring). `fds`: the read end of
+    its bubblewrap --info-fd, the write end of its --block-fd, a socket to answer heddle on."""
+    info, block, answer = fds[0], fds[1], socket.socket(fileno=fds[2])
     try:
-        up.connect(path)
-    except OSError:
-        return
-    peers = {conn.fileno(): (conn, up), up.fileno(): (up, conn)}
-    poller = select.poll()
-    for fd in peers:
-        poller.register(fd, select.POLLIN)
-    while peers:
-        for fd, _ in poller.poll():
-            if fd not in peers:
-                continue
-            source, target = peers[fd]
-            try:
-                data = source.recv(_CHUNK)
-                if data:
-                    target.sendall(data)
-                    continue
-                target.shutdown(socket.SHUT_WR)
-            except OSError:
-                return
-            poller.unregister(fd)
-            del peers[fd]
-
-
-def _relay(listener: socket.socket, path: str, keep: Sequence[int]) -> None:
-    """The relay's loop (in a fork of the call's reaper): a fork per connection, collected by the kernel."""
-    signal.set_wakeup_fd(-1)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, signal.SIG_DFL)
-    # The call's pipes (and its stderr, the reaper's fd 2) are the tool's and the reaper's: the relay
-    # holding one open would hide the call's end.
-    for fd in keep:
-        os.close(fd)
-    null = os.open(os.devnull, os.O_RDWR)
-    os.dup2(null, 2)
-    os.close(null)
-    while True:
-        conn, _ = listener.accept()
-        if os.fork() == 0:
-            listener.close()
-            try:
-                _forward(conn, path)
-            finally:
-                os._exit(0)
-        conn.close()
-
-
-def own_network(path: str, port: int, keep: Sequence[int]) -> None:
-    """Move into a network namespace of its own, loopback up, and fork the relay there (see the module's
-    docstring); `keep` are the call's pipes, which the relay closes. OSError when the kernel refuses."""
-    uid, gid = os.getuid(), os.getgid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"unshare: {os.strerror(err)}")
-    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-        with open(f"/proc/self/{name}", "w") as f:
-            f.write(text)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        flags = struct.unpack("16sH14x", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, struct.pack("16sH14x", b"lo", 0)))[1]
-        fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
-    listener = socket.socket()
-    try:
+        report = b""
+        while not report.rstrip().endswith(b"}"):
+            data = os.read(info, INFO_CAP)
+            if not data:
+                raise OSError(errno.EPIPE, "bubblewrap ended before reporting its sandbox")
+            report += data
+            if len(report) > INFO_CAP:
+                raise OSError(errno.EPROTO, "bubblewrap's report is too long")
+        pid, inode = _number(report, b"child-pid"), _number(report, b"net-namespace")
+        if pid is None or inode is None:
+            raise OSError(errno.EPROTO, "bubblewrap reported no network namespace")
+        # Its user namespace first, then its network namespace, whose number is checked against the report:
+        # a process that ended and whose number went to another is not the sandbox.
+        user = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+        net = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        if os.fstat(net).st_ino != inode:
+            raise OSError(errno.ESRCH, "the sandbox ended before its network namespace was reached")
+        _setns(user, CLONE_NEWUSER)
+        _setns(net, CLONE_NEWNET)
+        listener = socket.socket()
+        # Bound before the sandbox brings its loopback up: the address is the namespace's own once it is.
+        listener.setsockopt(socket.IPPROTO_IP, IP_FREEBIND, 1)
         listener.bind(("127.0.0.1", port))
-        listener.listen(64)  # before the tool starts: its first connection waits in the backlog
-        if os.fork() == 0:
-            try:
-                _relay(listener, path, keep)
-            finally:
-                os._exit(0)
-    finally:
-        listener.close()
+        listener.listen(64)
+        socket.send_fds(answer, [b"ok"], [listener.fileno()])
+        os.write(block, b"go")  # the sandbox's program starts
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            answer.send(f"error {exc.errno or 0}".encode())
+
+
+def _number(report: bytes, name: bytes) -> int | None:
+    """The number given for `name` in bubblewrap's --info-fd report (a flat JSON object of numbers, which
+    bubblewrap writes itself), read without json: an import this fork would pay on every call."""
+    start = report.find(b'"' + name + b'":')
+    if start < 0:
+        return None
+    digits = report[start + len(name) + 3:].lstrip().split(b",")[0].split(b"}")[0].strip()
+    return int(digits) if digits.isdigit() else None
 
 
 def _start(argv: Sequence[str], env: Mapping[str, str], stdio: Sequence[int]) -> tuple[int, int | None]:
@@ -293,14 +270,6 @@ def call(request: Mapping[str, Any], fds: Sequence[int]) -> None:
         except OSError as exc:
             _report(status, f"cwd {exc.errno or 0}")
             return
-    netns = request.get("netns")
-    if netns is not None:
-        try:
-            own_network(netns[0], netns[1], fds)
-        except OSError as exc:
-            print(f"heddle: the call's network namespace could not be made: {exc}", file=sys.stderr)
-            _report(status, f"netns {exc.errno or 0}")
-            return
     pid, failure = _start(request["argv"], request["env"], (stdin, stdout, stderr))
     # The tool owns its stdin and stdout; holding them here would hide its exit from heddle's
     # reads and writes.
@@ -329,24 +298,28 @@ def _receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
     """The next request and its descriptors; None when heddle has gone."""
     # Close-on-exec, so that a tool holds its stdin, stdout and stderr alone: neither this call's
     # status and control pipes nor another call's. Not socket.recv_fds, which drops its flags.
-    received = array.array("i")
-    head, ancillary, _, _ = sock.recvmsg(HEADER, socket.CMSG_SPACE(CALL_FDS * received.itemsize),
-                                         socket.MSG_CMSG_CLOEXEC)
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            received.frombytes(data[:len(data) - len(data) % received.itemsize])
-    fds = list(received)
+    head, ancillary, _, _ = sock.recvmsg(HEADER, socket.CMSG_SPACE(CALL_FDS * 4), socket.MSG_CMSG_CLOEXEC)
+    fds = _fds(ancillary)
     if not head:
         return None
     whole = _read_exactly(sock, HEADER, head)
     body = _read_exactly(sock, int.from_bytes(whole, "big")) if whole is not None else None
     if body is None:
         return None
-    if len(fds) != CALL_FDS:
+    request = marshal.loads(body)
+    if len(fds) != (LISTENER_FDS if "listener" in request else CALL_FDS):
         for fd in fds:
             os.close(fd)
         return {}, []
-    return marshal.loads(body), fds
+    return request, fds
+
+
+def _fds(ancillary: Sequence[tuple[int, int, bytes]]) -> list[int]:
+    received = array.array("i")
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            received.frombytes(data[:len(data) - len(data) % received.itemsize])
+    return list(received)
 
 
 def _forked(request: Mapping[str, Any], fds: Sequence[int]) -> None:
@@ -388,13 +361,20 @@ def serve(sock: socket.socket) -> int:
         request, fds = received
         if not fds:
             continue
+        port = request.get("listener")
         try:
             pid = os.fork()
         except OSError as exc:
-            _report(fds[3], f"fork {exc.errno or 0}")
+            if port is None:  # else heddle reads the answer's end, closed below, as the refusal
+                _report(fds[3], f"fork {exc.errno or 0}")
             pid = -1
         if pid == 0:
             sock.close()
+            if port is not None:
+                try:
+                    listen_in(port, fds)
+                finally:
+                    os._exit(0)
             _forked(request, fds)
         for fd in fds:
             os.close(fd)

@@ -41,6 +41,7 @@ from urllib.parse import quote_plus, urlencode
 
 from heddle.agentspec import components as c
 from heddle.agentspec.components import DEFAULT_PORTS, HTTP_METHOD, Allowed, Origin, env_reference, request_label
+from heddle.agentspec.fields import components_of
 from heddle.agentspec.templates import PLACEHOLDER, as_text, placeholders, render
 from heddle.agentspec.walk import document_components, of_type
 from heddle.bounded import ACCEPT_ENCODING, BodyError, read_body
@@ -465,21 +466,14 @@ def header_secrets(tool: Spec, where: str) -> dict[str, str]:
 def header_env_reads(document: Any) -> Iterator[tuple[str, str]]:
     """(variable, what reads it) for each RemoteTool or ApiNode header of a resolved document (a mapping)
     that reads the environment, in document order; for `heddle doctor`, which reads no value."""
-    stack: list[tuple[str, Any]] = [("$", document)]
-    while stack:
-        path, node = stack.pop()
-        if isinstance(node, list):
-            stack.extend((f"{path}[{i}]", item) for i, item in reversed(list(enumerate(node))))
-        elif isinstance(node, dict):
-            if node.get("component_type") in ("RemoteTool", "ApiNode"):
-                for field in ("headers", "sensitive_headers"):
-                    headers = node.get(field)
-                    for header, value in (headers.items() if isinstance(headers, dict) else ()):
-                        name = env_reference(value) if isinstance(value, str) else None
-                        if name is not None:
-                            yield name, (f"{field} {header!r} of {node['component_type']} {node.get('name')!r} "
-                                         f"at {path}")
-            stack.extend((f"{path}.{key}", value) for key, value in reversed(node.items()) if key != "metadata")
+    for path, node in components_of(document):
+        if node["component_type"] in ("RemoteTool", "ApiNode"):
+            for field in ("headers", "sensitive_headers"):
+                headers = node.get(field)
+                for header, value in (headers.items() if isinstance(headers, dict) else ()):
+                    name = env_reference(value) if isinstance(value, str) else None
+                    if name is not None:
+                        yield name, f"{field} {header!r} of {node['component_type']} {node.get('name')!r} at {path}"
 
 
 def _timeout(tool: c.RemoteTool, run_limit: float | None) -> float | None:

@@ -85,7 +85,8 @@ def _status(exc: BaseException) -> int | None:
         return None
 
 
-def _tls(exc: BaseException) -> bool:
+def tls_failure(exc: BaseException) -> bool:
+    """A failure of the server's certificate, which no retry mends (the reference runtime's reading)."""
     import ssl
 
     return any(isinstance(e, ssl.SSLCertVerificationError) or any(
@@ -109,7 +110,7 @@ def call_retry(policy: RetryPolicy, exc: BaseException) -> tuple[bool, int | Non
 
     for current in _chain(exc):
         if isinstance(current, httpx2.TransportError):
-            return not _tls(current), None
+            return not tls_failure(current), None
         status = _status(current)
         if status is not None:
             text = str(getattr(current, "body", None) or getattr(current, "message", None) or current)

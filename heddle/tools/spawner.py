@@ -12,11 +12,15 @@ and nothing of heddle's own, so a process a tool leaves behind never holds `hedd
 open. A call's own failures reach heddle as the call's stderr. It runs in a session of its own,
 so a terminal's Ctrl-C reaches heddle, which then stops its calls, and not the server. It ends
 when its socket closes, which is at the latest when heddle ends.
+
+A sandboxed call under an egress allow-list asks the server for its network namespace's one listener
+(OwnNetwork, Spawner.ask_listener): a fork of the server makes it there (see reaper.py).
 """
 
 from __future__ import annotations
 
 import atexit
+import errno
 import functools
 import marshal
 import os
@@ -24,7 +28,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,16 +101,26 @@ class Spawner:
             self._proc.poll()  # a dead server is collected; a live one ends on the closed socket
             self._proc = None
 
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None,
-              netns: tuple[str, int] | None = None) -> CallPipes:
-        """Start one call; OSError when the server cannot be started or reached. `netns` (a Unix socket and
-        a port): the call runs in a network namespace of its own, whose relay on that port is its only way
-        out (heddle.tools.reaper)."""
-        request: dict[str, object] = {"argv": [os.fspath(arg) for arg in argv], "env": dict(env), "cwd": cwd}
-        if netns is not None:
-            request["netns"] = [netns[0], netns[1]]
-        body = marshal.dumps(request)
+    def _send(self, request: Mapping[str, object], fds: Sequence[int]) -> None:
+        """One request to the server, with `fds` (the caller's to close); held under the lock."""
+        body = marshal.dumps(dict(request))
         head = len(body).to_bytes(4, "big")
+        for attempt in (1, 2):
+            sock = self._sock or self._start()
+            try:
+                socket.send_fds(sock, [head], fds)
+                sock.sendall(body)
+                return
+            except (BrokenPipeError, ConnectionResetError):
+                # The server died (killed from outside); a server that did not read the
+                # whole request started nothing, so the request goes to a new one.
+                self._drop()
+                if attempt == 2:
+                    raise
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None) -> CallPipes:
+        """Start one call; OSError when the server cannot be started or reached."""
+        request: dict[str, object] = {"argv": [os.fspath(arg) for arg in argv], "env": dict(env), "cwd": cwd}
         made: list[int] = []
         try:
             ends = []
@@ -116,18 +130,7 @@ class Spawner:
             (in_r, in_w), (out_r, out_w), (err_r, err_w), (st_r, st_w), (ctl_r, ctl_w) = ends
             theirs = [in_r, out_w, err_w, st_w, ctl_r]
             with self._lock:
-                for attempt in (1, 2):
-                    sock = self._sock or self._start()
-                    try:
-                        socket.send_fds(sock, [head], theirs)
-                        sock.sendall(body)
-                        break
-                    except (BrokenPipeError, ConnectionResetError):
-                        # The server died (killed from outside); a server that did not read the
-                        # whole request started nothing, so the call goes to a new one.
-                        self._drop()
-                        if attempt == 2:
-                            raise
+                self._send(request, theirs)
             for fd in theirs:
                 os.close(fd)
             made = []
@@ -135,6 +138,20 @@ class Spawner:
         finally:
             for fd in made:
                 os.close(fd)
+
+    def ask_listener(self, info: int, block: int, port: int) -> socket.socket:
+        """Ask for a socket listening on 127.0.0.1:`port` in the network namespace of the sandbox that reports
+        on `info` and waits on `block` (own_network_argv; both descriptors the caller's to close): a fork of
+        the server makes it there and lets the sandbox's program start. The answer comes on the socket
+        returned (see `take_listener`); OSError when the server cannot be started or reached."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            with theirs, self._lock:
+                self._send({"listener": port}, [info, block, theirs.fileno()])
+        except BaseException:
+            mine.close()
+            raise
+        return mine
 
     def close(self) -> None:
         with self._lock:
@@ -158,40 +175,97 @@ class Spawner:
             self._proc = None
 
 
-# Seconds the probe of a network namespace may take.
+def _refusal(message: bytes, otherwise: str) -> OSError:
+    kind, _, value = message.decode("ascii", "replace").partition(" ")
+    if kind == "error" and value.isdigit():
+        return OSError(int(value), os.strerror(int(value)))
+    return OSError(errno.EIO, otherwise)
+
+
+def take_listener(answer: socket.socket) -> socket.socket:
+    """The listener sent on `answer` (readable by now), which is then closed; OSError
+    when it could make none."""
+    with answer:
+        message, fds, _, _ = socket.recv_fds(answer, 64, 1)
+    if message != b"ok" or len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise _refusal(message, "the tool runner ended without making it")
+    os.set_inheritable(fds[0], False)
+    return socket.socket(fileno=fds[0])
+
+
+@dataclass(frozen=True)
+class OwnNetwork:
+    """What a sandboxed call that gets a network namespace of its own is given in it: a listener on
+    127.0.0.1:`port`, made before the call's program starts (its first connections wait in the backlog)
+    and handed to `adopt`, which takes it."""
+
+    port: int
+    adopt: Callable[[socket.socket], Awaitable[None]]
+
+
+# Seconds the start of a call's network namespace (and the probe of one) may take.
 PROBE_WAIT = 10.0
 
 
+def own_network_argv(argv: Sequence[str], info: int, block: int) -> list[str]:
+    """A bubblewrap command line (one with `--unshare-net`) made to report its namespaces on `info` and hold
+    its program until `block` is written to (Spawner.ask_listener)."""
+    return [argv[0], "--info-fd", str(info), "--block-fd", str(block), *argv[1:]]
+
+
 @functools.cache
-def own_network_problem(port: int, argv: tuple[str, ...] = ("true",)) -> str | None:
-    """None when a call can be given a network namespace of its own by its reaper here (see `spawn`), else
-    why not: asked once per process, by running `argv` (which must exit 0) so."""
+def own_network_problem(port: int, argv: tuple[str, ...]) -> str | None:
+    """None when a sandbox can be given a network namespace of its own with a listener in it here (the
+    bubblewrap command line `argv`, which must exit 0, run so once: see OwnNetwork), else why not. Asked
+    once per process."""
     import select
 
     if not available():
         return "no tool runner here (it needs Linux and a Python interpreter)"
+    info_r, info_w = os.pipe()
+    block_r, block_w = os.pipe()
     try:
-        pipes = SPAWNER.spawn(argv, {"PATH": "/usr/bin:/bin"}, None, netns=("/", port))
+        answer = SPAWNER.ask_listener(info_r, block_w, port)
     except OSError as exc:
+        os.close(block_w)
         return f"the tool runner could not be started: {exc.strerror or exc}"
-    os.close(pipes.stdin)
-    report = b""
-    try:
-        while select.select([pipes.status], [], [], PROBE_WAIT)[0]:
-            data = os.read(pipes.status, 4096)
-            if not data:
-                break
-            report += data
     finally:
-        for fd in (pipes.stdout, pipes.stderr, pipes.status, pipes.control):
-            os.close(fd)
-    last = (report.decode("ascii", "replace").strip().splitlines() or [""])[-1]
-    kind, _, value = last.partition(" ")
-    if last == "exit 0":
-        return None
-    if kind == "netns" and value.isdigit():
-        return f"a network namespace cannot be made here: {os.strerror(int(value))}"
-    return f"the probe of a network namespace ended with {last or 'no report'!r}"
+        os.close(info_r)
+    try:
+        proc = subprocess.Popen(own_network_argv(argv, info_w, block_r),
+                                pass_fds=(info_w, block_r), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    except OSError as exc:
+        answer.close()
+        os.close(block_w)
+        return f"cannot run {argv[0]}: {exc.strerror or exc}"
+    finally:
+        os.close(info_w)
+        os.close(block_r)
+    problem = None
+    try:
+        if not select.select([answer], [], [], PROBE_WAIT)[0]:
+            raise TimeoutError("no listener was made in time")
+        take_listener(answer).close()
+    except OSError as exc:
+        problem = str(exc.strerror or exc)
+        proc.kill()
+    finally:
+        answer.close()
+        os.close(block_w)  # held till now, so that a fork that failed cannot let the program start
+    try:
+        _, err = proc.communicate(timeout=PROBE_WAIT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    lines = err.decode("utf-8", "replace").strip().splitlines()
+    if problem is None and proc.returncode != 0:
+        problem = lines[-1] if lines else f"exit status {proc.returncode}"
+    elif problem is not None and lines:
+        problem = f"{problem} ({lines[-1]})"  # bubblewrap's own word, where it ended first
+    return None if problem is None else f"a network namespace with a listener cannot be made here: {problem}"
 
 
 SPAWNER = Spawner()

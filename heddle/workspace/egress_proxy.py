@@ -1,14 +1,15 @@
 """Under `--safe`, a bundle's egress allow-list enforced on its tools' processes.
 
-A tool call whose run has an allow-list gets a network namespace of its own: it holds a loopback
-interface and no route out. In it a relay listens on 127.0.0.1:PROXY_PORT and forwards each connection
-to a Unix socket where heddle serves an HTTP proxy (`guarded`), in its own process, for that one call.
-For a tool call the namespace and the relay are made by the call's runner (heddle.tools.reaper, a fork
-of an interpreter already running; EgressCall.runner) where the kernel lets it; else, and for the
+A tool call whose run has an allow-list gets a network namespace of its own (bubblewrap's
+`--unshare-net`): it holds a loopback interface and no route out. The one thing listening in it is on
+127.0.0.1:PROXY_PORT, and heddle serves its HTTP proxy (`guarded`) there, in its own process, for that one
+call. For a tool call that listener is made in the sandbox's namespace before the tool starts and handed
+to heddle's event loop, which accepts on it directly: no process of the call's own carries its traffic
+(EgressCall.runner, heddle.tools.spawner.OwnNetwork). Where the kernel does not allow that, and for the
 processes heddle keeps for a run (an MCP server over stdio, a plugin: `process_guard`, one proxy per
-process), bubblewrap makes the namespace (`--unshare-net`) and RELAY, run by the system's python3 before
-the program, forwards to the socket bind-mounted into the sandbox. The tool's
-`HTTP_PROXY`/`HTTPS_PROXY` name the relay, so clients that honour them work unchanged; a client that
+process), RELAY, run by the system's python3 before the program, listens there and forwards each
+connection to the proxy's Unix socket, bind-mounted into the sandbox. The tool's
+`HTTP_PROXY`/`HTTPS_PROXY` name that address, so clients that honour them work unchanged; a client that
 ignores them, raw TCP or UDP, DNS, an IPv6 literal, a host's Unix or abstract socket reach nothing,
 because nothing else is there.
 
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from heddle.egress import EgressPolicy, Secrets, SecretSpec
     from heddle.engine.events import Event
     from heddle.engine.options import RunOptions
+    from heddle.tools.spawner import OwnNetwork
 
 PROXY_PORT = 3128
 SANDBOX_SOCKET = "/tmp/.heddle-egress.sock"
@@ -110,22 +112,22 @@ def relay_argv() -> list[str]:
 
 
 def runner_problem() -> str | None:
-    """None when a tool call's runner can make its network namespace and relay here (heddle.tools.reaper),
-    with a sandbox nested in it; else why not. Asked once per process."""
+    """None when a tool call's sandbox can be given its network namespace with heddle's listener in it here
+    (heddle.tools.spawner.OwnNetwork); else why not. Asked once per process."""
     from heddle.tools.spawner import own_network_problem
 
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return "bubblewrap is not here"
-    return own_network_problem(PROXY_PORT, (bwrap, "--unshare-user", "--unshare-pid", "--die-with-parent",
-                                            "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
-                                            "--cap-drop", "ALL", "--", "true"))
+    return own_network_problem(PROXY_PORT, (bwrap, "--unshare-user", "--unshare-pid", "--unshare-net",
+                                            "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc",
+                                            "--dev", "/dev", "--cap-drop", "ALL", "--", "true"))
 
 
 def check_relay() -> None:
-    """Refused before a run starts when the relay cannot run here. A tool call's relay is a fork of its
-    runner where that can make a network namespace (asked now, once per process), else RELAY, as for MCP
-    servers' and plugins' processes."""
+    """Refused before a run starts when a tool call under an allow-list could not reach the proxy here: its
+    listener is made in its namespace where the kernel allows it (asked now, once per process), else RELAY
+    runs in the sandbox, as for MCP servers' and plugins' processes."""
     if runner_problem() is None:
         return
     if not os.access(PYTHON, os.X_OK):
@@ -511,16 +513,17 @@ CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "C
 
 @dataclass(frozen=True)
 class EgressCall:
-    """What one sandboxed call is given to reach the network: the proxy's socket, and the certificate
-    of its authority (a host path, bound at SANDBOX_CA) when it has secrets; and what its environment
-    gains: the proxy variables, each secret's placeholder, and the variables that trust the authority."""
+    """What one sandboxed call is given to reach the network: the proxy's socket (or, `runner`, its
+    listener), and the certificate of its authority (a host path, bound at SANDBOX_CA) when it has
+    secrets; and what its environment gains: the proxy variables, each secret's placeholder, and the
+    variables that trust the authority."""
 
     socket: str
     env: Mapping[str, str]
     ca_file: str | None = None
-    # (socket, PROXY_PORT) when the call's runner makes its network namespace and relay (a tool call, through
-    # heddle.tools.reaper: a fork, not a new interpreter); None when the sandbox makes its own and runs RELAY.
-    runner: tuple[str, int] | None = None
+    # A tool call's: the listener made in its sandbox's namespace goes to the proxy (run_process's `netns`),
+    # and the sandbox runs no relay. None when RELAY forwards to `socket` instead.
+    runner: OwnNetwork | None = None
 
 
 @contextlib.asynccontextmanager
@@ -528,17 +531,22 @@ async def guarded(policy: EgressPolicy, tool: str, report: Report, secrets: Secr
                   hosts: Mapping[str, str] | None = None, *, runner: bool = False) -> AsyncIterator[EgressCall]:
     """The host side of one call's proxy, served until the call ends. `hosts` maps names to addresses
     ahead of DNS (with HOSTS; for tests, as no setting reaches either). `runner`: the call is run by
-    heddle.tools.process with the EgressCall's `runner`, which makes its namespace and relay."""
+    heddle.tools.process with the EgressCall's `runner`, whose listener the proxy then accepts on."""
     import secrets as random
 
-    folder = tempfile.mkdtemp(prefix="heddle-egress-")
+    from heddle.tools.spawner import OwnNetwork
+
+    with_secrets = secrets is not None and bool(secrets.specs)
+    # A folder of the call's own for the relay's socket and the authority's files; a call given its listener
+    # without secrets needs none (and is spared making and removing it, a millisecond on some file systems).
+    folder = tempfile.mkdtemp(prefix="heddle-egress-") if with_secrets or not runner else None
     try:
-        path = os.path.join(folder, "proxy.sock")
+        path = os.path.join(folder, "proxy.sock") if folder is not None and not runner else ""
         env = proxy_env()
         placeholders: tuple[_Placeholder, ...] = ()
         authority = None
         ca_file = None
-        if secrets is not None and secrets.specs:
+        if secrets is not None and folder is not None and with_secrets:
             placeholders = tuple(_Placeholder(spec, f"heddle-placeholder-{spec.name}-{random.token_hex(16)}",
                                               secrets.values[spec.name]) for spec in secrets.specs)
             env.update({p.spec.name: p.text for p in placeholders})
@@ -550,23 +558,36 @@ async def guarded(policy: EgressPolicy, tool: str, report: Report, secrets: Secr
             env.update(dict.fromkeys(CA_VARIABLES, SANDBOX_CA))
         proxy = _Proxy(policy, tool, report, {k.lower(): v for k, v in {**HOSTS, **(hosts or {})}.items()},
                        placeholders, authority)
-        server = await asyncio.start_unix_server(proxy.serve, path=path, limit=MAX_HEAD)
+        servers: list[asyncio.Server] = []
+
+        async def adopt(listener: socket.socket) -> None:
+            try:
+                servers.append(await asyncio.start_server(proxy.serve, sock=listener, limit=MAX_HEAD))
+            except BaseException:
+                listener.close()
+                raise
+
+        if not runner:
+            servers.append(await asyncio.start_unix_server(proxy.serve, path=path, limit=MAX_HEAD))
         try:
-            yield EgressCall(path, env, ca_file, (path, PROXY_PORT) if runner else None)
+            yield EgressCall(path, env, ca_file, OwnNetwork(PROXY_PORT, adopt) if runner else None)
         finally:
-            server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.wait_closed(), 1.0)
+            for server in servers:
+                server.close()
+            for server in servers:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(server.wait_closed(), 1.0)
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def call_guard(options: RunOptions, tool: str, emit: Callable[[Event], None], *, runner: bool = False
                ) -> contextlib.AbstractAsyncContextManager[EgressCall | None]:
     """The egress proxy of one sandboxed call of `tool`, or None when the run has no allow-list, is not
     under --safe, or gives tools no network at all (--deny-net). `runner`: the caller runs the call with
-    heddle.tools.process.run_process(netns=EgressCall.runner), which then makes the call's network namespace
-    and relay where it can (else the sandbox does, as for a process started otherwise)."""
+    heddle.tools.process.run_process(netns=EgressCall.runner), which hands the proxy the listener of the
+    call's namespace where it can (else RELAY runs in the sandbox, as for a process started otherwise)."""
     policy = options.egress
     if policy is None or not options.sandbox.safe or options.sandbox.deny_net:
         return contextlib.nullcontext()

@@ -183,14 +183,22 @@ def _measure(mount: Mount, *, max_entries: int, max_bytes: int) -> None:
                 f"mount {name}: cannot list {folder}: {exc.strerror}; check its permissions"
             ) from None
         for child in children:
-            path = child.path  # a string: a Path for each of many files costs more than the stat
             try:
                 st = child.stat(follow_symlinks=False)
             except OSError as exc:
-                raise UsageError(f"mount {name}: cannot read {path}: {exc.strerror}") from None
-            account(path, st)
-            if stat.S_ISDIR(st.st_mode):
-                pending.append(path)
+                raise UsageError(f"mount {name}: cannot read {child.path}: {exc.strerror}") from None
+            # What `account` does, in line for the files and folders a big tree is made of.
+            mode = st.st_mode
+            if stat.S_ISREG(mode):
+                entries += 1
+                size += st.st_size
+            elif stat.S_ISDIR(mode):
+                entries += 1
+                pending.append(child.path)  # a string: a Path for each of many files costs more than the stat
+            else:
+                account(child.path, st)  # refused
+            if entries > max_entries or size > max_bytes:
+                _check_limits(name, entries, size, max_entries=max_entries, max_bytes=max_bytes)
 
 
 def check_mounts(

@@ -191,18 +191,20 @@ def isolation_layers() -> list[tuple[str, bool, str]]:
     else:
         sandbox = _bwrap_works(bwrap)
         netns = sandbox or _bwrap_works(bwrap, "--unshare-net")
-    # A tool call's relay is a fork of its runner where that can make the namespace; else, as for MCP servers'
-    # and plugins' processes, the system's Python started in the sandbox.
-    proxy = netns or (None if os.access(PYTHON, os.X_OK) else f"{PYTHON} (the relay inside the sandbox) is not here")
-    if proxy is not None and netns is None:
-        proxy = None if runner_problem() is None else proxy
+    # A tool call's proxy listens in its namespace where the kernel allows it; else, as for MCP servers' and
+    # plugins' processes, a relay run by the system's Python in the sandbox.
+    listens = netns is None and runner_problem() is None
+    proxy = netns or (None if listens or os.access(PYTHON, os.X_OK) else
+                      f"{PYTHON} (the relay inside the sandbox) is not here")
+    how = "listening in each tool call's namespace" if listens else \
+        f"reached through a relay ({PYTHON}) in each call's namespace"
     return [
         ("sandbox", sandbox is None, "--safe: bubblewrap with user, pid, ipc and uts namespaces, the system "
          "read-only" if sandbox is None else f"--safe cannot work: {sandbox}"),
         ("netns", netns is None, "a network namespace per tool call (--deny-net, or a bundle's egress list)"
          if netns is None else f"no network namespace per call: {netns}"),
-        ("proxy", proxy is None, "the egress proxy, reached through a relay in each call's namespace"
-         if proxy is None else f"no egress proxy for tools: {proxy}"),
+        ("proxy", proxy is None, f"the egress proxy, {how}" if proxy is None else
+         f"no egress proxy for tools: {proxy}"),
         ("seccomp", False, "heddle adds no seccomp filter of its own"),
         ("rlimits", False, "heddle sets no resource limits on tools beyond their time and output caps"),
     ]
@@ -266,7 +268,9 @@ def bwrap_args(
 ) -> list[str]:
     """The bubblewrap command line that runs `argv` inside the policy's sandbox, in `chdir` (default:
     the workspace). With `egress` (heddle's egress proxy for this call) the sandbox has a network
-    namespace of its own, the proxy's socket (and authority) bound in and the relay run before `argv`."""
+    namespace of its own and the proxy's authority bound in; and either the proxy's socket bound in and the
+    relay run before `argv`, or (`egress.runner`) neither: run_process then has the proxy's listener made in
+    the sandbox's namespace before `argv` starts (heddle.tools.spawner.own_network_argv)."""
     bwrap = find_bwrap()
     if bwrap is None:
         raise RunError(f"--safe needs bubblewrap and 'bwrap' is not on PATH; {INSTALL_HINT}")
@@ -293,7 +297,7 @@ def bwrap_args(
     ops.append((SANDBOX_HOME, ["--dir", SANDBOX_HOME]))
     relay: list[str] = []
     if egress is not None:
-        if egress.runner is None:  # else the call's runner has made its namespace, relay and all
+        if egress.runner is None:  # else heddle's listener is made in the sandbox's namespace (run_process)
             ops.append((SANDBOX_SOCKET, ["--bind", egress.socket, SANDBOX_SOCKET]))
             relay = relay_argv()
         if egress.ca_file is not None:
@@ -315,7 +319,7 @@ def bwrap_args(
     ops.sort(key=lambda op: _depth(op[0]))
 
     args = [bwrap, *_NAMESPACES, "--cap-drop", "ALL"]
-    if policy.deny_net or (egress is not None and egress.runner is None):
+    if policy.deny_net or egress is not None:
         args.append("--unshare-net")
     for _, opts in ops:
         args.extend(opts)

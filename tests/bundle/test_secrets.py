@@ -10,10 +10,10 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from heddle import seal
-from heddle.bundle.collect import secret_by_name
+from heddle.bundle.collect import SecretScreen
 from heddle.bundle.flowenv import env_reads, literal_keys
 from heddle.format.errors import PackError
-from heddle.format.pack import pack
+from heddle.format.pack import PlanFile, pack
 from tests.support.cli import error_line, heddle
 from tests.support.cli_inproc import heddle_inproc
 from tests.support.cli_inproc_proc import heddle_here
@@ -33,7 +33,14 @@ PEM = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END O
     ("kube/config", False), ("keys.md", False), ("ssh/notes.txt", False),
 ])
 def test_names_that_look_like_secrets(path: str, secret: bool) -> None:
-    assert (secret_by_name(PurePosixPath(path).parts) is not None) is secret
+    # Judged by the payload path (the file comes from a folder with an innocent name, under its own name).
+    name = PurePosixPath(path).name
+    screen = SecretScreen([PlanFile(path, f"/srv/source/{name}")])
+    if secret:
+        with pytest.raises(PackError, match=f"as {path}: "):
+            screen.judge([])
+    else:
+        screen.judge([])
 
 
 def _secret_mount(root: Path) -> Path:

@@ -10,11 +10,12 @@ the drain, volumes and the autoscaling metric are the server's own. In-process b
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,6 @@ from heddle.server.metrics import Metrics
 from heddle.server.openapi import openapi_document
 from heddle.server.serve import CANCEL_GRACE_S
 from tests.deploy.image import MANIFESTS, Doc, expand, manifests, of_kind, read_image, render, server_container
-from tests.server.support import SERVER
 
 REPO = MANIFESTS.parents[1]
 # The Kubernetes versions docs/deploy.md says the manifests are for: the oldest and the newest.
@@ -199,7 +199,13 @@ def test_the_parameters_a_cluster_changes_reach_the_operators_resources(tmp_path
 
 
 def test_every_flag_passed_is_one_heddle_server_takes_and_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    help_text = subprocess.run([str(SERVER), "--help"], capture_output=True, text=True, check=True).stdout
+    # By the command's entry function in this process: the text the process prints (tests/server/test_startup.py's).
+    from heddle.server.cli import run
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert run(["--help"], {}) == 0
+    help_text = out.getvalue()
     listed = set(re.findall(r"^\s+(?:-\w, )?(--[a-z][a-z0-9-]*)", help_text, flags=re.MULTILINE))
     for where, deployment in _deployments():
         container = server_container(deployment)

@@ -85,7 +85,7 @@ def served() -> Iterator[Api]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(api))
     server.daemon_threads = True
     api.base = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     yield api
     server.shutdown()

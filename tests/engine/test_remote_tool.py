@@ -140,7 +140,7 @@ def api() -> Iterator[Stub]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(stub))
     server.daemon_threads = True
     stub.base = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     yield stub
     stub.release.set()

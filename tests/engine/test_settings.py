@@ -3,8 +3,10 @@ durations read the same way on both, and one function settles a bundle's proposa
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
-import subprocess
+from collections.abc import Callable
 
 import pytest
 import typer
@@ -22,8 +24,7 @@ from heddle.settings import (
     parse_duration,
     settle,
 )
-from tests.server.support import SERVER
-from tests.support.cli import error_line, heddle
+from tests.support.cli import env_with, error_line, heddle
 from tests.support.cli_inproc import heddle_inproc
 from tests.support.cli_inproc_proc import heddle_here
 from tests.support.flows import FlowDoc, server_tool, write_script
@@ -78,17 +79,31 @@ def _normal(text: str) -> str:
 HELPS = (("--help",), ("run", "--help"), ("validate", "--help"), ("bundle", "--help"), ("init", "--help"))
 
 
+def _printed(main: Callable[..., object], *args: object) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(*args)
+    return out.getvalue()
+
+
 @pytest.fixture(scope="module")
 def helps() -> dict[tuple[str, ...], str]:
-    """Each help text, printed once by a real `heddle` for the module's tests (they only read it)."""
-    return {args: heddle(*args).stdout for args in HELPS}
+    """Each help text, printed once for the module's tests (they only read it): `heddle run --help` by a
+    real `heddle`, the others by the same entry function in this process (the same text but for the
+    program's name; `heddle --help` and `heddle-server --help` as processes are tests/bundle/test_cli.py's
+    and tests/server/test_startup.py's)."""
+    from heddle.cli.errors import run_app
+
+    return {args: heddle(*args).stdout if args == ("run", "--help") else _printed(run_app, app, list(args))
+            for args in HELPS}
 
 
 def test_every_shared_setting_is_in_both_helps_with_one_default(helps: dict[tuple[str, ...], str]) -> None:
+    from heddle.server.cli import run
+
     cli, server = _cli_options("run"), _server_options()
     cli_help = _normal(helps[("run", "--help")])
-    server_help = _normal(subprocess.run([str(SERVER), "--help"], capture_output=True, text=True, timeout=30,
-                                         check=True).stdout)
+    server_help = _normal(_printed(run, ["--help"], env_with()))
     for spec in (*SETTINGS, *SHELL_SETTINGS):
         if spec.flag is None:
             continue
@@ -118,6 +133,7 @@ def test_every_shared_setting_is_in_both_helps_with_one_default(helps: dict[tupl
 def test_help_shows_no_python_types_and_no_cut_summaries(helps: dict[tuple[str, ...], str]) -> None:
     for args in HELPS:
         text = helps[args]
+        assert "Usage: " in text and "--help" in text, (args, text)
         assert not re.search(r"<(str|int|float|path|bool|list\[\w+\]|\w+ range)>|INTEGER|FLOAT|RANGE|x>=", text), \
             (args, text)
         assert "..." not in text.replace("COMMAND [ARGS]...", ""), (args, text)

@@ -3,16 +3,12 @@ exactly), and a plain number is bytes, as it always was."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from heddle.errors import UsageError
 from heddle.server.cli import config_from
 from heddle.server.cli import run as server_run
 from heddle.settings import SETTINGS, format_size, parse_size
-from tests.server.support import SERVER
-from tests.support.cli import heddle
 from tests.support.cli_inproc import heddle_inproc
 from tests.support.flows import FlowDoc
 
@@ -34,11 +30,13 @@ def test_anything_else_is_refused_naming_the_forms(text):
         parse_size(text)
 
 
-def test_both_helps_take_sizes_and_show_the_default_in_units():
+def test_both_helps_take_sizes_and_show_the_default_in_units(capsys):
     assert {s.flag for s in SIZES} >= {"--max-response-bytes", "--max-tool-stdout-bytes", "--mount-max-bytes"}
-    cli = " ".join(heddle("run", "--help").stdout.split())
-    server = " ".join(subprocess.run([str(SERVER), "--help"], capture_output=True, text=True, timeout=30,
-                                     check=True).stdout.split())
+    # By the commands' entry functions in this process: the same text as the processes print
+    # (tests/engine/test_settings.py reads `heddle run --help` from one).
+    cli = " ".join(heddle_inproc(capsys, "run", "--help")[1].split())
+    assert server_run(["--help"], {}) == 0
+    server = " ".join(capsys.readouterr().out.split())
     for shown in (cli, server):
         assert "--max-response-bytes SIZE" in shown and "--mount-max-bytes SIZE" in shown
         assert "(plain numbers are bytes). [default: 16MiB]" in shown

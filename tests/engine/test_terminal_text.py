@@ -1,6 +1,7 @@
 """Text from outside heddle reaches the terminal without control sequences: a tool's stderr and
-output, a model's error body, a registry's error body, through the real `heddle` command; JSON
-on stdout keeps every value exactly, escaped."""
+output, a model's error body, a registry's error body, a plugin's lines, through the `heddle` command
+(a real process's bytes for a tool's; the rest by the same entry function in-process); JSON on stdout
+keeps every value exactly, escaped."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 from heddle.textsafe import printable, printable_json, write_line
 from tests.model.vendor import Vendor
 from tests.support.cli import BIN, env_with
+from tests.support.cli_inproc import heddle_inproc
 from tests.support.flows import FlowDoc, llm_config, server_tool, write_tool
 
 # Sets the window title, clears the screen, a C1 CSI that clears it too, a right-to-left override.
@@ -35,6 +37,13 @@ def controls(data: bytes) -> list[str]:
 def heddle_bytes(*args: object) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([str(BIN / "heddle"), *map(str, args)], check=False, capture_output=True,
                           env=env_with(), stdin=subprocess.DEVNULL, timeout=60)
+
+
+def heddle_bytes_here(capsys: pytest.CaptureFixture[str], *args: object) -> subprocess.CompletedProcess[bytes]:
+    """`heddle_bytes` by the CLI's entry function in this process: the same lines on the same streams
+    (the first run below is the real process's bytes)."""
+    rc, out, err = heddle_inproc(capsys, *args)
+    return subprocess.CompletedProcess(["heddle", *map(str, args)], rc, out.encode(), err.encode())
 
 
 @pytest.mark.parametrize(("given", "shown"), [
@@ -93,7 +102,8 @@ def tools(tmp_path: Path) -> Path:
     return folder
 
 
-def test_a_tools_output_and_stderr_reach_the_terminal_without_controls(tmp_path: Path, tools: Path) -> None:
+def test_a_tools_output_and_stderr_reach_the_terminal_without_controls(tmp_path: Path, tools: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     # The tool's output in the event stream (stdout) and on the --verbose lines (stderr).
     shout = _flow(tmp_path, "shout", "shout")
     proc = heddle_bytes("run", shout, "-t", tools, "--input", '{"x": "1"}', "--protocol", "heddle", "-v")
@@ -106,7 +116,7 @@ def test_a_tools_output_and_stderr_reach_the_terminal_without_controls(tmp_path:
 
     # A tool that fails: its stderr in the node's error (--verbose) and in the error line.
     failing = _flow(tmp_path, "failing", "shout", "fail")
-    proc = heddle_bytes("run", failing, "-t", tools, "--input", '{"x": "1"}', "-v")
+    proc = heddle_bytes_here(capsys, "run", failing, "-t", tools, "--input", '{"x": "1"}', "-v")
     assert proc.returncode == 1
     assert not controls(proc.stderr), proc.stderr
     error = [line for line in proc.stderr.decode().splitlines() if line.startswith("error: ")]
@@ -114,14 +124,15 @@ def test_a_tools_output_and_stderr_reach_the_terminal_without_controls(tmp_path:
     assert "pwned" not in error[-1]
 
 
-def test_a_models_error_body_reaches_the_terminal_without_controls(tmp_path: Path) -> None:
+def test_a_models_error_body_reaches_the_terminal_without_controls(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     f = FlowDoc("ask")
     start, end = f.start(["q"]), f.end(["generated_text"])
     with Vendor([400], error_body=f"bad request {HOSTILE} try again") as vendor:
         llm = f.llm("ask", llm_config(vendor.url), "{{q}}", inputs=["q"])
         f.control(start, llm)
         f.control(llm, end)
-        proc = heddle_bytes("run", f.write(tmp_path / "ask.json"), "--input", '{"q": "hi"}', "-v")
+        proc = heddle_bytes_here(capsys, "run", f.write(tmp_path / "ask.json"), "--input", '{"q": "hi"}', "-v")
     assert proc.returncode == 1
     assert not controls(proc.stderr), proc.stderr
     assert b"bad request  try again" in proc.stderr
@@ -163,19 +174,19 @@ def _registry_that_refuses(body: dict[str, Any]) -> Iterator[str]:
         server.server_close()
 
 
-def test_a_registrys_error_body_reaches_the_terminal_without_controls(tmp_path: Path) -> None:
+def test_a_registrys_error_body_reaches_the_terminal_without_controls(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     errors = {"errors": [{"code": "MANIFEST_UNKNOWN", "message": f"no such tag {HOSTILE} here"}]}
     with _registry_that_refuses(errors) as address:
-        proc = subprocess.run([str(BIN / "heddle"), "pull", f"oci://{address}/agents/app:1", "-o",
-                               tmp_path / "app.heddle", "--cache-dir", tmp_path / "cache"],
-                              check=False, capture_output=True, env=env_with(), stdin=subprocess.DEVNULL,
-                              timeout=60)
+        proc = heddle_bytes_here(capsys, "pull", f"oci://{address}/agents/app:1", "-o", tmp_path / "app.heddle",
+                                 "--cache-dir", tmp_path / "cache")
     assert proc.returncode != 0
     assert not controls(proc.stderr), proc.stderr
     assert b"no such tag  here" in proc.stderr
 
 
-def test_a_plugins_log_lines_and_stderr_reach_the_terminal_without_controls(tmp_path: Path) -> None:
+def test_a_plugins_log_lines_and_stderr_reach_the_terminal_without_controls(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     from tests.plugins.support import make_plugin, middleware, tool_chain_flow
 
     flow, tools = tool_chain_flow(tmp_path, tools=("first",))
@@ -190,7 +201,7 @@ def h(call):
     os._exit(1)
 '''
     plugin = make_plugin(tmp_path / "p", components=[middleware("Loud", "toolCall.before")], code=code)
-    proc = heddle_bytes("run", flow, "-t", tools, "--plugin", plugin, "--verbose")
+    proc = heddle_bytes_here(capsys, "run", flow, "-t", tools, "--plugin", plugin, "--verbose")
     assert proc.returncode == 1
     assert not controls(proc.stderr), proc.stderr
     assert b"plugin p info: about to call" in proc.stderr

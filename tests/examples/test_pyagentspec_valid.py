@@ -100,14 +100,25 @@ def _documents(tmp_path: Path) -> dict[str, Path]:
     return docs
 
 
-def test_the_starter_and_every_example_are_valid_agent_spec(tmp_path: Path) -> None:
-    assert set(PLUGIN_TYPED) <= {p.relative_to(EXAMPLES).as_posix() for p in EXAMPLES.rglob("flow.yaml")}
+@pytest.fixture(scope="module")
+def pyagentspec_found(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """What pyagentspec finds in the starter and in every flow of examples/ (the plugin-typed one too),
+    by path: one start of its interpreter for the tests below that read it."""
     python = _pyagentspec_python()
-    docs = _documents(tmp_path)
-    proc = subprocess.run([str(python), "-c", CHECK, *map(str, docs.values())], check=False, capture_output=True,
-                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    paths = {*map(str, _documents(tmp_path_factory.mktemp("starter")).values()),
+             *map(str, EXAMPLES.rglob("flow.yaml"))}
+    proc = subprocess.run([str(python), "-c", CHECK, *sorted(paths)], check=False, capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
-    found = json.loads(proc.stdout)
+    found: dict[str, list[str]] = json.loads(proc.stdout)
+    return found
+
+
+def test_the_starter_and_every_example_are_valid_agent_spec(pyagentspec_found: dict[str, list[str]]) -> None:
+    assert set(PLUGIN_TYPED) <= {p.relative_to(EXAMPLES).as_posix() for p in EXAMPLES.rglob("flow.yaml")}
+    starter = next(Path(path) for path in pyagentspec_found if Path(path).name == "starter.yaml")
+    docs = _documents(starter.parent)
+    found = pyagentspec_found
     problems = {name: found[str(path)] for name, path in docs.items() if found[str(path)]}
     assert problems == {}, json.dumps(problems, indent=2)
     assert len(docs) >= 6  # the starter, the three examples and the plugin examples but one
@@ -126,17 +137,13 @@ def test_the_version_table_is_pyagentspec_s() -> None:
     assert json.loads(proc.stdout) == table
 
 
-def test_heddle_validate_agrees_with_pyagentspec_on_every_example() -> None:
+def test_heddle_validate_agrees_with_pyagentspec_on_every_example(pyagentspec_found: dict[str, list[str]]) -> None:
     # Valid for `heddle validate` (with the example's tools folder) exactly where pyagentspec 26.3.1
     # loads it; the plugin-typed example is refused by both (neither has its plugin here).
     from tests.support.inproc import check_doc
 
-    python = _pyagentspec_python()
     flows = sorted(EXAMPLES.rglob("flow.yaml"))
-    proc = subprocess.run([str(python), "-c", CHECK, *map(str, flows)], check=False, capture_output=True, text=True,
-                          timeout=60, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stderr
-    found = json.loads(proc.stdout)
+    found = pyagentspec_found
     verdicts = {}
     for flow in flows:
         tools = flow.parent / "tools"

@@ -79,7 +79,13 @@ def test_bad_json_scripts_name_the_file_and_entry(tmp_path: Path, text: str, fau
 
 def test_bad_yaml_names_the_line(tmp_path: Path) -> None:
     path = write(tmp_path, "script.yaml", "- content: ok\n- content: [unclosed\n")
-    with pytest.raises(ScriptError, match=r"script\.yaml: not valid YAML: .* at line \d+"):
+    with pytest.raises(ScriptError, match=r"script\.yaml: line \d+, column \d+ is not valid YAML: "):
+        load_script(path)
+
+
+def test_yaml_is_read_within_the_documents_caps(tmp_path: Path) -> None:
+    path = write(tmp_path, "deep.yaml", "[" * 200 + "]" * 200)
+    with pytest.raises(ScriptError, match=r"deep\.yaml: nests deeper than \d+ levels"):
         load_script(path)
 
 

@@ -20,6 +20,7 @@ import pytest
 from heddle.oci.artifact import BUNDLE_DIGEST, build_manifest
 from tests.support.bombs import zstd_bomb
 from tests.support.cli import BIN, env_with
+from tests.support.cli_inproc import heddle_inproc
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -86,7 +87,7 @@ class Registry(BaseHTTPRequestHandler):
 def registry() -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Registry)
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     yield f"127.0.0.1:{server.server_address[1]}"
     server.shutdown()
@@ -107,11 +108,28 @@ def pull(tmp_path: Path, ref: str, *args: str) -> tuple[int, str, int]:
     return proc.returncode, err.read_text(errors="replace"), usage.ru_maxrss
 
 
+def pull_here(tmp_path: Path, ref: str, *args: str, capsys: pytest.CaptureFixture[str],
+              monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
+    """`pull`'s exit code and stderr, by the CLI's entry function in this process: for the cases whose
+    kin runs as a real process (the same client, deadline and error line, without a start-up each)."""
+    for name in ("cache", "home"):
+        (tmp_path / name).mkdir(exist_ok=True)
+    monkeypatch.setenv("HEDDLE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    code, _, err = heddle_inproc(capsys, "pull", ref, "-o", tmp_path / "out.heddle", *args)
+    return code, err
+
+
 @pytest.mark.parametrize("case", ["drip", "driphead", "url"])
-def test_a_registry_that_drips_bytes_fails_at_the_deadline(tmp_path: Path, registry: str, case: str) -> None:
+def test_a_registry_that_drips_bytes_fails_at_the_deadline(tmp_path: Path, registry: str, case: str,
+                                                           capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     # A bundle URL is downloaded under the same deadline: here one whose server drips its body.
     ref = f"http://{registry}/v2/drip/manifests/v1" if case == "url" else f"oci://{registry}/{case}:v1"
-    code, err, _ = pull(tmp_path, ref, "--transfer-timeout", "1s")
+    if case == "drip":  # a real process, as a user runs it
+        code, err, _ = pull(tmp_path, ref, "--transfer-timeout", "1s")
+    else:
+        code, err = pull_here(tmp_path, ref, "--transfer-timeout", "1s", capsys=capsys, monkeypatch=monkeypatch)
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1, err
     assert lines[0] == f"error: {ref}: the transfer did not finish within 1 s (--transfer-timeout)", err
@@ -134,8 +152,14 @@ def test_a_tiny_manifest_or_layer_that_decodes_huge_is_refused_without_memory(tm
 
 
 @pytest.mark.parametrize("case", sorted(REDIRECTS))
-def test_a_redirect_to_anything_but_http_is_one_line(tmp_path: Path, registry: str, case: str) -> None:
-    code, err, _ = pull(tmp_path, f"oci://{registry}/{case}:v1")
+def test_a_redirect_to_anything_but_http_is_one_line(tmp_path: Path, registry: str, case: str,
+                                                     capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    ref = f"oci://{registry}/{case}:v1"
+    if case == "escape":  # a real process's stderr, where an escape would reach a terminal
+        code, err, _ = pull(tmp_path, ref)
+    else:
+        code, err = pull_here(tmp_path, ref, capsys=capsys, monkeypatch=monkeypatch)
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
     assert "Traceback" not in err and "\x1b" not in err

@@ -252,7 +252,7 @@ def file_server(sealed: Sealed) -> Iterator[str]:
         return _Quiet(*args, directory=str(sealed.root), **kwargs)  # type: ignore[arg-type]
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"

@@ -1,8 +1,9 @@
 """The plugin examples, end to end through the `heddle` command and real plugin processes.
 
-`heddle run --plugin` runs as a real process for the retry policy (its warnings on stderr) and the
-encoder (a plugin's rendering on stdout); the other examples run the same command through its
-entry function in this process (`heddle_here`), their plugins still real processes.
+`heddle run --plugin` as a real process, for the retry policy and the encoder as their README and
+docs/plugins.md show them, is tests/docs/test_shell_blocks.py's (every shell block of those pages runs
+as written); here every example runs the same command through its entry function in this process
+(`heddle_here`), their plugins still real processes, and what it prints is checked.
 `heddle validate --plugin` as a process is tests/plugins/test_cli.py's.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import heddle as library
-from tests.support.cli import heddle, state_of
+from tests.support.cli import state_of
 from tests.support.cli_inproc import heddle_inproc
 from tests.support.cli_inproc_proc import heddle_here
 from tests.support.inproc import check_doc
@@ -34,11 +35,13 @@ def copy_example(name: str, tmp_path: Path, model_url: str | None = None) -> Pat
     return root
 
 
-def test_retry_policy_runs_a_flaky_tool_again(tmp_path):
+def test_retry_policy_runs_a_flaky_tool_again(tmp_path, capsys):
     root = copy_example("retry-flaky", tmp_path)
     args = ["run", root / "flow.yaml", "-t", root / "tools", "--mount", f"{root / 'state'}:state:rw",
             "--plugin", root / "plugin" / "plugin.json", "--input", '{"symbol": "ACME"}']
-    proc = heddle(*args)
+    # In-process, its plugin a real process (a `heddle` process runs this command as examples/plugins/README.md
+    # shows it: tests/docs/test_shell_blocks.py).
+    proc = heddle_here(capsys, *args)
     assert state_of(proc) == {"symbol": "ACME", "price": 42, "calls": 3}
     retried = [line for line in proc.stderr.splitlines() if "retried node 'fetch'" in line]
     assert len(retried) == 2 and retried[0].startswith("warning: plugin 'retry-policy' (RetryPolicy) retried node "
@@ -141,9 +144,12 @@ def test_a_custom_node_type_routes_by_its_branches(tmp_path, capsys):
 def test_an_encoder_renders_the_run_as_markdown(tmp_path, capsys):
     root = EXAMPLES / "custom-node"
     text = "This text is long enough to take the long branch of the flow, and so it is shortened by a tool."
-    proc = heddle("run", root / "flow.yaml", "-t", root / "tools", "--plugin", root / "plugin" / "plugin.json",
-                  "--plugin", EXAMPLES / "markdown-encoder" / "plugin" / "plugin.json", "--protocol", "markdown",
-                  "--plugin-config", 'MarkdownTranscript={"timings": false}', "--input", json.dumps({"text": text}))
+    # In-process, its plugins real processes (a `heddle` process renders this example as Markdown as
+    # docs/plugins.md shows it: tests/docs/test_shell_blocks.py).
+    proc = heddle_here(capsys, "run", root / "flow.yaml", "-t", root / "tools", "--plugin",
+                       root / "plugin" / "plugin.json", "--plugin", EXAMPLES / "markdown-encoder" / "plugin" /
+                       "plugin.json", "--protocol", "markdown", "--plugin-config",
+                       'MarkdownTranscript={"timings": false}', "--input", json.dumps({"text": text}))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert out.startswith("# Run of `custom-node`\n\nInput: `{\"text\": ")

@@ -176,6 +176,9 @@ class _Service:
         self.admission = SimpleNamespace(draining=False, saturation=0.0)
         self.submitted: list[dict[str, Any]] = []
 
+    def runs_release(self, digest: str) -> bool:
+        return bool(digest == self.core.digest)
+
     async def submit(self, body: dict[str, Any], on_event: Any) -> Any:
         self.submitted.append(body)
         raise ApiError(429, "busy", "a test's server takes no run")

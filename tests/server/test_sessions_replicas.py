@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.server.support import SERVER, run_server_to_exit, start_server
+from tests.server.support import run_server_to_exit, start_server
 from tests.support.cli import env_with
 from tests.support.flows import FlowDoc, llm_config
 from tests.support.postgres import fresh_schema
@@ -85,21 +85,24 @@ def test_two_servers_on_one_postgres_store_carry_one_conversation(tmp_path: Path
 
 def test_the_session_flags_and_a_store_that_cannot_be_reached(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    shown = subprocess.run([str(SERVER), "--help"], capture_output=True, text=True, env=env_with(None), timeout=30,
-                           check=False)
-    assert shown.returncode == 0
-    for flag in ("--session-store", "--session-db", "--session-dir", "--session-key", "HEDDLE_SESSION_KEY"):
-        assert flag in shown.stdout
-    assert "--durable" not in shown.stdout
+    # The flags in --help: tests/server/test_startup.py's `heddle-server --help` lists them.
+    from heddle.server.cli import run
+
+    def refused_here(*args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """`heddle-server ARGS` by the command's entry function in this process (a start-up each saved;
+        the unreachable store below is the real process)."""
+        capsys.readouterr()
+        status = run(["--port", "0", *[str(a) for a in args]], env_with(env))
+        return subprocess.CompletedProcess([], status, *capsys.readouterr())
 
     gone = tmp_path / "no-such-folder"
     # A store shared by replicas has no default key: refused at start, naming where to give one.
-    proc = run_server_to_exit(tmp_path, "--session-store", f"postgresql://heddle:s3cret@/heddle?host={gone}")
+    proc = refused_here("--session-store", f"postgresql://heddle:s3cret@/heddle?host={gone}")
     assert proc.returncode == 2 and "listening" not in proc.stdout
     (line,) = proc.stderr.strip().splitlines()
     assert "--session-key FILE" in line and "HEDDLE_SESSION_KEY" in line and "s3cret" not in line
-    short = run_server_to_exit(tmp_path, "--session-store", f"postgresql://heddle:s3cret@/heddle?host={gone}",
-                               env={"HEDDLE_SESSION_KEY": "short"})
+    short = refused_here("--session-store", f"postgresql://heddle:s3cret@/heddle?host={gone}",
+                         env={"HEDDLE_SESSION_KEY": "short"})
     assert short.returncode == 2 and "fewer than 32" in short.stderr
 
     proc = run_server_to_exit(tmp_path, "--session-store", f"postgresql://heddle:s3cret@/heddle?host={gone}",
@@ -109,12 +112,8 @@ def test_the_session_flags_and_a_store_that_cannot_be_reached(tmp_path: Path,
     assert len(lines) == 1 and lines[0].startswith("error: postgres ") and str(gone) in lines[0], proc.stderr
     assert "s3cret" not in proc.stderr
 
-    # The flags' own refusal through the command's entry function in this process.
-    from heddle.server.cli import run
-
-    capsys.readouterr()
-    status = run(["--port", "0", "--session-db", str(tmp_path / "s.db")], env_with(None))
-    proc = subprocess.CompletedProcess([], status, *capsys.readouterr())
+    # The flags' own refusal.
+    proc = refused_here("--session-db", tmp_path / "s.db")
     assert proc.returncode == 2 and "listening" not in proc.stdout
     assert proc.stderr.strip() == ("error: --session-db applies only to --session-store sqlite, and this server has "
                                    "no --session-store (sessions are off); give --session-store sqlite or drop "

@@ -31,8 +31,10 @@ def test_version_and_help_name_every_setting() -> None:
                  "--mount", "--workspace", "--mount-max-bytes", "--mount-max-entries", "--no-mount-tools",
                  "--llm-default-url", "--safe", "--sandbox", "--allow-read", "--allow-write", "--allow-env",
                  "--deny-net", "--auth-token", "--allowed-host", "--header-timeout", "--body-timeout",
-                 "--max-connections", "HEDDLE_AUTH_TOKEN", "HEDDLE_STREAM", "HEDDLE_LLM_DEFAULT_KEY"):
+                 "--max-connections", "HEDDLE_AUTH_TOKEN", "HEDDLE_STREAM", "HEDDLE_LLM_DEFAULT_KEY",
+                 "--session-store", "--session-db", "--session-dir", "--session-key", "HEDDLE_SESSION_KEY"):
         assert flag in proc.stdout, flag
+    assert "--durable" not in proc.stdout  # a server's runs are durable by their session store, not a flag
 
 
 def refused_in_process(args: list[object], env: dict[str, str] | None,

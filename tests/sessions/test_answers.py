@@ -98,7 +98,7 @@ def test_a_denial_is_final_and_a_later_approval_runs_nothing(tmp_path: Path,
     shown = json.loads(heddle_here(capsys, "sessions", "show", "p", "--json", *store).stdout)
     assert shown["status"] == "idle" and "waiting_for" not in shown  # it waits no more
 
-    later = heddle("run", flow, "-t", tools, "--session", "p", *store, "--approve")
+    later = heddle_here(capsys, "run", flow, "-t", tools, "--session", "p", *store, "--approve")
     assert later.returncode == 2 and "waits for nothing" in _one_error(later)
     assert not log.exists()  # the denied call never ran
 
@@ -141,7 +141,8 @@ def test_a_record_edited_in_the_file_store_or_forged_as_approved_is_refused(tmp_
     path = tmp_path / "sessions" / "p.json"
     original = path.read_bytes()
     path.write_bytes(_tamper(original))
-    edited = heddle("run", flow, "-t", tools, "--session", "p", *store, "--approve")
+    # In-process: an edited record refused by a real process is the sqlite store's test above.
+    edited = heddle_here(capsys, "run", flow, "-t", tools, "--session", "p", *store, "--approve")
     assert edited.returncode == 2 and "fails its authentication" in _one_error(edited)
 
     # A forged approval: the run made to look as if the person had approved it, for --resume to continue.

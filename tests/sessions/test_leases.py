@@ -138,3 +138,37 @@ def test_the_owner_renews_its_lease_and_stops_when_its_run_was_taken_over(tmp_pa
     # Nothing this run did after it lost the record was written over the new owner's.
     now = decode("chat", store.sessions["chat"].data, store="memory").owner
     assert now is not None and now.host == "elsewhere"
+
+
+def test_a_renewal_under_way_when_the_run_ends_finishes_before_the_runs_last_write() -> None:
+    """The store applies a renewal, and the run ends before its answer is back: cut off there, the
+    renewal's version would be lost to the run, whose last write would then meet it as another's."""
+    from heddle.engine.run import RunOutcome
+    from heddle.sessions.turn import Turn, run_turn
+
+    applied = asyncio.Event()
+
+    class AnswersLate(MemStore):
+        async def replace(self, session_id: str, data: bytes, *, version: int) -> Stored:
+            saved = await super().replace(session_id, data, version=version)
+            if decode(session_id, data, store=self.name).running and not applied.is_set():
+                applied.set()  # a renewal is in the store; its answer is on its way
+                await asyncio.sleep(0.05)
+            return saved
+
+    store = AnswersLate()
+
+    async def run(turn: Turn) -> RunOutcome:
+        assert turn.journal.checkpoint is not None
+        await turn.journal.checkpoint(turn.journal)  # the run's first write: the session is running
+        await applied.wait()  # the run ends while the renewal's answer is on its way
+        return RunOutcome({"a": "done"}, {"a": "done"})
+
+    async def main() -> Any:
+        return await run_turn(SessionUse(store, "chat", durable=True, lease=0.03), digest="sha256:" + "0" * 64,
+                              document="doc", inputs={"x": "x"}, inputs_given=True, message=None, run=run)
+
+    done = asyncio.run(main())
+    assert done.outcome.outputs == {"a": "done"}
+    record = decode("chat", store.sessions["chat"].data, store="memory")
+    assert record.status == "idle" and record.turns == 1 and record.owner is None

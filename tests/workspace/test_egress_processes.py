@@ -185,28 +185,115 @@ def test_a_plugin_process_reaches_only_its_manifests_hosts(tmp_path: Path, api: 
     assert len(logged) == 1 and "process 'prober'" in logged[0] and "unlisted.test" in logged[0], logged
 
 
-def test_a_tool_calls_relay_is_forked_by_its_runner_or_else_started_in_its_sandbox(
+def test_a_tool_calls_proxy_listens_in_its_namespace_or_else_a_relay_starts_in_its_sandbox(
         tmp_path: Path, api: int, monkeypatch: pytest.MonkeyPatch) -> None:
     from heddle.tools import spawner
-    from heddle.workspace.egress_proxy import PROXY_PORT
+    from heddle.workspace.egress_proxy import PROXY_PORT, runner_problem
     from tests.workspace.test_egress_sandbox import run_tool
 
-    asked: list[Any] = []
-    real = spawner.SPAWNER.spawn
+    problem = runner_problem()  # asked once per process, by a probe that asks for a listener too
+    if problem is not None:
+        pytest.skip(problem)
+    asked: list[int] = []
+    real = spawner.SPAWNER.ask_listener
 
-    def spawn(argv: Any, env: Any, cwd: Any, netns: Any = None) -> Any:
-        asked.append(netns)
-        return real(argv, env, cwd, netns)
+    def ask_listener(info: int, block: int, port: int) -> Any:
+        asked.append(port)
+        return real(info, block, port)
 
-    monkeypatch.setattr(spawner.SPAWNER, "spawn", spawn)
+    monkeypatch.setattr(spawner.SPAWNER, "ask_listener", ask_listener)
     ops = [["get", f"http://127.0.0.1:{api}/ok"], ["tcp", ["127.0.0.1", api]]]
     egress = {"net": (f"127.0.0.1:{api}",)}
     results, _ = run_tool(tmp_path, ops, egress)
     assert results[0] == [True, "hello from the listed host"] and not results[1][0], results
-    assert asked and asked[-1] is not None and asked[-1][1] == PROXY_PORT
-    # Where the runner cannot make a network namespace, the sandbox makes one and starts the relay in it.
+    assert asked == [PROXY_PORT]
+    # Where the kernel does not allow it, the sandbox makes the namespace and starts the relay in it.
     monkeypatch.setattr(spawner, "own_network_problem", lambda port, argv: "refused here")
     asked.clear()
     results, _ = run_tool(tmp_path, ops, egress)
     assert results[0] == [True, "hello from the listed host"] and not results[1][0], results
     assert asked == []
+
+
+def _own_network_sandbox(tmp_path: Path, script: str) -> list[str]:
+    """A bubblewrap command line as a tool call under an allow-list gets it, running `script` (sh)."""
+    return [str(find_bwrap()), "--unshare-user", "--unshare-pid", "--unshare-net", "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
+            "--bind", str(tmp_path), str(tmp_path), "--", "/bin/sh", "-c", script]
+
+
+def test_calls_at_once_each_get_the_listener_of_their_own_namespace(tmp_path: Path) -> None:
+    from heddle.tools.process import run_process
+    from heddle.tools.spawner import OwnNetwork
+    from heddle.workspace.egress_proxy import PROXY_PORT, runner_problem
+
+    if (problem := runner_problem()) is not None:
+        pytest.skip(problem)
+    # Each tool says what its listener answered and which user namespace it is in (while all three run).
+    client = (f"import os, socket; s = socket.create_connection(('127.0.0.1', {PROXY_PORT})); "
+              "print(s.recv(64).decode(), os.readlink('/proc/self/ns/user'))")
+
+    async def calls() -> list[str]:
+        servers: list[asyncio.Server] = []
+        connected: list[int] = []
+        everyone = asyncio.Event()
+
+        def network(n: int) -> OwnNetwork:
+            async def greet(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                connected.append(n)
+                if len(connected) == 3:
+                    everyone.set()
+                await everyone.wait()
+                writer.write(f"call {n}".encode())
+                await writer.drain()
+                writer.close()
+
+            async def adopt(listener: Any) -> None:
+                servers.append(await asyncio.start_server(greet, sock=listener))
+
+            return OwnNetwork(PROXY_PORT, adopt)
+
+        try:
+            done = await asyncio.gather(*(run_process(
+                "net", _own_network_sandbox(tmp_path, f"/usr/bin/python3 -I -S -c \"{client}\""), b"",
+                sandboxed=True, netns=network(n), timeout=30) for n in range(3)))
+        finally:
+            for server in servers:
+                server.close()
+        return [d.stdout.decode().strip() or d.stderr.decode() for d in done]
+
+    said = [line.split(" ", 2) for line in asyncio.run(calls())]
+    assert [" ".join(words[:2]) for words in said] == ["call 0", "call 1", "call 2"], said
+    # A user namespace of each call's own, as under --safe without a list: none shares the kernel's user
+    # keyrings with another.
+    namespaces = {words[2] for words in said}
+    assert len(namespaces) == 3 and os.readlink("/proc/self/ns/user") not in namespaces, said
+
+
+def test_a_call_whose_listener_cannot_be_made_never_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from heddle.errors import ToolError
+    from heddle.tools import spawner
+    from heddle.tools.process import run_process
+    from heddle.workspace.egress_proxy import PROXY_PORT, runner_problem
+
+    if (problem := runner_problem()) is not None:
+        pytest.skip(problem)
+
+    def refused(info: int, block: int, port: int) -> socket.socket:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            theirs.send(b"error 1")  # as the runner's fork answers when it cannot enter the namespace
+        return mine
+
+    monkeypatch.setattr(spawner.SPAWNER, "ask_listener", refused)
+
+    async def adopt(listener: Any) -> None:
+        raise AssertionError("no listener was made")
+
+    marker = tmp_path / "ran"
+    with pytest.raises(ToolError, match="its network namespace could not be made: Operation not permitted"):
+        asyncio.run(run_process("net", _own_network_sandbox(tmp_path, f"touch {marker}"), b"", sandboxed=True,
+                                netns=spawner.OwnNetwork(PROXY_PORT, adopt), timeout=60))
+    assert not marker.exists()

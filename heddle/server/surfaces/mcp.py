@@ -73,7 +73,6 @@ class McpSurface:
         self._server: Server[Any] | None = None
         self._manager: StreamableHTTPSessionManager | None = None
         self._started: asyncio.Future[None] | None = None
-        self._task: asyncio.Task[None] | None = None
         self._tool: tuple[object, types.Tool] | None = None  # the served bundle, and its tool
 
     @property
@@ -115,14 +114,14 @@ class McpSurface:
             self._manager = StreamableHTTPSessionManager(
                 self.server, security_settings=None, max_request_body_size=config.max_body_bytes,
                 session_idle_timeout=min(config.session_idle_timeout, DEFAULT_SESSION_IDLE_TIMEOUT))
-            self._task = asyncio.create_task(self._serve(self._manager, self._started))
+            self.service.tasks.start(self._serve(self._manager, self._started), name="mcp transport")
         await asyncio.shield(self._started)
         assert self._manager is not None
         return self._manager
 
     async def _serve(self, manager: StreamableHTTPSessionManager, started: asyncio.Future[None]) -> None:
-        """The transport's task group, until the server's loop ends and cancels it (the server has no lifespan
-        to stop it sooner; its handshake sessions end with it)."""
+        """The transport's task group, until the server stops (Service.aclose cancels it; its handshake
+        sessions end with it)."""
         try:
             async with manager.run():
                 started.set_result(None)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from heddle.blocking import Tasks
 from heddle.errors import HeddleError
 from heddle.server.errors import ApiError, as_api_error
 from heddle.server.surfaces.agent import Reply, ServedAgent
@@ -419,8 +420,10 @@ class _Call:
         transcript = _Transcript(self.surface.agent, emit, started=started)
         head = [self._frame({"type": "response.created", "response": self.response("in_progress", [], None)}),
                 self._frame({"type": "response.in_progress", "response": self.response("in_progress", [], None)})]
-        run = asyncio.create_task(self._run(transcript))
-        begun = asyncio.create_task(started.wait())
+        # The run outlives this call (its frames are relayed after): the server's, which its end stops.
+        run = self.surface.service.runs.start(self._run(transcript), name="responses run")
+        waits = Tasks()
+        begun = waits.start(started.wait())
         try:
             await watched(asyncio.wait({run, begun}, return_when=asyncio.FIRST_COMPLETED), receive)
         except BaseException:
@@ -428,7 +431,7 @@ class _Call:
             await asyncio.wait({run})
             raise
         finally:
-            begun.cancel()
+            await waits.aclose()
         if run.done() and not started.is_set():
             failure = run.exception()
             if isinstance(failure, (ApiError, HeddleError)):

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import Receive, Send
 
+from heddle.blocking import Tasks
 from heddle.server import sse
 from heddle.server.body import Gone, disconnected
 
@@ -24,30 +25,30 @@ def task_of(submitted: Submitted) -> asyncio.Task[RunOutcome]:
 
 async def watched(work: Awaitable[Any], receive: Receive) -> Any:
     """`work`, cancelled if the client goes away meanwhile (its run then stops)."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(disconnected(receive))
+    tasks = Tasks()
+    task = tasks.start(work)
+    gone = tasks.start(disconnected(receive))
     try:
         await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
-            task.cancel()
-            await asyncio.wait({task})
             raise Gone()
         return task.result()
     finally:
-        gone.cancel()
+        await tasks.aclose()
 
 
 async def relay(updates: AsyncIterator[Any], first: Any, render: Callable[[Any], bytes], receive: Receive,
                  send: Send) -> None:
     """Send the stream's items as SSE frames as they come; stop it when the client goes."""
     await send({"type": "http.response.start", "status": 200, "headers": sse.HEADERS})
-    gone = asyncio.ensure_future(disconnected(receive))
-    step: asyncio.Future[Any] | None = None
+    tasks = Tasks()
+    gone = tasks.start(disconnected(receive))
+    step: asyncio.Task[Any] | None = None
     try:
         await send({"type": "http.response.body", "body": render(first), "more_body": True})
         while True:
             if step is None:
-                step = asyncio.ensure_future(anext(updates))
+                step = tasks.start(anext(updates))
             done, _ = await asyncio.wait({step, gone}, timeout=sse.KEEPALIVE_S, return_when=asyncio.FIRST_COMPLETED)
             if gone in done:
                 return
@@ -63,10 +64,7 @@ async def relay(updates: AsyncIterator[Any], first: Any, render: Callable[[Any],
             await send({"type": "http.response.body", "body": render(item), "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     finally:
-        gone.cancel()
-        if step is not None and not step.done():
-            step.cancel()
-            await asyncio.wait({step})
+        await tasks.aclose()
         await updates.aclose()  # type: ignore[attr-defined]
 
 
