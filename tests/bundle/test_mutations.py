@@ -597,7 +597,10 @@ def state_of(root: Path, *, leave_out: Path | None = None) -> State:
             if stat.S_ISREG(st_.st_mode):
                 with open(path, "rb") as fh:
                     digest = hashlib.sha256(fh.read()).hexdigest()
-            out[os.path.relpath(path, root)] = (st_.st_mode, st_.st_size, digest)
+            # A folder's size is its file system's bookkeeping (tmpfs counts its entries, ext4 its blocks):
+            # what it holds is compared entry by entry.
+            size = 0 if stat.S_ISDIR(st_.st_mode) else st_.st_size
+            out[os.path.relpath(path, root)] = (st_.st_mode, size, digest)
     return out
 
 
