@@ -235,7 +235,12 @@ class Follower:
                 del self._sought[next(iter(self._sought))]
         async with self._looking:
             if first:
-                self._apply(await self._round())
+                try:
+                    self._apply(await self._round())
+                except BaseException:
+                    # A look that did not end (its caller gone, say) was no look: the next session asks again.
+                    self._sought.pop(bundle_digest, None)
+                    raise
 
     async def _round(self) -> _Outcome:
         """One check (and pull) in a thread of its own, so the loop never waits on the registry or the

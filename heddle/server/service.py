@@ -318,7 +318,9 @@ class Service:
                 edition.retire(self._close_later)
 
     def runs_release(self, digest: str) -> bool:
-        """Whether a session run bound to `digest` runs here: the bundle served, or a release kept for it."""
+        """Whether a session run bound to `digest` runs here: the bundle served, or a release kept for it
+        (recovery asks on each sweep, so an idle release is let go then too, not only on a session's turn)."""
+        self._let_go()
         return self.sealed is not None and (digest == self.core.digest or digest in self._kept)
 
     async def _release_of(self, session_id: str) -> tuple[Stored | None, Edition | None]:
@@ -495,8 +497,7 @@ class Service:
                 await run_blocking(WORKSPACE_COPIES, resolved.folder.close)
             raise
         # The server's plugins, if any, are in `prepared`: its runs go through their seams.
-        job = Job(prepared, resolved.inputs, frozenset(self.core.tools) | self._plugin_tools() | self._command_names(),
-                  resolved.folder,
+        job = Job(prepared, resolved.inputs, _tool_names(lease.edition.core), resolved.folder,
                   resolved.message, source=resolved.source, lease=lease)
         if request.session is not None:
             # In a session the message and the inputs are checked once the turn is known: a run that
@@ -695,8 +696,6 @@ class Service:
 
     # ------------------------------------------------------------------ plugins
 
-    def _plugin_tools(self) -> frozenset[str]:
-        return frozenset(self.host.tools) if self.host is not None else frozenset()
 
     def _command_names(self) -> frozenset[str]:
         return frozenset(self.core.commands.commands) if self.core.commands is not None else frozenset()
@@ -794,3 +793,11 @@ class Service:
         if self.follower is not None:
             caps["follow"] = self.follower.describe()
         return caps
+
+
+def _tool_names(core: RunCore) -> frozenset[str]:
+    """The tools an edition serves (its folder's, its plugins', its commands'), named in the metrics;
+    any other a request flow's own. The edition a run leased: a kept release's are not the served one's."""
+    plugins = frozenset(core.host.tools) if core.host is not None else frozenset()
+    commands = frozenset(core.commands.commands) if core.commands is not None else frozenset()
+    return frozenset(core.tools) | plugins | commands

@@ -412,5 +412,7 @@ async def _leased(use: SessionUse, work: Awaitable[RunOutcome], renew: Callable[
         # caller was cancelled, and the run's next write would then meet its own renewal as another
         # run's (a conflict that loses the turn, and leaves the run for recovery to do again).
         ended.set()
-        await asyncio.wait({renewing})
-        await keeper.aclose()
+        try:
+            await asyncio.wait({renewing})
+        finally:  # a cancelled wait still leaves no renewal without its owner
+            await keeper.aclose()

@@ -185,8 +185,9 @@ def listen_in(port: int, fds: Sequence[int]) -> None:
         socket.send_fds(answer, [b"ok"], [listener.fileno()])
         os.write(block, b"go")  # the sandbox's program starts
     except OSError as exc:
+        # The reason in words too: heddle's one line says what failed, not only the errno's name.
         with contextlib.suppress(OSError):
-            answer.send(f"error {exc.errno or 0}".encode())
+            answer.send(f"error {exc.errno or 0} {exc.strerror or exc}"[:200].encode("ascii", "replace"))
 
 
 def _number(report: bytes, name: bytes) -> int | None:
@@ -365,8 +366,11 @@ def serve(sock: socket.socket) -> int:
         try:
             pid = os.fork()
         except OSError as exc:
-            if port is None:  # else heddle reads the answer's end, closed below, as the refusal
+            if port is None:
                 _report(fds[3], f"fork {exc.errno or 0}")
+            else:  # on the answer's end, which heddle reads as the refusal
+                with contextlib.suppress(OSError):
+                    os.write(fds[2], f"error {exc.errno or 0} the tool runner could not fork".encode())
             pid = -1
         if pid == 0:
             sock.close()

@@ -19,6 +19,7 @@ A sandboxed call under an egress allow-list asks the server for its network name
 
 from __future__ import annotations
 
+import array
 import atexit
 import errno
 import functools
@@ -31,6 +32,8 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from heddle import textsafe
 
 REAPER = Path(__file__).with_name("reaper.py")
 # Seconds heddle's exit waits for the server to notice its socket closed.
@@ -177,21 +180,34 @@ class Spawner:
 
 def _refusal(message: bytes, otherwise: str) -> OSError:
     kind, _, value = message.decode("ascii", "replace").partition(" ")
-    if kind == "error" and value.isdigit():
-        return OSError(int(value), os.strerror(int(value)))
+    number, _, why = value.partition(" ")
+    if kind == "error" and number.isdigit():
+        return OSError(int(number), textsafe.printable(why) or os.strerror(int(number)))
     return OSError(errno.EIO, otherwise)
+
+
+def received_fds(ancillary: Sequence[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors an SCM_RIGHTS message carried (the reaper reads its own the same way: it is a
+    standalone script that imports nothing of heddle)."""
+    received = array.array("i")
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            received.frombytes(data[:len(data) - len(data) % received.itemsize])
+    return list(received)
 
 
 def take_listener(answer: socket.socket) -> socket.socket:
     """The listener sent on `answer` (readable by now), which is then closed; OSError
     when it could make none."""
     with answer:
-        message, fds, _, _ = socket.recv_fds(answer, 64, 1)
+        # Close-on-exec as it arrives (not socket.recv_fds, which drops the flag): a tool another thread
+        # starts meanwhile must never hold a listener of a sandbox's proxy.
+        message, ancillary, _, _ = answer.recvmsg(256, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC)
+    fds = received_fds(ancillary)
     if message != b"ok" or len(fds) != 1:
         for fd in fds:
             os.close(fd)
         raise _refusal(message, "the tool runner ended without making it")
-    os.set_inheritable(fds[0], False)
     return socket.socket(fileno=fds[0])
 
 
