@@ -173,3 +173,23 @@ def fuzz(server: Server, tmp_path: Path, token: str, examples: int = 5,
             *extra]
     return subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=tmp_path,
                           stdin=subprocess.DEVNULL, env={**os.environ, "HYPOTHESIS_STORAGE_DIRECTORY": str(tables)})
+
+
+def in_process(service: Any, test: Any) -> None:
+    """`test(client)` against `service`'s app through the ASGI interface (no socket, no process), the
+    service closed after, as the server closes it."""
+    import asyncio
+
+    import httpx
+
+    from heddle.server.app import build_app
+
+    async def main() -> None:
+        try:
+            transport = httpx.ASGITransport(app=build_app(service))
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+                await test(client)
+        finally:
+            await service.aclose()
+
+    asyncio.run(main())

@@ -4,7 +4,6 @@ checked (its inputs, the files the preparation looked at, the model policy's add
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import json
 from collections.abc import Awaitable, Callable
@@ -17,27 +16,18 @@ import pytest
 from heddle import core
 from heddle.engine import run as engine_run
 from heddle.server import model_policy
-from heddle.server.app import build_app
 from heddle.server.config import ServerConfig
 from heddle.server.flow_cache import FlowCache, Ready
 from heddle.server.service import Service
 from tests.server.flows import ECHO, agent_flow, one_tool_flow, write_tools
+from tests.server.support import in_process
 
 Client = httpx.AsyncClient
 
 
 def serve(test: Callable[[Client, Service], Awaitable[None]], **config: Any) -> None:
     service = Service(ServerConfig(**config))
-
-    async def main() -> None:
-        try:
-            transport = httpx.ASGITransport(app=build_app(service))
-            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-                await test(client, service)
-        finally:
-            await service.aclose()
-
-    asyncio.run(main())
+    in_process(service, lambda client: test(client, service))
 
 
 def counted_preparations(monkeypatch: pytest.MonkeyPatch) -> list[object]:

@@ -3,7 +3,6 @@ and its room under --max-sessions counted from a page of the store's index, neve
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -11,26 +10,17 @@ from typing import Any
 
 import httpx
 
-from heddle.server.app import build_app
 from heddle.server.config import ServerConfig
 from heddle.server.service import Service
 from heddle.server.sessions import Expiring
 from heddle.settings import RunSettings
+from tests.server.support import in_process
 
 
 def serve(tmp_path: Path, test: Callable[[httpx.AsyncClient, Service], Awaitable[None]], **config: Any) -> None:
     settings = RunSettings(session_store="sqlite", session_db=tmp_path / "sessions.db")
     service = Service(ServerConfig(settings=settings, **config))
-
-    async def main() -> None:
-        try:
-            transport = httpx.ASGITransport(app=build_app(service))
-            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-                await test(client, service)
-        finally:
-            await service.aclose()
-
-    asyncio.run(main())
+    in_process(service, lambda client: test(client, service))
 
 
 def stored(tmp_path: Path) -> list[str]:
