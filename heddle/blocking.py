@@ -25,7 +25,7 @@ import contextvars
 import functools
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar
 
@@ -126,7 +126,7 @@ class Tasks:
         self._log = log
 
     def start(self, work: Awaitable[T], *, name: str | None = None) -> asyncio.Task[T]:
-        coro = work if isinstance(work, Coroutine) else _awaited(work)
+        coro = work if asyncio.iscoroutine(work) else _awaited(work)
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._running.add(task)
         task.add_done_callback(self._ended)

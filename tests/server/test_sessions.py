@@ -14,12 +14,11 @@ from typing import Any
 import httpx
 
 from heddle.canonical import fingerprint
-from heddle.server.app import build_app
 from heddle.server.config import ServerConfig
 from heddle.server.service import Service
 from heddle.settings import RunSettings
 from tests.server.flows import one_tool_flow, write_tools
-from tests.server.support import sse_frames
+from tests.server.support import in_process, sse_frames
 from tests.support.flows import FlowDoc, server_tool
 
 MARKDOWN = Path(__file__).resolve().parents[2] / "examples" / "plugins" / "markdown-encoder" / "plugin" / "plugin.json"
@@ -45,17 +44,7 @@ def serve(tmp_path: Path, test: Callable[[Client], Awaitable[None]], *, sessions
           **config: Any) -> None:
     settings = RunSettings(session_store="sqlite", session_db=tmp_path / "sessions.db",
                            plugins=config.pop("plugins", ()), **config.pop("run", {})) if sessions else RunSettings()
-    service = Service(ServerConfig(settings=settings, **config))
-
-    async def main() -> None:
-        try:
-            transport = httpx.ASGITransport(app=build_app(service))
-            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-                await test(client)
-        finally:
-            await service.aclose()
-
-    asyncio.run(main())
+    in_process(Service(ServerConfig(settings=settings, **config)), test)
 
 
 def error(response: httpx.Response) -> tuple[int, str, str]:
