@@ -234,12 +234,17 @@ class FileStore:
 
     def _drop_lock_file(self, session_id: str) -> None:
         """Remove the lock file, while holding it: a session that does not exist keeps none."""
+        self._remove(session_id + LOCK_SUFFIX, f"the lock of session {session_id!r}")
+
+    def _remove(self, name: str, what: str) -> bool:
+        """Remove `name` from the folder; False when it was not there (nothing to remove is no failure)."""
         try:
-            os.unlink(session_id + LOCK_SUFFIX, dir_fd=self._dir_fd())
+            os.unlink(name, dir_fd=self._dir_fd())
         except FileNotFoundError:
-            pass
+            return False
         except OSError as exc:
-            raise self._unavailable(f"cannot remove the lock of session {session_id!r}", exc) from None
+            raise self._unavailable(f"cannot remove {what}", exc) from None
+        return True
 
     # ------------------------------------------------------------------ the protocol
 
@@ -301,12 +306,7 @@ class FileStore:
                     os.unlink(session_id + SUFFIX, dir_fd=self._dir_fd())
                 except OSError as exc:
                     raise self._unavailable(f"cannot remove session {session_id!r}", exc) from None
-            try:
-                os.unlink(session_id + STEPS_SUFFIX, dir_fd=self._dir_fd())
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                raise self._unavailable(f"cannot remove the steps of session {session_id!r}", exc) from None
+            self._remove(session_id + STEPS_SUFFIX, f"the steps of session {session_id!r}")
             self._drop_lock_file(session_id)
             if found:
                 self._sync_dir()
@@ -435,13 +435,8 @@ class FileStore:
             if len(left) == len(kept) and kept:
                 return
             if not left:
-                try:
-                    os.unlink(session_id + STEPS_SUFFIX, dir_fd=self._dir_fd())
-                except FileNotFoundError:
-                    return
-                except OSError as exc:
-                    raise self._unavailable(f"cannot remove the steps of session {session_id!r}", exc) from None
-                self._sync_dir()
+                if self._remove(session_id + STEPS_SUFFIX, f"the steps of session {session_id!r}"):
+                    self._sync_dir()
                 return
             content = b"".join(b"%d %d " % (b, s) + line + b"\n" for b, s, line in left)
             self._rewrite(session_id, STEPS_SUFFIX, content, f"the steps of session {session_id!r}")
