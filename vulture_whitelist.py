@@ -86,6 +86,11 @@ USED = (
     _.sslcrl,
     # the OpenTelemetry SDK's record of one export, read by its own metrics of exports (heddle/engine/otlp.py)
     _.error_attrs,
+    # the OpenTelemetry API's Span, called by whatever holds the current span (heddle/engine/spans.py)
+    _.update_name,
+    _.add_link,
+    _.record_exception,
+    _.is_recording,
     # the stand-in for pydantic's plugin loader, which pydantic calls (heddle/shell_options.py)
     _.get_plugins,
     # logging's documented switches, read by the logging module (heddle/server/serve.py)

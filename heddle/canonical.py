@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from json.decoder import WHITESPACE as _WHITESPACE  # type: ignore[attr-defined]
 from json.decoder import JSONObject  # type: ignore[attr-defined]
 from typing import Any
@@ -96,11 +97,19 @@ def loads_strict(data: bytes | str) -> Any:
     return _STRICT.decode(data)
 
 
-def loads_strict_members(text: str) -> tuple[Any, dict[str, str]]:
+# What a caller of loads_strict_members knows of a member's text: see there.
+Known = Callable[[str, int], "tuple[Any, int] | None"]
+
+
+def loads_strict_members(text: str, *, known: Known | None = None) -> tuple[Any, dict[str, str]]:
     """`loads_strict(text)`, and when it is an object, each member's value as `text` writes it (a
     request's document is known by its text, without encoding what was read again). Its top level is
     read by json's own reader of an object (`json.decoder.JSONObject`, which its stubs leave out), over
-    the same scanner: the same value, errors and positions."""
+    the same scanner: the same value, errors and positions.
+
+    `known(text, at)`: a top-level member's value whose text at `at` the caller has read strictly before
+    (an object's text, which ends where its `}` does whatever follows it), as (what stands for it, where
+    it ends); None to read it here."""
     start = _WHITESPACE.match(text).end()
     if text.startswith(_BOM) or not text.startswith("{", start):
         return loads_strict(text), {}
@@ -109,7 +118,8 @@ def loads_strict_members(text: str) -> tuple[Any, dict[str, str]]:
     scan = _STRICT.scan_once  # type: ignore[attr-defined]
 
     def value_at(s: str, at: int) -> tuple[Any, int]:
-        value, end = scan(s, at)
+        found = known(s, at) if known is not None else None
+        value, end = scan(s, at) if found is None else found
         spans.append((at, end))
         return value, end
 

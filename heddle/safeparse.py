@@ -28,7 +28,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from heddle.canonical import loads_strict, loads_strict_members
+from heddle.canonical import Known, loads_strict, loads_strict_members
 
 if TYPE_CHECKING:
     import yaml
@@ -295,13 +295,14 @@ def loads_strict_json(data: bytes | str, *, max_depth: int = DEFAULT_PARSE_LIMIT
     return value
 
 
-def loads_strict_json_members(data: bytes | str, *, max_depth: int = DEFAULT_PARSE_LIMITS.max_depth
-                              ) -> tuple[Any, dict[str, str]]:
+def loads_strict_json_members(data: bytes | str, *, max_depth: int = DEFAULT_PARSE_LIMITS.max_depth,
+                              known: Known | None = None) -> tuple[Any, dict[str, str]]:
     """`loads_strict_json`, and when the value is an object, each member's value as the text writes it
-    (`canonical.loads_strict_members`)."""
+    (`canonical.loads_strict_members`, with what the caller `known`s of it; the whole text is still
+    checked here, its depth and its characters)."""
     text = _text(data)
     check_json_depth(text, max_depth)
-    value, members = loads_strict_members(text)
+    value, members = loads_strict_members(text, known=known)
     check_text(text, value)
     return value, members
 

@@ -10,15 +10,21 @@ published, and a key sealed into one cannot be taken back.
 
 from __future__ import annotations
 
+import functools
+import operator
 import os
 import re
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from heddle.format.errors import PackError
 from heddle.format.pack import PlanFile
+
+if TYPE_CHECKING:
+    from heddle.workspace.mounts import MountCount
 
 INCLUDE_SECRET = "--include-secret"
 LEFT_OUT = ".git"
@@ -28,10 +34,11 @@ _KEY_SUFFIXES = (".pem", ".key", ".p12", ".pfx")
 _CREDENTIAL_FILES = frozenset({".netrc", ".npmrc", ".pypirc", ".git-credentials"})
 _CREDENTIAL_PAIRS = frozenset({(".docker", "config.json"), (".kube", "config")})
 _SECRET_DIRS = frozenset({".ssh", ".aws", ".gnupg"})
-# PEM ("RSA", "EC", "OPENSSH", "ENCRYPTED", ... PRIVATE KEY) and OpenPGP armour, and PuTTY's format.
-_PRIVATE_KEY = re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|PuTTY-User-Key-File-")
+# PEM ("RSA", "EC", "OPENSSH", "ENCRYPTED", ... PRIVATE KEY) and OpenPGP armour, and PuTTY's format, at the
+# start of a file's first bytes but a UTF-8 byte order mark and ASCII white space (what bytes.lstrip strips).
+_PRIVATE_KEY = re.compile(rb"(?:\xef\xbb\xbf)?[ \t\n\r\x0b\x0c]*"
+                          rb"(?:-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|PuTTY-User-Key-File-)")
 _SNIFF_BYTES = 512
-_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass
@@ -92,14 +99,16 @@ class SecretScreen:
         folders: dict[str, tuple[str, str | None]] = {}  # folder: its real name, verdict
         # The same for the folders of the payload paths, judged once a folder.
         placed: dict[str, tuple[str | None, str | None]] = {}
-        for i, item in enumerate(files):
-            folder, name = _split(os.fspath(item.source))
+        by_name = self._by_name
+        for i, (path, source, _, _) in enumerate(files):
+            head, sep, name = os.fspath(source).rpartition(os.sep)  # _split's, in line: one a file
+            folder = head or sep
             seen = folders.get(folder)
             if seen is None:
                 parts = os.path.realpath(folder).split(os.sep)
                 seen = folders[folder] = (parts[-1], _secret_folder(parts))
             parent, inside = seen
-            dest, _, dest_name = item.path.rpartition("/")
+            dest, _, dest_name = path.rpartition("/")
             there = placed.get(dest)
             if there is None:
                 above = dest.split("/") if dest else []
@@ -110,10 +119,11 @@ class SecretScreen:
                        else None)
                    or inside)
             if why is not None:
-                self._by_name[i] = why
+                by_name[i] = why
 
-    def flags(self, head: memoryview) -> bool:
-        return _PRIVATE_KEY.match(bytes(head[:_SNIFF_BYTES]).removeprefix(_BOM).lstrip()) is not None
+    def flags(self, head: memoryview | bytes) -> bool:
+        # Matched in place within the first bytes: no copy of them a file.
+        return _PRIVATE_KEY.match(head, 0, _SNIFF_BYTES) is not None
 
     def judge(self, flagged: Sequence[PlanFile]) -> None:
         by_content = {item.path for item in flagged}
@@ -175,8 +185,10 @@ def _refuse(path: Path, st_mode: int, what: str) -> PackError:
     )
 
 
-def collect_tree(source: Path, dest: str, *, what: str) -> Collected:
-    """Everything under `source` (a file or a folder), placed at `dest` in the payload."""
+def collect_tree(source: Path, dest: str, *, what: str, count: MountCount | None = None) -> Collected:
+    """Everything under `source` (a file or a folder), placed at `dest` in the payload. A mount's folder is
+    counted against the mount limits with `count` as it is walked (its `.git` folders too, which are not
+    carried), and what a mount cannot hold refused as the mount rules refuse it (heddle.workspace.mounts)."""
     source = Path(source)
     st = _lstat(source, what)
     if stat.S_ISREG(st.st_mode):
@@ -184,26 +196,45 @@ def collect_tree(source: Path, dest: str, *, what: str) -> Collected:
     if not stat.S_ISDIR(st.st_mode):
         raise _refuse(source, st.st_mode, what)
     out = Collected()
-    _walk(source, dest, out, what)
+    _walk(source, dest, out, what, count)
     return out
 
 
-def _walk(folder: str | Path, dest: str, out: Collected, what: str) -> None:
+# A PlanFile from its fields, made in C (a NamedTuple's own constructor is Python): one a file of a walk.
+_plan_file: Callable[[tuple[str, str, int, int]], PlanFile] = functools.partial(tuple.__new__, PlanFile)
+_by_name = operator.attrgetter("name")
+
+
+def _walk(folder: str | Path, dest: str, out: Collected, what: str, count: MountCount | None) -> None:
     try:
-        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        entries = sorted(os.scandir(folder), key=_by_name)
     except OSError as exc:
         raise PackError(f"{what}: {folder} cannot be listed: {exc.strerror}") from None
-    files = out.files
+    append = out.files.append
+    under = f"{dest}/"
     for entry in entries:
+        name = entry.name
         path = entry.path  # a string: a Path for each of many files costs more than its stat
-        if entry.name == LEFT_OUT:
-            out.skipped.append(Path(path))
-            continue
         st = entry.stat(follow_symlinks=False)
-        target = f"{dest}/{entry.name}"
-        if stat.S_ISDIR(st.st_mode):
-            _walk(path, target, out, what)
-        elif stat.S_ISREG(st.st_mode):
-            files.append(PlanFile(target, path, file_mode(st.st_mode), st.st_size))
+        mode = st.st_mode
+        if count is not None:  # the mount limits' count, in line (MountCount's own walk does the same)
+            if stat.S_ISREG(mode):
+                count.entries += 1
+                count.size += st.st_size
+            elif stat.S_ISDIR(mode):
+                count.entries += 1
+            else:
+                count.account(path, st)  # refused
+            if count.entries > count.max_entries or count.size > count.max_bytes:
+                count.over()
+        if name == LEFT_OUT:
+            out.skipped.append(Path(path))
+            if count is not None and stat.S_ISDIR(mode):
+                count.walk(path)  # left out of the bundle, but a mount's limits count it
+            continue
+        if stat.S_ISREG(mode):
+            append(_plan_file((under + name, path, file_mode(mode), st.st_size)))
+        elif stat.S_ISDIR(mode):
+            _walk(path, under + name, out, what, count)
         else:
-            raise _refuse(Path(path), st.st_mode, what)
+            raise _refuse(Path(path), mode, what)

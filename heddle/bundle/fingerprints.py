@@ -15,7 +15,6 @@ from heddle.agentspec.document import load_components, load_flow
 from heddle.errors import DocumentError
 from heddle.format.errors import ContentMismatchError, MalformedBundleError
 from heddle.graph import referenced_tools
-from heddle.tools.commands import SYSTEM_PATH, Program, read_commands
 from heddle.tools.schema import input_fingerprint
 
 if TYPE_CHECKING:
@@ -73,6 +72,9 @@ def sealed_commands(payload: Path, manifest: Manifest | None) -> CommandSet | No
     command with `working_directory: bundle` runs in the payload."""
     if manifest is None or manifest.commands is None:
         return None
+    # Here, not at the top: sealing imports this module for `fingerprints_of`, and only a bundle with a
+    # commands file needs the commands' module.
+    from heddle.tools.commands import SYSTEM_PATH, Program, read_commands
 
     sealed = manifest.commands
     programs = {name: Program(entry.executable_path, entry.executable_sha256, sealed=True)

@@ -19,13 +19,11 @@ from heddle.agentspec.components import LlmConfig, env_reference
 from heddle.agentspec.document import _parse_text, detect_format, parse_components
 from heddle.agentspec.fields import components_of, containers_of
 from heddle.agentspec.references import REF, REFS, resolve_references
-from heddle.engine.pgcache import postgres_env_reads
 from heddle.errors import DocumentError
 from heddle.format.archive import read_head
 from heddle.format.errors import MalformedBundleError, PackError
 from heddle.format.limits import DEFAULT_LIMITS
 from heddle.format.verify import open_file, sealed_manifest, walk_payload
-from heddle.tools.remote import header_env_reads
 
 # The OpenAiConfig default when a config gives no api_key (heddle.model.client.resolve_api_key).
 OPENAI_DEFAULT = "OPENAI_API_KEY"
@@ -147,6 +145,11 @@ def env_reads(document: Any, components: Any = None) -> list[EnvRead]:
 
     References are resolved first (against the parsed components file too, when there is one),
     so a config defined but never used is not listed."""
+    # Here, not at the top: sealing imports this module to refuse literal keys, and these two bring
+    # the engine and the HTTP client, which a seal never uses.
+    from heddle.engine.pgcache import postgres_env_reads
+    from heddle.tools.remote import header_env_reads
+
     shared = parse_components(components, source="the sealed components file") if components is not None else None
     resolved = resolve_references(document, source="the sealed flow", components=shared.table if shared else None,
                                   components_source=shared.source if shared else "--components")

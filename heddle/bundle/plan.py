@@ -35,6 +35,7 @@ from heddle.format.manifest import (
 from heddle.format.pack import PackPlan
 from heddle.format.paths import PathSet, all_clean, collision_free, path_problem
 from heddle.format.tar import split_name
+from heddle.workspace.mounts import MountCount
 
 if TYPE_CHECKING:
     from heddle.tools.commands import CommandSet
@@ -81,11 +82,13 @@ def make_plan(
     flow_format: str | None = None,
     components: Path | None = None,
     commands: CommandSet | None = None,
+    mount_limits: tuple[int, int] | None = None,
 ) -> PackPlan:
     """What sealing these pieces would write. `include_secrets` are the source paths (files,
     or folders holding them) that `--include-secret` lets be sealed though they look like secrets.
     `components` is the flow's file of shared components (`--components`); `commands` its commands
-    file, read and checked (`--commands`)."""
+    file, read and checked (`--commands`). `mount_limits` (files and folders, bytes) are the mount limits,
+    counted as each mount is walked here, its folder's top already counted (`check_mounts(..., walk=False)`)."""
     flow = Path(flow)
     carried = collect_tree(flow, flow.name, what=f"flow {flow}")
     components_entry = None
@@ -108,7 +111,7 @@ def make_plan(
             raise PackError(f"--tools-dir {tools_dir}: not a folder")
         carried.extend(collect_tree(Path(tools_dir), "tools", what=f"--tools-dir {tools_dir}"))
     tool_entries = _tools(tools or {}, tools_dir, carried)
-    mount_entries = [_mount(m, carried) for m in mounts]
+    mount_entries = [_mount(m, carried, mount_limits) for m in mounts]
     plugin_entries = _plugins(plugins, carried)
     _check_paths(carried, limits)
     refuse_literal_keys(flow, flow_format, components=components)
@@ -150,7 +153,7 @@ def _tools(tools: Mapping[str, ToolSpec], tools_dir: Path | None, carried: Colle
     return out
 
 
-def _mount(mount: Mount, carried: Collected) -> MountEntry:
+def _mount(mount: Mount, carried: Collected, limits: tuple[int, int] | None) -> MountEntry:
     dest = str(PurePosixPath(str(mount.dest)))
     what = f"--mount {mount.source}:{dest}"
     problem = path_problem(dest, max_depth=DEFAULT_LIMITS.max_depth)
@@ -161,7 +164,10 @@ def _mount(mount: Mount, carried: Collected) -> MountEntry:
     if mount.mode not in ("ro", "rw"):  # a Mount is a plain dataclass: nothing checked it yet
         raise PackError(f"{what}: mode {mount.mode!r} is not ro or rw")
     prefix = f"mounts/{dest}"
-    carried.extend(collect_tree(Path(mount.source), prefix, what=what))
+    # Its top folder is counted where the mount rules checked it (check_mounts): one entry, no bytes.
+    count = (MountCount(mount, max_entries=limits[0], max_bytes=limits[1], entries=1)
+             if limits is not None else None)
+    carried.extend(collect_tree(Path(mount.source), prefix, what=what, count=count))
     return MountEntry(prefix=prefix, dest=dest, mode=mount.mode)
 
 

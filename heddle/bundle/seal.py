@@ -1,10 +1,10 @@
 """Sealing a flow: from a flow document, its tools, mounts and plugins to one signed `.heddle` file.
 
 Everything that can be refused is refused before a byte is written: the flow loads and its
-graph checks out against the tools it will carry, the mounts pass the mount rules, the signing
-key is loaded (its passphrase asked for first, so a wrong one wastes nothing), and the plan
-refuses secrets and links. Then the archive is written atomically: on any failure nothing is
-left at the output path.
+graph checks out against the tools it will carry, the mounts pass the mount rules (their limits
+counted as the plan walks them), the plan refuses links and names that look like secrets, and the
+signing key is loaded (its passphrase asked for before any file is read, so a wrong one wastes
+little). Then the archive is written atomically: on any failure nothing is left at the output path.
 
 `heddle bundle` is this call with its flags parsed; the library calls it as `heddle.seal(...)`.
 """
@@ -32,13 +32,13 @@ from heddle.format.verify import collector_paused
 from heddle.graph import check_flow
 from heddle.plugin_host.carried import read_carried
 from heddle.settings import LEVEL, parse_rounds
-from heddle.tools.commands import read_commands
 from heddle.tools.registry import discover_tools
 from heddle.workspace.mounts import Mount, check_mounts, parse_mount
 
 if TYPE_CHECKING:
     from heddle.format.manifest import Manifest, Requires
     from heddle.format.progress import Progress
+    from heddle.tools.commands import CommandSet
 
 StrPath = str | os.PathLike[str]
 
@@ -166,7 +166,13 @@ def seal(flow: StrPath, settings: SealSettings | None = None, /, **given: Any) -
     components_path = Path(settings.components) if settings.components is not None else None
     loaded = load_flow(flow_path, fmt=settings.flow_format, node_types=carried.node_types, components=components_path)
     tools = discover_tools(tools_root)
-    declared = read_commands(Path(settings.commands)) if settings.commands is not None else None
+    declared: CommandSet | None = None
+    if settings.commands is not None:
+        # Here, not at the top: a commands file is the exception, and its module (schemas, programs, egress
+        # sections) would be a share of every other seal's start-up.
+        from heddle.tools.commands import read_commands
+
+        declared = read_commands(Path(settings.commands))
     known = {**(declared.known(tools) if declared is not None else tools),
              **dict.fromkeys(carried.tool_names, flow_path)}
     problems = check_flow(loaded, tools=known, tools_dir=tools_root, wiring=False)
@@ -185,14 +191,15 @@ def seal(flow: StrPath, settings: SealSettings | None = None, /, **given: Any) -
                                           declared.egress if declared is not None else {}, carried.egress),
                                  secrets=sealed_secrets is not None)
     parsed_mounts = _mounts(settings.mounts)
-    check_mounts(parsed_mounts, max_entries=settings.mount_max_entries, max_bytes=settings.mount_max_bytes)
+    # A mount's folder is walked once, by the plan, which counts it against the limits as it lists it.
+    check_mounts(parsed_mounts, max_entries=settings.mount_max_entries, max_bytes=settings.mount_max_bytes,
+                 walk=False)
     # The same fingerprints the verifier recomputes from the sealed flow; a command is described by
     # the manifest's `commands` instead, as a plugin's tool is by its plugin.
     leave_out = {*carried.tool_names, *(declared.commands if declared is not None else ())}
     specs = {tool: ToolSpec(path=tools[tool], fingerprint=fingerprint)
              for tool, fingerprint in fingerprints_of(loaded, leave_out=leave_out).items()}
     proposals = Proposals(max_tool_rounds=_proposal(settings.max_tool_rounds), safe=True if settings.safe else None)
-    key = _signing_key(settings.sign_key)
     # A tools folder that does not exist carries nothing; the graph check above already refused
     # a flow that names a tool it would have had to hold.
     carried_tools = tools_root if tools_root is not None and tools_root.exists() else None
@@ -205,9 +212,11 @@ def seal(flow: StrPath, settings: SealSettings | None = None, /, **given: Any) -
             input=dict(settings.input) if settings.input is not None else None, requires=settings.requires,
             proposals=proposals, include_secrets=[Path(p) for p in settings.include_secrets],
             flow_format=settings.flow_format, components=components_path, commands=declared,
+            mount_limits=(settings.mount_max_entries, settings.mount_max_bytes),
         )
         out = Path(settings.output) if settings.output is not None else Path(f"{plan.name}.heddle")
         check_replaceable(out, what="-o")
+        key = _signing_key(settings.sign_key)
         if settings.release is not None:
             plan = dataclasses.replace(plan, release=settings.release)
         if sealed_hosts is not None:

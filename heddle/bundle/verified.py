@@ -8,8 +8,10 @@ that folder when it made it: `close()` (or leaving a `with` block) removes it.
 
 from __future__ import annotations
 
+import operator
 import os
 import shutil
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -21,7 +23,6 @@ from heddle.bundle.fingerprints import fingerprints_of, sealed_commands, sealed_
 from heddle.engine.tracing import DIGEST, SIGNER, verify_span
 from heddle.errors import UsageError
 from heddle.format.cache import digest_text
-from heddle.format.snapshot import parent_dirs
 from heddle.format.trust import TrustPolicy
 from heddle.format.verify import verify_bundle
 from heddle.tools.registry import discover_tools
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from heddle.tools.commands import CommandSet
 
 StrPath = str | os.PathLike[str]
+_PATH, _SIZE = operator.itemgetter(0), operator.itemgetter(1)  # a manifest FileEntry's fields
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,9 +93,16 @@ def _sealed_size(manifest: Manifest, prefix: str) -> tuple[int, int]:
     if entry is not None:
         return 1, entry.size
     under = prefix + "/"
-    files = [f for f in manifest.files if f.path.startswith(under)]
-    folders = [d for d in parent_dirs(f.path for f in files) if d.startswith(under)]
-    return len(files) + len(folders) + 1, sum(f.size for f in files)
+    files = manifest.files
+    paths = list(map(_PATH, files))
+    if not all(map(operator.lt, paths, paths[1:])):  # a format-1 bundle's, in its archive's order
+        files = tuple(sorted(files))
+        paths = list(map(_PATH, files))
+    # Sorted by path, the files under `prefix` are one run: from `prefix/` up to `prefix0`
+    # ('0' follows '/').
+    start, end = bisect_left(paths, under), bisect_left(paths, prefix + "0")
+    folders = [d for d in manifest.dirs if d.startswith(under)]
+    return end - start + len(folders) + 1, sum(map(_SIZE, files[start:end]))
 
 
 def open_bundle(

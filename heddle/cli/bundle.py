@@ -17,8 +17,11 @@ from heddle.cli.output import QUIET, VERBOSE, json_option
 from heddle.textsafe import printable
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from heddle.bundle.seal import SealResult
     from heddle.format.manifest import Manifest
+    from heddle.format.verify import ToolFingerprints
 
 _TRUST = typer.Option(
     [], "--trust", metavar="KEY.pub|KEYID",
@@ -147,6 +150,31 @@ def sign(
     typer.echo(f"  signatures {', '.join(signatures.keyids)}")
 
 
+def _fingerprints_imported_meanwhile() -> ToolFingerprints:
+    """`flow_tool_fingerprints`, its module imported on a thread while the bundle is proved and its
+    payload unpacked (the fingerprints are checked after): the document models are half of the
+    command's fixed cost, and the payload's hashing, decompressing and writing mostly run outside
+    the interpreter lock. The modules that import brings and those the verifier imports on its way
+    (zstandard, cryptography) are disjoint, so no module is ever imported by both threads at once."""
+    import contextlib
+    import threading
+
+    def load() -> None:
+        with contextlib.suppress(BaseException):  # imported again below, where its error is raised
+            import heddle.bundle.fingerprints  # noqa: F401
+
+    thread = threading.Thread(target=load, name="heddle-import", daemon=True)
+    thread.start()
+
+    def fingerprints(flow: Path, manifest: Manifest) -> Mapping[str, str]:
+        thread.join()
+        from heddle.bundle.fingerprints import flow_tool_fingerprints
+
+        return flow_tool_fingerprints(flow, manifest)
+
+    return fingerprints
+
+
 @takes("plain_http", "offline")
 def verify(
     bundle: str = typer.Argument(..., metavar="BUNDLE", help=f"The bundle to verify: {_REFERENCE}."),
@@ -172,13 +200,13 @@ def verify(
     malformed or over a cap; 8 made by a newer heddle; 2 usage, or a registry that cannot be
     reached, refuses the credentials or has no such reference.
     """
-    from heddle.bundle.fingerprints import flow_tool_fingerprints
     from heddle.cli.errors import error_context
     from heddle.cli.progress import terminal_progress
     from heddle.format.cache import digest_text
     from heddle.format.trust import TrustPolicy
     from heddle.format.verify import verify_bundle
 
+    tool_fingerprints = _fingerprints_imported_meanwhile()
     output.use(quiet=quiet, verbose=verbose)
     policy = TrustPolicy.from_names(trust, allow_unsigned=allow_unsigned)
     output.detail(_trusting(trust, policy.keyids) + ("; admitting an unsigned bundle" if allow_unsigned else ""))
@@ -189,7 +217,7 @@ def verify(
     opened = verify_bundle(
         target.path, trusted_keys=policy.trusted, allow_unsigned=policy.admits_unsigned, cache_root=cache_dir,
         deep=deep, prove_file=True,
-        progress=None if json_out else terminal_progress(), tool_fingerprints=flow_tool_fingerprints,
+        progress=None if json_out else terminal_progress(), tool_fingerprints=tool_fingerprints,
     )
     m = opened.manifest
     if opened.repaired:

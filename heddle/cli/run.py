@@ -510,19 +510,24 @@ def bundle(
     from heddle.bundle.seal import SealSettings
     from heddle.cli.seal import seal_flow as seal
     from heddle.cli.target import resolve_flow
-    from heddle.core import load_plugins
     from heddle.settings import LEVEL
 
     zstd_level = LEVEL.default if level is None else LEVEL.parse(level, plain="s")[0]
     flow = resolve_flow(flow_path, flow_file)
     # Manifests, and the settings given, are checked before anything is packed; settings are
-    # not sealed: the operator gives them where the bundle runs.
-    host = load_plugins(settings, require_settings=False)
+    # not sealed: the operator gives them where the bundle runs. heddle.core brings the engine,
+    # which sealing never runs: only a plugin flag needs it.
+    plugin_nodes: frozenset[str] = frozenset()
+    if settings.plugins or settings.plugin_configs:
+        from heddle.core import load_plugins
+
+        host = load_plugins(settings, require_settings=False)
+        plugin_nodes = host.node_types() if host else frozenset()
     if settings.strict:
         # Refused here as every --strict run of it would be; the bundle seals the document as written.
         from heddle.agentspec import load_flow
 
-        load_flow(flow, fmt=format, node_types=host.node_types() if host else (), components=components, strict=True)
+        load_flow(flow, fmt=format, node_types=plugin_nodes, components=components, strict=True)
     # Only a limit given here is proposed; "unlimited" is a proposal too.
     rounds = settings.max_tool_rounds
     proposal = None if "max_tool_rounds" not in given else "unlimited" if rounds is None else str(rounds)

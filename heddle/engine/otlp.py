@@ -1,11 +1,12 @@
-"""The OTLP/HTTP exporter of a run's spans: the SDK's, with the spans' protobuf written here.
+"""The OTLP/HTTP exporter of a run's spans (heddle.engine.spans): the SDK's, with the protobuf written here.
 
 The SDK's encoder builds a protobuf object for every span, attribute and value before serializing
 them, some 100 us a span, on the batch processor's thread but holding the GIL the run's loop needs.
 Most of a run's attributes are the same from one span to the next (the bundle's digest and signers, a
 tool's name, kind and schema fingerprint, the node), so here each attribute is written once into wire
-bytes and kept. What is written decodes to the very message the SDK's encoder makes
-(tests/engine/test_otlp.py), and it is sent by the SDK's exporter as it would send its own.
+bytes and kept. What is written decodes to the very message the SDK's encoder makes of the spans
+its own tracer would have made (tests/engine/test_otlp.py), and it is sent by the SDK's exporter as
+it would send its own.
 Imported only when tracing is on (it imports the SDK).
 """
 
@@ -18,9 +19,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import SpanKind
+
+from heddle.engine.spans import Recorder, Span
 
 _logger = logging.getLogger(__name__)
 
@@ -115,93 +117,70 @@ def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
     return b"".join(out)
 
 
-def _flags(context: Any) -> bytes:
-    flags = _HAS_IS_REMOTE | (_IS_REMOTE if context is not None and context.is_remote else 0)
-    return b"\x85\x01" + _FIXED32.pack(flags)
-
-
 def _count(tag: bytes, n: int) -> bytes:
     return tag + _varint(n) if n else b""
 
 
-def _span(span: ReadableSpan) -> bytes:
-    context = span.get_span_context()
-    assert context is not None
-    parts = [b"\x0a\x10" + context.trace_id.to_bytes(16, "big"), b"\x12\x08" + context.span_id.to_bytes(8, "big")]
+# SpanFlags of a span: whether its parent is remote is known; and the parent is remote.
+_LOCAL, _REMOTE = (b"\x85\x01" + _FIXED32.pack(f) for f in (_HAS_IS_REMOTE, _HAS_IS_REMOTE | _IS_REMOTE))
+# A span's name and kind, written once for each name (a tool's spans are named by the tool).
+_heads: dict[tuple[str, SpanKind], bytes] = {}
+
+
+def _head(name: str, kind: SpanKind) -> bytes:
+    try:
+        return _heads[(name, kind)]
+    except KeyError:
+        if len(_heads) >= _KEPT_MAX:
+            _heads.clear()
+        written = _heads[(name, kind)] = ((_field(b"\x2a", name.encode("utf-8")) if name else b"")
+                                          + b"\x30" + _varint(_KIND[kind]))
+        return written
+
+
+def _span(span: Span) -> bytes:
+    context, parent = span.context, span.parent
+    parts = [b"\x0a\x10", context.trace_id.to_bytes(16, "big"), b"\x12\x08", context.span_id.to_bytes(8, "big")]
     if context.trace_state:
         parts.append(_field(b"\x1a", ",".join(f"{k}={v}" for k, v in context.trace_state.items()).encode()))
-    parent = span.parent
-    if parent:
-        parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
-    if span.name:
-        parts.append(_field(b"\x2a", span.name.encode("utf-8")))
-    parts.append(b"\x30" + _varint(_KIND[span.kind]))
+    if parent is not None:
+        parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
+    parts.append(_head(span.name, span.kind))
     if span.start_time:
-        parts.append(b"\x39" + _FIXED64.pack(span.start_time))
+        parts += (b"\x39", _FIXED64.pack(span.start_time))
     if span.end_time:
-        parts.append(b"\x41" + _FIXED64.pack(span.end_time))
-    parts.append(_attributes(b"\x4a", span.attributes))
-    parts.append(_count(b"\x50", span.dropped_attributes))
-    for event in span.events:
-        parts.append(_field(b"\x5a", b"".join((
-            b"\x09" + _FIXED64.pack(event.timestamp) if event.timestamp else b"",
-            _field(b"\x12", event.name.encode("utf-8")) if event.name else b"",
-            _attributes(b"\x1a", event.attributes), _count(b"\x20", event.dropped_attributes)))))
-    parts.append(_count(b"\x60", span.dropped_events))
-    for link in span.links:
-        parts.append(_field(b"\x6a", b"".join((
-            b"\x0a\x10" + link.context.trace_id.to_bytes(16, "big"),
-            b"\x12\x08" + link.context.span_id.to_bytes(8, "big"),
-            _attributes(b"\x22", link.attributes), _count(b"\x28", link.dropped_attributes),
-            b"\x35" + _FIXED32.pack(_HAS_IS_REMOTE | (_IS_REMOTE if link.context.is_remote else 0))))))
-    parts.append(_count(b"\x70", span.dropped_links))
-    status = span.status
-    if status is not None:
-        message = status.description
-        parts.append(_field(b"\x7a", (_field(b"\x12", message.encode("utf-8")) if message else b"")
-                            + _count(b"\x18", status.status_code.value)))
-    parts.append(_flags(parent))
+        parts += (b"\x41", _FIXED64.pack(span.end_time))
+    parts += (_attributes(b"\x4a", span.attributes), _count(b"\x50", span.dropped_attributes),
+              _count(b"\x60", span.dropped_events), _count(b"\x70", span.dropped_links))
+    message = span.description
+    parts += (_field(b"\x7a", (_field(b"\x12", message.encode("utf-8")) if message else b"")
+                     + _count(b"\x18", span.status_code)),
+              _REMOTE if parent is not None and parent.is_remote else _LOCAL)
     return b"".join(parts)
 
 
-def _canonical(found: list[Any], value: Any) -> Any:
-    """The first of `found` equal to `value` (kept in `found` when new): spans are grouped by equal
-    resource and scope as the SDK groups them, each object compared once a batch."""
-    for one in found:
-        if one is value or one == value:
-            return one
-    found.append(value)
-    return value
-
-
-def encode(spans: Sequence[ReadableSpan]) -> bytes:
-    """An ExportTraceServiceRequest of `spans`, serialized."""
-    resources: list[Any] = []
-    scopes: list[Any] = []
-    seen: dict[int, Any] = {}
-    grouped: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
+def encode(spans: Sequence[Span]) -> bytes:
+    """An ExportTraceServiceRequest of `spans`, serialized: one ResourceSpans for each recorder (its
+    provider's resource, its scope), as the SDK's encoder groups them."""
+    grouped: dict[int, tuple[Recorder, list[bytes]]] = {}
     for i, span in enumerate(spans):
         if i and not i % _CHUNK:
             time.sleep(0)  # the GIL to the loop, were it waiting for it
-        resource = seen.get(id(span.resource))
-        if resource is None:
-            resource = seen[id(span.resource)] = _canonical(resources, span.resource)
-        scope = span.instrumentation_scope or None
-        if scope is not None:
-            scope = seen.get(id(scope)) or seen.setdefault(id(scope), _canonical(scopes, scope))
-        by_scope = grouped.setdefault(id(resource), (resource, {}))[1]
-        by_scope.setdefault(id(scope), (scope, []))[1].append(_field(b"\x12", _span(span)))
+        recorder = span.recorder
+        found = grouped.get(id(recorder))
+        if found is None:
+            found = grouped[id(recorder)] = (recorder, [])
+        found[1].append(_field(b"\x12", _span(span)))
     out = []
-    for resource, by_scope in grouped.values():
-        body = [_field(b"\x0a", _attributes(b"\x0a", resource.attributes))]
-        for scope, written in by_scope.values():
-            head = b"" if scope is None else b"".join((
-                _field(b"\x0a", scope.name.encode("utf-8")) if scope.name else b"",
-                _field(b"\x12", scope.version.encode("utf-8")) if scope.version else b"",
-                _attributes(b"\x1a", scope.attributes)))
-            url = scope.schema_url if scope is not None else None
-            body.append(_field(b"\x12", b"".join((_field(b"\x0a", head), *written,
-                                                   _field(b"\x1a", url.encode()) if url else b""))))
+    for recorder, written in grouped.values():
+        resource, scope = recorder.resource, recorder.scope
+        head = b"".join((_field(b"\x0a", scope.name.encode("utf-8")) if scope.name else b"",
+                         _field(b"\x12", scope.version.encode("utf-8")) if scope.version else b"",
+                         _attributes(b"\x1a", scope.attributes)))
+        url = scope.schema_url
+        body = [_field(b"\x0a", _attributes(b"\x0a", resource.attributes)),
+                _field(b"\x12", b"".join((_field(b"\x0a", head), *written,
+                                           _field(b"\x1a", url.encode()) if url else b"")))]
         if resource.schema_url:
             body.append(_field(b"\x1a", resource.schema_url.encode()))
         out.append(_field(b"\x0a", b"".join(body)))
@@ -212,12 +191,13 @@ class SpanExporter(OTLPSpanExporter):
     """The SDK's OTLP/HTTP span exporter (its endpoint, headers, compression, timeout and retries, from
     the same variables), sending what `encode` writes."""
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+    def export(self, spans: Sequence[Span]) -> SpanExportResult:  # type: ignore[override]
         # The SDK's own steps (its metrics of exports, the size cap, the client that compresses, posts
-        # and retries), but for the encoding; an SDK that sends otherwise does it its own way.
+        # and retries), but for the encoding; an SDK that sends otherwise does it its own way, given
+        # the spans in its own form.
         client, metrics = getattr(self, "_client", None), getattr(self, "_metrics", None)
         if client is None or metrics is None or self._shutdown:
-            return super().export(spans)
+            return super().export([span.readable() for span in spans])
         with metrics.export_operation(len(spans)) as result:
             try:
                 written = encode(spans)

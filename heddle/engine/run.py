@@ -88,6 +88,22 @@ class PreparedRun:
     # Whether the mounts were measured here and no run has started since: the first run need not walk
     # them again; a later run of the same preparation (a server's) measures them itself.
     mounts_fresh: bool = False
+    # Whether a run of it ends within the step of the event loop that starts it (`ends_at_once`).
+    at_once: bool = False
+
+
+# The nodes whose own step waits on nothing (no process, connection, person or subflow).
+_AT_ONCE_NODES = (c.StartNode, c.EndNode, c.BranchingNode, c.OutputMessageNode)
+
+
+def ends_at_once(flow: c.Flow, plugins: Plugins, tracing: Tracing | None, endpoints: Mapping[int, Any],
+                 tool_kinds: tuple[Any, ...]) -> bool:
+    """Whether a run outside a session (whose journal is written as it goes) ends within the step of the
+    event loop that starts it: no plugin, trace, model or document tool, and only nodes that wait on
+    nothing. Nothing else runs meanwhile, so nothing could stop it part way (a caller may run it on its
+    own task rather than on one that can be cancelled)."""
+    return (plugins is NO_PLUGINS and tracing is None and not endpoints and tool_kinds == ()
+            and all(isinstance(node, _AT_ONCE_NODES) for node in flow.nodes))
 
 
 def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | None, options: RunOptions,
@@ -125,9 +141,11 @@ def prepare_run(flow: c.Flow, *, tools: Mapping[str, Path], tools_dir: Path | No
             refused = options.egress.url_problem(config.name, endpoints[id(config)].base_url)
             if refused is not None:
                 raise UsageError(f"llm config {config.name!r} of {label}: {refused}")
+    tool_kinds = tuple(kinds(flow))
     return PreparedRun(flow, tools, tools_dir, options, endpoints,
-                       plugins, tuple(warnings), tuple(kinds(flow)), FlowGraph.build(flow), tracing,
-                       observer, mounts_fresh=True)
+                       plugins, tuple(warnings), tool_kinds, FlowGraph.build(flow), tracing,
+                       observer, mounts_fresh=True,
+                       at_once=ends_at_once(flow, plugins, tracing, endpoints, tool_kinds))
 
 
 def _label(node: c.Node) -> str:
@@ -401,7 +419,7 @@ async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *, on_even
                      message=TopMessage(target, message) if target is not None and message is not None else None,
                      journal=journal, conversation=conversation)
     run_seams = prepared.plugins.start_run(ctx, rendering)
-    if prepared.observer is not None:
+    if prepared.observer is not None and prepared.endpoints:  # a flow with no model config calls none
         run_seams = MeasuredSeams(run_seams, prepared.observer)
     if prepared.tracing is not None:
         ctx.tracing = prepared.tracing
@@ -420,7 +438,10 @@ async def run_prepared(prepared: PreparedRun, inputs: dict[str, Any], *, on_even
         async with _model_client(prepared, transport) as client, tools:
             ctx.client = client
             try:
-                walked = await _within(options, run_flow(ctx, prepared.flow, dict(inputs), graph=prepared.graph))
+                work = run_flow(ctx, prepared.flow, dict(inputs), graph=prepared.graph)
+                # A run that ends within the loop's step that starts it is over before its timeout could
+                # be heard: it needs no timer. In a session it writes its journal, and waits for that.
+                walked = await (work if prepared.at_once and journal is None else _within(options, work))
             except Suspended as stop:
                 ctx.emit(ev.Waiting(flow=prepared.flow.name, waiting_for=stop.waiting.as_json(),
                                     duration_ms=(time.perf_counter() - started) * 1000))

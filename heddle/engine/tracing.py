@@ -3,8 +3,9 @@
 Tracing is on when the standard variables name a collector (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
 `OTEL_EXPORTER_OTLP_ENDPOINT`, unless `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`); the
 SDK and its exporter (the `heddle[otel]` extra) are imported only then, so a run without them starts
-as it always did. The exporter reads the other `OTEL_*` variables itself (headers, timeout,
-compression, batching, `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`).
+as it always did. The spans are recorded by heddle itself (heddle.engine.spans), the SDK kept for
+what is configuration or transport: it reads the other `OTEL_*` variables (headers, timeout,
+compression, batching, sampler, span limits, `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`).
 
 A run's spans come from one layer over its seams (`TracedSeams`), so every way a run starts gets them:
 
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
     from heddle.agentspec import components as c
     from heddle.engine import events as ev
     from heddle.engine.context import RunContext
+    from heddle.engine.spans import Recorder
     from heddle.model.turn import AssistantTurn
 
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -93,17 +95,17 @@ class TracingUnavailable(UsageError):
     """A collector is configured but the SDK is not installed: traces asked for are never silently dropped."""
 
 
-# One provider per configuration in a process: its batch processor and exporter are started once and
-# flushed when the process exits (the SDK's own exit hook).
-_PROVIDERS: dict[tuple[tuple[str, str], ...], Any] = {}
-_TRACERS: dict[tuple[tuple[str, str], ...], Any] = {}
+# One recorder per configuration in a process: its provider's batch processor and exporter are started
+# once and flushed when the process exits (the SDK's own exit hook).
+_RECORDERS: dict[tuple[tuple[str, str], ...], Recorder] = {}
 _MAKING = threading.Lock()
 # The environment tracer() saw last, and its answer.
-_LAST: tuple[dict[Any, Any] | None, Any] = (None, None)
+_LAST: tuple[dict[Any, Any] | None, Recorder | None] = (None, None)
 
 
-def tracer() -> Any | None:
-    """The process's tracer for the configuration the environment gives now, or None when tracing is off.
+def tracer() -> Recorder | None:
+    """The process's recorder of spans (heddle.engine.spans) for the configuration the environment
+    gives now, or None when tracing is off.
 
     Raises TracingUnavailable when a collector is named and `heddle[otel]` is not installed."""
     global _LAST
@@ -121,50 +123,44 @@ def tracer() -> Any | None:
     return found
 
 
-def _configured() -> Any | None:
+def _configured() -> Recorder | None:
     if endpoint() is None:
         return None
     key = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("OTEL_")))
-    found = _TRACERS.get(key)
+    found = _RECORDERS.get(key)
     if found is None:
-        # The SDK makes a new tracer on each get_tracer (some 100 us): asked once a request, it is kept.
         with _MAKING:  # a following server's worker thread verifies beside the loop
-            found = _TRACERS[key] = _make(key).get_tracer("heddle")
+            found = _RECORDERS.get(key) or _RECORDERS.setdefault(key, _make())
     return found
 
 
-def _make(key: tuple[tuple[str, str], ...]) -> Any:
-    provider = _PROVIDERS.get(key)
-    if provider is None:
-        if not installed():
-            raise TracingUnavailable(f"{'/'.join(ENDPOINT_VARIABLES)} names a collector, but tracing needs the "
-                                     f"OpenTelemetry SDK: pip install '{EXTRA}'")
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+def _make() -> Recorder:
+    if not installed():
+        raise TracingUnavailable(f"{'/'.join(ENDPOINT_VARIABLES)} names a collector, but tracing needs the "
+                                 f"OpenTelemetry SDK: pip install '{EXTRA}'")
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        from heddle.engine.otlp import SpanExporter
+    from heddle.engine.otlp import SpanExporter
+    from heddle.engine.spans import Recorder
 
-        # The attributes given here win over the variables': the name only when they give none.
-        defaults = {"service.version": __version__}
-        if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in os.environ.get(
-                "OTEL_RESOURCE_ATTRIBUTES", ""):
-            defaults["service.name"] = "heddle"
-        provider = TracerProvider(resource=Resource.create(defaults))
-        provider.add_span_processor(BatchSpanProcessor(SpanExporter()))
-        _PROVIDERS[key] = provider
-    return provider
+    # The attributes given here win over the variables': the name only when they give none.
+    defaults = {"service.version": __version__}
+    if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in os.environ.get(
+            "OTEL_RESOURCE_ATTRIBUTES", ""):
+        defaults["service.name"] = "heddle"
+    return Recorder(Resource.create(defaults), BatchSpanProcessor(SpanExporter()))
 
 
 def flush(timeout_ms: int = 5000) -> None:
     """Send every span ended so far (the SDK sends them in batches)."""
-    for provider in _PROVIDERS.values():
-        provider.force_flush(timeout_ms)
+    for recorder in _RECORDERS.values():
+        recorder.provider.force_flush(timeout_ms)
 
 
 def _active() -> bool:
     # Nothing to carry when no tracer was ever made in this process: the API stays unimported.
-    return bool(_PROVIDERS) and "opentelemetry.trace" in sys.modules
+    return bool(_RECORDERS) and "opentelemetry.trace" in sys.modules
 
 
 def traceparent() -> str | None:
@@ -193,7 +189,7 @@ REQUEST_HOOKS: Mapping[str, list[Any]] = {"request": [send_traceparent]}
 def continued(headers: Mapping[str, str]) -> Iterator[None]:
     """Spans started inside are children of the incoming `traceparent` in `headers` (a request's),
     when tracing is on and the header is well-formed; otherwise nothing changes."""
-    if "traceparent" not in headers or not _PROVIDERS:
+    if "traceparent" not in headers or not _RECORDERS:
         yield
         return
     from opentelemetry import context
@@ -211,7 +207,7 @@ class Tracing:
     """How one prepared run is traced: the tracer, whether content is recorded, and what every span
     says of the bundle it runs (empty for a document)."""
 
-    tracer: Any
+    tracer: Recorder
     capture_content: bool = False
     bundle: Mapping[str, Any] = field(default_factory=dict)  # heddle.bundle.digest, heddle.bundle.signer
     fingerprints: Mapping[str, str] = field(default_factory=dict)  # tool name -> input-schema fingerprint
@@ -223,31 +219,15 @@ class Tracing:
         return None if found is None else cls(found, capture_content)
 
     def for_bundle(self, digest: str, signers: list[str], fingerprints: Mapping[str, str]) -> Tracing:
-        return Tracing(self.tracer, self.capture_content, {DIGEST: digest, SIGNER: list(signers)},
+        # The signers a tuple: a plain value, kept as it is (a list is copied into one for every span).
+        return Tracing(self.tracer, self.capture_content, {DIGEST: digest, SIGNER: tuple(signers)},
                        dict(fingerprints))
 
-    @contextlib.contextmanager
-    def span(self, name: str, attributes: Mapping[str, Any], *, client: bool = False,
-             quiet: tuple[type[BaseException], ...] = ()) -> Iterator[Any]:
-        """A span named `name`, current inside; an exception (but `quiet` ones) marks it failed, with
-        its type, and its message only when content is captured."""
-        api = _api()
-        # The SDK's start_as_current_span, without its two generator layers (a run makes eight spans
-        # a request and more).
-        span = self.tracer.start_span(name, kind=api.CLIENT if client else api.INTERNAL,
-                                      attributes={**self.bundle, **attributes}, record_exception=False,
-                                      set_status_on_exception=False)
-        token = api.attach(api.set_span_in_context(span))
-        try:
-            yield span
-        except BaseException as exc:
-            if not isinstance(exc, quiet):
-                span.set_attribute("error.type", type(exc).__name__)
-                span.set_status(api.Status(api.ERROR, str(exc) if self.capture_content else None))
-            raise
-        finally:
-            api.detach(token)
-            span.end()
+    def span(self, name: str, attributes: Mapping[str, Any], *, kind: str = "internal",
+             quiet: tuple[type[BaseException], ...] = ()) -> InSpan:
+        """A span named `name` of `kind` (internal, client, server), current inside; an exception (but
+        `quiet` ones) marks it failed, with its type, and its message only when content is captured."""
+        return InSpan(self, name, attributes, kind, quiet)
 
     def content(self, value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, default=str)
@@ -259,25 +239,59 @@ def _api() -> Any:
     from types import SimpleNamespace
 
     from opentelemetry.context import attach, detach
-    from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
+    from opentelemetry.trace import Status, StatusCode, set_span_in_context
 
     return SimpleNamespace(attach=attach, detach=detach, set_span_in_context=set_span_in_context, Status=Status,
-                           ERROR=StatusCode.ERROR, CLIENT=SpanKind.CLIENT, INTERNAL=SpanKind.INTERNAL)
+                           ERROR=StatusCode.ERROR)
 
 
 def _suspended() -> tuple[type[BaseException], ...]:
     return (Suspended,)
 
 
-@contextlib.contextmanager
-def sandbox_span(tracing: Tracing, *, safe: bool, backend: str, tool: str) -> Iterator[dict[str, str]]:
+class InSpan:
+    """Tracing.span: a class, not a generator, as a request makes eight spans and more."""
+
+    __slots__ = ("attributes", "kind", "name", "quiet", "span", "token", "tracing")
+
+    def __init__(self, tracing: Tracing, name: str, attributes: Mapping[str, Any], kind: str,
+                 quiet: tuple[type[BaseException], ...]) -> None:
+        self.tracing, self.name, self.attributes, self.kind, self.quiet = tracing, name, attributes, kind, quiet
+
+    def __enter__(self) -> Any:
+        api = _api()
+        tracing = self.tracing
+        self.span = span = tracing.tracer.start(self.name, {**tracing.bundle, **self.attributes}, self.kind)
+        self.token = api.attach(api.set_span_in_context(span))
+        return span
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        api, span = _api(), self.span
+        try:
+            if exc is not None and not isinstance(exc, self.quiet):
+                span.set_attribute("error.type", type(exc).__name__)
+                span.set_status(api.Status(api.ERROR, str(exc) if self.tracing.capture_content else None))
+        finally:
+            api.detach(self.token)
+            span.end()
+
+
+class _Sandbox(InSpan):
+    __slots__ = ()
+
+    def __enter__(self) -> dict[str, str]:
+        context = super().__enter__().get_span_context()
+        # As the W3C propagator writes it, without looking the span up again.
+        return ({"TRACEPARENT": f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"}
+                if context.is_valid else {})
+
+
+def sandbox_span(tracing: Tracing, *, safe: bool, backend: str, tool: str) -> _Sandbox:
     """Around a tool's program in its workspace: the environment it adds (`TRACEPARENT`, this span's)."""
-    with tracing.span("heddle.sandbox", {"heddle.sandbox.safe": safe, "heddle.sandbox.backend":
-                                         backend if safe else "none", "gen_ai.tool.name": tool,
-                                         **_fingerprint(tracing, tool)}) as span:
-        context = span.get_span_context()  # as the W3C propagator writes it, without looking it up again
-        yield ({"TRACEPARENT": f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"}
-               if context.is_valid else {})
+    return _Sandbox(tracing, "heddle.sandbox", {"heddle.sandbox.safe": safe, "heddle.sandbox.backend":
+                                                backend if safe else "none", "gen_ai.tool.name": tool,
+                                                **_fingerprint(tracing, tool)}, "internal", ())
 
 
 @contextlib.contextmanager
@@ -408,11 +422,11 @@ class TracedSeams(SeamsLayer):
                                       "heddle.node": request.node, **_server(request.endpoint.base_url)}
         if self.tracing.capture_content:
             attributes["gen_ai.input.messages"] = self.tracing.content(request.messages)
-        with self.tracing.span(f"chat {model}", attributes, client=True) as span:
+        with self.tracing.span(f"chat {model}", attributes, kind="client") as span:
             turn = await self.inner.call_model(request, next)
             span.set_attributes(_tokens(turn))
             if turn.finish_reason is not None:
-                span.set_attribute("gen_ai.response.finish_reasons", [turn.finish_reason])
+                span.set_attribute("gen_ai.response.finish_reasons", (turn.finish_reason,))
             if self.tracing.capture_content:
                 span.set_attribute("gen_ai.output.messages", self.tracing.content([turn.as_message()]))
             return turn

@@ -207,9 +207,19 @@ class ArchiveWriter:
         self._put(_ZEROS[: self._pad])
 
     def add(self, name: str, data: bytes, mode: int, mtime: int) -> None:
-        self.begin(name, len(data), mode, mtime)
-        self.write(data)
-        self.end()
+        size = len(data)
+        if size >= _GATHER:
+            self.begin(name, size, mode, mtime)
+            self.write(data)
+            self.end()
+            return
+        # A small entry whole, gathered in one step: packing writes one a small file.
+        pending = self._pending
+        pending += header(name, size, mode, mtime)
+        pending += data
+        pending += _ZEROS[: padding(size)]
+        if len(pending) >= _GATHER:
+            self._flush()
 
     def close(self) -> None:
         self._put(END_OF_ARCHIVE)

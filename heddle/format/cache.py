@@ -323,7 +323,7 @@ class Cache:
             except SnapshotError as exc:
                 out.append(EntryInfo(name, path, "", 0, 0, used, str(exc)))
                 continue
-            out.append(EntryInfo(name, path, snap.name, snap.size, len(snap.files), used))
+            out.append(EntryInfo(name, path, snap.name, snap.size, len(snap.paths), used))
         return out
 
     def prune(self, *, older_than: float | None) -> Pruned:

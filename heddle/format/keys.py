@@ -6,9 +6,11 @@ It is a lookup hint and a handle for people; what a verifier trusts is the key i
 
 from __future__ import annotations
 
+import base64
 import getpass
 import hashlib
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,10 +28,23 @@ KEY_ID_HEX = 16
 
 
 def key_id(public_key: Ed25519PublicKey) -> str:
-    from cryptography.hazmat.primitives import serialization
+    return hashlib.sha256(public_key.public_bytes_raw()).hexdigest()[:KEY_ID_HEX]
 
-    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return hashlib.sha256(raw).hexdigest()[:KEY_ID_HEX]
+
+# An unencrypted key as `heddle keygen` writes it: PEM of PKCS#8 (RFC 8410), this DER prefix, then the key's
+# 32-byte seed. Read here without cryptography's serialization module, whose import (its SSH formats and
+# ciphers) is a share of a signed `heddle bundle`'s start-up; any other key file goes through it.
+_PLAIN_PEM = re.compile(rb"-----BEGIN PRIVATE KEY-----\r?\n([A-Za-z0-9+/]{64})\r?\n-----END PRIVATE KEY-----\r?\n?")
+_ED25519_PKCS8 = bytes.fromhex("302e020100300506032b657004220420")
+
+
+def _plain_seed(data: bytes) -> bytes | None:
+    """The seed of an unencrypted Ed25519 key in exactly keygen's form, else None."""
+    match = _PLAIN_PEM.fullmatch(data)
+    if match is None:
+        return None
+    der = base64.b64decode(match[1], validate=True)
+    return der[len(_ED25519_PKCS8):] if len(der) == 48 and der.startswith(_ED25519_PKCS8) else None
 
 
 @dataclass(frozen=True)
@@ -154,13 +169,18 @@ def passphrase_from_env_or_prompt(prompt: str, *, confirm: bool, missing_hint: s
 
 def load_signing_key(path: Path, passphrase: Callable[[], bytes] | bytes | None = None) -> SigningKey:
     """Load PATH.key; an encrypted key asks `passphrase` (default: env, then the terminal)."""
-    from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise KeyFileError(f"signing key {path}: cannot be read: {exc.strerror}") from None
+    seed = _plain_seed(data)
+    if seed is not None:
+        plain = Ed25519PrivateKey.from_private_bytes(seed)
+        return SigningKey(key_id(plain.public_key()), plain)
+    from cryptography.hazmat.primitives import serialization
+
     encrypted = b"ENCRYPTED PRIVATE KEY" in data
     secret: bytes | None = None
     if encrypted:

@@ -11,10 +11,11 @@ import functools
 import operator
 import posixpath
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import repeat
 from operator import itemgetter
 from typing import Any, ClassVar, Literal, NamedTuple, NoReturn
 
@@ -68,6 +69,18 @@ class FileEntry(NamedTuple):
 
 # A FileEntry from a row in its field order, built in C (the class's own constructor is Python).
 _file_entry: Callable[[tuple[Any, ...]], FileEntry] = functools.partial(tuple.__new__, FileEntry)
+
+
+def parent_dirs(paths: Iterable[str]) -> set[str]:
+    # The folders files are in (one pass of C), then the folders those are in.
+    out = set(map(itemgetter(0), map(str.rpartition, paths, repeat("/"))))
+    out.discard("")
+    for path in list(out):
+        folder = path.rpartition("/")[0]
+        while folder and folder not in out:
+            out.add(folder)
+            folder = folder.rpartition("/")[0]
+    return out
 
 
 @dataclass(frozen=True)
@@ -226,6 +239,11 @@ class Manifest:
     @cached_property
     def by_path(self) -> dict[str, FileEntry]:
         return dict(zip(map(_PATH, self.files), self.files, strict=True))
+
+    @cached_property
+    def dirs(self) -> frozenset[str]:
+        """Every folder of the payload: the files' parents, and theirs."""
+        return frozenset(parent_dirs(map(_PATH, self.files)))
 
     @classmethod
     def from_bytes(cls, data: bytes, *, limits: Limits = DEFAULT_LIMITS, what: str = "manifest") -> Manifest:

@@ -11,23 +11,24 @@ checksum runs over the manifest and then the payload, so no payload byte can be 
 before every file is hashed. Small files are kept from the hashing read (up to a fixed budget,
 so memory stays flat for any tree) and written from it: most files of a big tree are read once,
 and what is written is what was hashed. A bigger file is read again to be written, mostly from
-the page cache, and refused if it changed in between. The hashing pass runs on several threads.
+the page cache, and refused if it changed in between. The hashing pass runs bigger files on several
+threads, batches of small ones on the caller's (heddle's work a small file holds the interpreter lock).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import stat
 import threading
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
-from typing import IO, Any, NamedTuple, Protocol
+from typing import IO, TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from heddle import canonical
 from heddle.errors import UsageError
@@ -45,6 +46,7 @@ from heddle.format.errors import PackError
 from heddle.format.keys import SigningKey
 from heddle.format.limits import DEFAULT_LIMITS, ZSTD_LEVEL, ZSTD_MAX_LEVEL, ZSTD_MIN_LEVEL, Limits
 from heddle.format.manifest import (
+    PAYLOAD,
     CommandsEntry,
     FileEntry,
     Manifest,
@@ -61,6 +63,9 @@ from heddle.format.tar import MAX_SIZE
 from heddle.format.verify import open_file, sealed_manifest, walk_payload
 from heddle.version import __version__
 
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
 _CHUNK = 1 << 20
 # What one hashing task takes on: enough that handing it to a thread costs little beside it.
 _BATCH_BYTES = 4 << 20
@@ -68,6 +73,8 @@ _BATCH_FILES = 256
 # Files up to this size are kept from the hashing read, while the kept bytes stay within the budget.
 _KEEP_FILE = 64 << 10
 _KEEP_BUDGET = 32 << 20
+# A batch whose files average this much is hashed on the pool's threads; a smaller one on the caller's.
+_SHARED_FILE = 16 << 10
 _local = threading.local()
 
 
@@ -87,7 +94,7 @@ class Screen(Protocol):
     """A look at each file's first bytes, taken from the hashing read (no file is opened for it),
     and a verdict on the files it flagged, given before any byte of the bundle is written."""
 
-    def flags(self, head: memoryview) -> bool:
+    def flags(self, head: memoryview | bytes) -> bool:
         """Whether the file whose first read brought `head` (the whole of a small file, the first MiB of
         a bigger one) is one to judge; called on the hashing threads, for every file but an empty one."""
         ...
@@ -210,8 +217,8 @@ def _chunks(fd: int, size: int, item: PlanFile, buffer: memoryview) -> Iterator[
     raise PackError(f"{item.source} changed size while it was being packed; pack again")
 
 
-# A file's manifest entry, the identity it had when hashed, its bytes when they were kept, and
-# whether the screen flagged it.
+# A file's manifest entry, the identity it had when hashed (none when its bytes were kept), its bytes
+# when they were kept, and whether the screen flagged it.
 Hashed = tuple[FileEntry, tuple[int, ...], bytes | None, bool]
 
 
@@ -229,53 +236,85 @@ class _Budget:
             self._left -= size
             return True
 
+    def grant(self, size: int) -> int:
+        """Up to `size` bytes at once (a batch's small files: one lock a batch, not one a file)."""
+        with self._lock:
+            granted = min(size, self._left)
+            self._left -= granted
+            return granted
 
-def _hash_batch(items: Sequence[PlanFile], budget: _Budget, screen: Screen | None) -> list[Hashed]:
+    def give_back(self, size: int) -> None:
+        with self._lock:
+            self._left += size
+
+
+# A FileEntry from its fields, made in C (the class's own constructor is Python): one a file.
+_entry: Callable[[tuple[str, int, str, int]], FileEntry] = functools.partial(tuple.__new__, FileEntry)
+
+
+def _hash_batch(items: Sequence[PlanFile], small: int, budget: _Budget, screen: Screen | None) -> list[Hashed]:
+    """The rows of `items`, whose small files (by the walk's sizes) hold `small` bytes."""
     out: list[Hashed] = []
-    buffer = _buffer()
-    for item in items:
-        fd, st = _open_source(item)
-        try:
-            if st.st_size <= _KEEP_FILE and budget.take(st.st_size):
-                # A small file in one read (one byte more, to see one that grew), hashed and kept as it is.
-                data = os.read(fd, st.st_size + 1)
-                if len(data) != st.st_size:
-                    raise PackError(f"{item.source} changed size while it was being packed; pack again")
-                flagged = screen is not None and bool(data) and screen.flags(memoryview(data))
-                out.append((FileEntry(item.path, st.st_size, hashlib.sha256(data).hexdigest(), item.mode),
-                            _identity(st), data, flagged))
-                continue
-            digest = hashlib.sha256()
-            flagged = False
-            first = screen is not None
-            for chunk in _chunks(fd, st.st_size, item, buffer):
-                if first and screen is not None:
-                    flagged, first = screen.flags(chunk), False
-                digest.update(chunk)
-        finally:
-            os.close(fd)
-        out.append((FileEntry(item.path, st.st_size, digest.hexdigest(), item.mode), _identity(st), None, flagged))
+    append = out.append
+    flags = screen.flags if screen is not None else None
+    sha256, read, close, keep = hashlib.sha256, os.read, os.close, _KEEP_FILE  # looked up once a batch
+    allowance = budget.grant(small)
+    try:
+        for item in items:
+            fd, st = _open_source(item)
+            size = st.st_size
+            try:
+                if size <= keep and (size <= allowance or budget.take(size - allowance)):
+                    allowance = allowance - size if size <= allowance else 0
+                    # A small file in one read (one byte more, to see one that grew), hashed and kept as it is.
+                    data = read(fd, size + 1)
+                    if len(data) != size:
+                        raise PackError(f"{item.source} changed size while it was being packed; pack again")
+                    # No identity: what is written is these bytes, not the file again.
+                    append((_entry((item.path, size, sha256(data).hexdigest(), item.mode)), (), data,
+                            flags is not None and size > 0 and flags(data)))
+                    continue
+                digest = sha256()
+                flagged = False
+                first = flags is not None
+                for chunk in _chunks(fd, size, item, _buffer()):
+                    if first and flags is not None:
+                        flagged, first = flags(chunk), False
+                    digest.update(chunk)
+            finally:
+                close(fd)
+            append((_entry((item.path, size, digest.hexdigest(), item.mode)), _identity(st), None, flagged))
+    finally:
+        budget.give_back(allowance)
     return out
 
 
-def _batches(files: Sequence[PlanFile], sizes: Sequence[int]) -> Iterator[list[PlanFile]]:
+def _batches(files: Sequence[PlanFile], sizes: Sequence[int]) -> Iterator[tuple[list[PlanFile], int, int]]:
+    """The files in batches, each with its bytes and those of its small files."""
     batch: list[PlanFile] = []
-    size = 0
+    size = small = 0
     for item, item_size in zip(files, sizes, strict=True):
         batch.append(item)
         size += item_size
+        if item_size <= _KEEP_FILE:
+            small += item_size
         if size >= _BATCH_BYTES or len(batch) >= _BATCH_FILES:
-            yield batch
-            batch, size = [], 0
+            yield batch, size, small
+            batch, size, small = [], 0, 0
     if batch:
-        yield batch
+        yield batch, size, small
 
 
 def _hash_files(
     files: Sequence[PlanFile], sizes: Sequence[int], progress: Progress | None, threads: int,
     screen: Screen | None = None,
 ) -> list[Hashed]:
-    """Every file's manifest entry and identity, in order, hashed on `threads` threads."""
+    """Every file's manifest entry and identity, in order, hashed on up to `threads` threads.
+
+    A batch of small files is hashed on this thread: each of its files is mostly Python's work and
+    system calls under the interpreter's lock, which threads would only pass to and fro (more CPU
+    and more time, measured). A batch of bigger files goes to the pool, where sha256 lets the lock go.
+    """
     out: list[Hashed] = []
     budget = _Budget(_KEEP_BUDGET)
 
@@ -284,22 +323,32 @@ def _hash_files(
         if progress is not None:
             progress.advance(sum(row[0].size for row in rows))
 
-    if threads <= 1:
-        for batch in _batches(files, sizes):
-            done(_hash_batch(batch, budget, screen))
+    batches = _batches(files, sizes)
+    if threads <= 1 or sum(sizes) < _SHARED_FILE * len(sizes):
+        for batch, _, small in batches:
+            done(_hash_batch(batch, small, budget, screen))
         return out
-    pending: deque[Future[list[Hashed]]] = deque()
+    from concurrent.futures import ThreadPoolExecutor  # only a tree of big files needs threads
+
+    pending: deque[Future[list[Hashed]] | list[Hashed]] = deque()
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="heddle-hash") as pool:
         try:
-            for batch in _batches(files, sizes):
-                pending.append(pool.submit(_hash_batch, batch, budget, screen))
-                if len(pending) > 2 * threads:  # a bounded window: memory stays flat for any tree
-                    done(pending.popleft().result())
+            for batch, size, small in batches:
+                if size >= _SHARED_FILE * len(batch):
+                    pending.append(pool.submit(_hash_batch, batch, small, budget, screen))
+                else:  # hashed here while the pool works on the batches before it
+                    pending.append(_hash_batch(batch, small, budget, screen))
+                while pending and (len(pending) > 2 * threads  # a bounded window: memory stays flat
+                                   or isinstance(pending[0], list) or pending[0].done()):
+                    first = pending.popleft()
+                    done(first if isinstance(first, list) else first.result())
             while pending:
-                done(pending.popleft().result())
+                first = pending.popleft()
+                done(first if isinstance(first, list) else first.result())
         except BaseException:
             for future in pending:
-                future.cancel()
+                if not isinstance(future, list):
+                    future.cancel()
             raise
     return out
 
@@ -402,11 +451,10 @@ def pack(
             writer.add(MANIFEST_ENTRY, manifest_bytes, META_MODE, mtime)
             writer.add(SIGNATURES_ENTRY, signatures_bytes, META_MODE, mtime)
             buffer = _buffer()
+            add = writer.add
             for item, (entry, identity, kept, _) in zip(files, hashed, strict=True):
                 if kept is not None:  # the bytes that were hashed: nothing to read again
-                    writer.begin(payload_name(entry.path), entry.size, entry.mode, mtime)
-                    writer.write(memoryview(kept))
-                    writer.end()
+                    add(PAYLOAD + entry.path, kept, entry.mode, mtime)
                     if progress is not None:
                         progress.advance(len(kept))
                     continue

@@ -20,15 +20,20 @@ import json
 import os
 import posixpath
 import stat
+from array import array
+from binascii import a2b_base64, b2a_base64
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import chain, repeat
+from itertools import compress
 from operator import itemgetter
 from typing import Any, NamedTuple
 
 from heddle.format.manifest import Manifest
 
-FORMAT = 1
+# 2: the files as columns (format 1, a row per file, is refused, so its entry is verified again).
+FORMAT = 2
+# Each stat column's array type: unsigned 64 bits, but the times, which may be before 1970.
+_TYPECODES = ("Q", "Q", "Q", "Q", "q", "q")
 MAGIC = b"heddle-snapshot"
 MAX_SNAPSHOT_BYTES = 64 * 1024 * 1024
 SEALED_DIR_MODE = stat.S_IFDIR | 0o555
@@ -63,23 +68,52 @@ class FileStat(NamedTuple):
 _file_stat: Callable[[Iterable[Any]], FileStat] = functools.partial(tuple.__new__, FileStat)
 
 
-@dataclass(frozen=True)
 class Snapshot:
-    key: str
-    name: str
-    files: tuple[FileStat, ...]
-    dirs: tuple[str, ...]
-    # Format 1 carries no signed manifest: its heddle.json and file hashes live here instead.
-    legacy: dict[str, Any] | None = None
+    """The stat of a sealed tree. Its files are held as columns in path order, one per FileStat
+    field: the paths a list, each stat field an array of 64-bit integers (in the file, the base64
+    of its bytes, in this machine's order). A warm open decodes each column at once (a JSON
+    number a field of a file was most of its reading) and compares whole columns with what a walk
+    found, never a row per file. Made from rows (`files`) or read back with `from_bytes`;
+    OverflowError from rows whose stat does not fit 64 bits (no tree heddle made)."""
+
+    __slots__ = ("columns", "dirs", "key", "legacy", "name")
+
+    def __init__(self, key: str, name: str, files: Iterable[FileStat], dirs: Iterable[str],
+                 legacy: dict[str, Any] | None = None) -> None:
+        rows = sorted(files)
+        paths, *stats = zip(*rows, strict=True) if rows else [()] * len(FileStat._fields)
+        columns = [list(paths), *map(array, _TYPECODES, stats)]
+        self._fill(key, name, columns, tuple(dirs), legacy)
+
+    def _fill(self, key: str, name: str, columns: list[Any], dirs: tuple[str, ...],
+              legacy: dict[str, Any] | None) -> None:
+        self.key = key
+        self.name = name
+        # path, mode, size, dev, ino, mtime_ns, ctime_ns: FileStat's fields, each in path order.
+        self.columns = columns
+        self.dirs = dirs
+        # Format 1 carries no signed manifest: its heddle.json and file hashes live here instead.
+        self.legacy = legacy
+
+    @property
+    def paths(self) -> list[str]:
+        paths: list[str] = self.columns[0]
+        return paths
+
+    @property
+    def files(self) -> tuple[FileStat, ...]:
+        return tuple(map(_file_stat, zip(*self.columns, strict=True)))
 
     @property
     def size(self) -> int:
-        return sum(f.size for f in self.files)
+        return sum(self.columns[2])
 
     def to_bytes(self) -> bytes:
         body: dict[str, Any] = {
             "format": FORMAT, "key": self.key, "name": self.name, "dirs": sorted(self.dirs),
-            "files": [list(f) for f in sorted(self.files)],
+            "files": {"path": self.paths, **{field: b2a_base64(column.tobytes(), newline=False).decode("ascii")
+                                             for field, column in zip(FileStat._fields[1:], self.columns[1:],
+                                                                      strict=True)}},
         }
         if self.legacy is not None:
             body["legacy"] = self.legacy
@@ -93,7 +127,8 @@ class Snapshot:
         if not sep or len(parts) != 3 or parts[0] != MAGIC:
             raise SnapshotError("the snapshot is not a heddle snapshot")
         if parts[1] != str(FORMAT).encode():
-            raise SnapshotError(f"the snapshot is format {parts[1]!r}, not {FORMAT}")
+            # An older heddle's rows: never trusted, so the entry is verified again and recorded anew.
+            raise SnapshotError(f"the snapshot is format {parts[1].decode('ascii', 'replace')!r}, not {FORMAT}")
         if parts[2] != _seal(key, raw).encode("ascii"):
             raise SnapshotError("the snapshot's checksum does not match this entry (corrupt or not its own)")
         try:
@@ -109,22 +144,31 @@ class Snapshot:
     def _from_body(cls, body: Any, key: str) -> Snapshot:
         if not isinstance(body, dict) or body["format"] != FORMAT or body["key"] != key:
             raise ValueError("not this entry's")
-        rows, dirs, name, legacy = body["files"], body["dirs"], body["name"], body.get("legacy")
-        # Each a pass of C over all rows: a warm open reads thousands. json gives exact types, so
-        # `type() is` keeps bools and floats out.
-        if type(rows) is not list or type(dirs) is not list or not isinstance(name, str):
+        files, dirs, name, legacy = body["files"], body["dirs"], body["name"], body.get("legacy")
+        if type(files) is not dict or files.keys() != _COLUMN_NAMES or type(dirs) is not list or not isinstance(
+                name, str):
             raise ValueError("bad fields")
-        if rows:
-            if set(map(type, rows)) != {list} or set(map(len, rows)) != {len(FileStat._fields)}:
-                raise ValueError("bad rows")
-            columns = list(zip(*rows, strict=True))
-            if set(map(type, columns[0])) != {str} or set(map(type, chain.from_iterable(columns[1:]))) != {int}:
-                raise ValueError("bad row")
+        paths, encoded = files["path"], [files[field] for field in FileStat._fields[1:]]
+        # Passes of C over the paths, and a whole stat column decoded at once: a warm open reads
+        # thousands of files.
+        if type(paths) is not list or not set(map(type, paths)) <= {str} or not set(map(type, encoded)) <= {str}:
+            raise ValueError("bad columns")
+        stats = [array(code) for code in _TYPECODES]
+        for column, text in zip(stats, encoded, strict=True):
+            column.frombytes(a2b_base64(text, strict_mode=True))  # ValueError (binascii.Error) if not whole
+            if len(column) != len(paths):
+                raise ValueError("columns of different lengths")
+        columns = [paths, *stats]
         if not set(map(type, dirs)) <= {str}:
             raise ValueError("bad names")
         if legacy is not None and not isinstance(legacy, dict):
             raise ValueError("bad legacy")
-        return cls(key, name, tuple(map(_file_stat, rows)), tuple(dirs), legacy)
+        snapshot = cls.__new__(cls)
+        snapshot._fill(key, name, columns, tuple(dirs), legacy)
+        return snapshot
+
+
+_COLUMN_NAMES = frozenset(FileStat._fields)
 
 
 def _seal(key: str, raw: bytes) -> str:
@@ -137,7 +181,6 @@ def sealed_mode(executable: bool) -> int:
 
 # The sealed st_mode of each manifest mode; and the columns `consistent` compares.
 _SEALED_MODES = {0o644: sealed_mode(False), 0o755: sealed_mode(True)}
-_ROW_PATH, _ROW_MODE, _ROW_SIZE = itemgetter(0), itemgetter(1), itemgetter(2)
 _ENTRY_PATH, _ENTRY_SIZE, _ENTRY_MODE = itemgetter(0), itemgetter(1), itemgetter(3)
 
 
@@ -165,18 +208,6 @@ def _walk(top: str, rel: str = "") -> Iterable[tuple[str, os.stat_result]]:
             yield from _walk(entry.path, path)
 
 
-def parent_dirs(paths: Iterable[str]) -> set[str]:
-    # The folders files are in (one pass of C), then the folders those are in.
-    out = set(map(itemgetter(0), map(str.rpartition, paths, repeat("/"))))
-    out.discard("")
-    for path in list(out):
-        folder = path.rpartition("/")[0]
-        while folder and folder not in out:
-            out.add(folder)
-            folder = folder.rpartition("/")[0]
-    return out
-
-
 def always_hashed(payload: str | os.PathLike[str], manifest: Manifest) -> frozenset[str]:
     """The files re-hashed on every open: what runs, and what says what runs."""
     paths = manifest.by_path
@@ -185,7 +216,8 @@ def always_hashed(payload: str | os.PathLike[str], manifest: Manifest) -> frozen
         out.add(manifest.components)  # part of the document: it can name the tools and models
     if manifest.commands is not None:
         out.add(manifest.commands.file)  # says which programs run, and with what
-    out.update(f.path for f in manifest.files if f.executable)
+    files = manifest.files
+    out.update(compress(map(_ENTRY_PATH, files), map((0o755).__eq__, map(_ENTRY_MODE, files))))  # the executables
     out.update(t.entry for t in manifest.tools.values())
     for plugin in manifest.plugins:
         out.add(plugin.manifest)
@@ -234,20 +266,20 @@ class Proof:
 def consistent(snapshot: Snapshot, manifest: Manifest, *, exact_dirs: bool) -> str | None:
     """Why `snapshot` cannot describe a tree of `manifest`, or None."""
     listed = manifest.by_path
-    if len(snapshot.files) != len(listed):
+    paths, modes, sizes = snapshot.columns[:3]
+    if len(paths) != len(listed):
         return "the snapshot does not list this bundle's files"
-    # Both lists are sorted by path as heddle writes them, so the rows line up with the files:
-    # path, size and mode compared column by column, in C. Anything else is looked up row by row.
-    rows, files = snapshot.files, manifest.files
-    if (list(map(_ROW_PATH, rows)) != list(map(_ENTRY_PATH, files))
-            or list(map(_ROW_SIZE, rows)) != list(map(_ENTRY_SIZE, files))
-            or list(map(_ROW_MODE, rows)) != list(map(_SEALED_MODES.get, map(_ENTRY_MODE, files)))):
-        modes = (sealed_mode(False), sealed_mode(True))
-        for f in snapshot.files:
-            item = listed.get(f.path)
-            if item is None or f.size != item.size or f.mode != modes[item.mode == 0o755]:
-                return f"the snapshot does not match the manifest at {f.path!r}"
-    implied = parent_dirs(listed)
+    # Both are sorted by path as heddle writes them, so the rows line up with the files: path,
+    # size and mode compared column by column, in C. Anything else is looked up row by row.
+    files = manifest.files
+    if (paths != list(map(_ENTRY_PATH, files)) or sizes.tolist() != list(map(_ENTRY_SIZE, files))
+            or modes.tolist() != list(map(_SEALED_MODES.get, map(_ENTRY_MODE, files)))):
+        sealed = (sealed_mode(False), sealed_mode(True))
+        for path, mode, size in zip(paths, modes, sizes, strict=True):
+            item = listed.get(path)
+            if item is None or size != item.size or mode != sealed[item.mode == 0o755]:
+                return f"the snapshot does not match the manifest at {path!r}"
+    implied = manifest.dirs
     dirs = set(snapshot.dirs)
     if not implied <= dirs or (exact_dirs and dirs != implied):
         return "the snapshot does not list this bundle's folders"
@@ -302,7 +334,10 @@ def prove(
     if not walk.moved:
         return Proof(None)
     rows = tuple(FileStat._make(row) for row in walk.seen_files)
-    return Proof(None, Snapshot(snapshot.key, snapshot.name, rows, snapshot.dirs, snapshot.legacy))
+    try:
+        return Proof(None, Snapshot(snapshot.key, snapshot.name, rows, snapshot.dirs, snapshot.legacy))
+    except OverflowError:  # a time past what 64 bits of nanoseconds hold: proved, but nothing to keep
+        return Proof(None)
 
 
 class _ProofWalk:
@@ -312,7 +347,8 @@ class _ProofWalk:
 
     def __init__(self, snapshot: Snapshot, manifest: Manifest, hashed: frozenset[str]) -> None:
         self.listed = manifest.by_path
-        self.recorded = dict(zip(map(_ROW_PATH, snapshot.files), snapshot.files, strict=True))
+        rows = snapshot.files
+        self.recorded = dict(zip(snapshot.paths, rows, strict=True))
         self.dirs = frozenset(snapshot.dirs)
         self.hashed = hashed
         self.uid = os.geteuid()

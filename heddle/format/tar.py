@@ -337,10 +337,24 @@ class TarReader:
         self.offset += k
         return view
 
-    def next_header(self) -> TarHeader | None:
-        """The next entry's header, or None at the end-of-archive marker."""
+    def next_header(self, expected: tuple[str, int, int, int] | None = None) -> TarHeader | None:
+        """The next entry's header, or None at the end-of-archive marker.
+
+        Given the (name, size, mode, mtime) the entry is due to have, a block that is byte for
+        byte the header `header()` writes for them is taken without being parsed: every field a
+        parse checks is then what it would have found (the checksum too). Any other block is
+        parsed and checked field by field, as without `expected`.
+        """
         at = self.offset
         block = bytes(self._take(BLOCK, f"the header at byte {at}"))
+        if expected is not None:
+            name, size, mode, mtime = expected
+            try:
+                due = header(name, size, mode, mtime)
+            except ValueError:  # no packer could have written it: parsed below, and refused there
+                due = b""
+            if block == due:
+                return TarHeader(name, REGULAR, size, mode, 0, 0, mtime, "", at)
         if block == _ZERO_BLOCK:
             if self._take(BLOCK, "the end-of-archive marker") != _ZERO_BLOCK:
                 raise MalformedBundleError(f"{self._what}: a lone zero block at byte {at} is followed by data")

@@ -158,10 +158,11 @@ def verify_bundle(
             cache.evict(digest)
         if cached:
             if prove_file:
-                walk_payload(head.reader, manifest, lambda _item: _DISCARD, what=what, progress=progress)
+                walk_payload(head.reader, manifest, lambda _item: _DISCARD, what=what, progress=progress,
+                             mtime=head.mtime)
         else:
             _fill(cache, digest, manifest, head.reader, what=what, progress=progress,
-                  tool_fingerprints=tool_fingerprints)
+                  tool_fingerprints=tool_fingerprints, mtime=head.mtime)
     opened = VerifiedTree(path, cache.payload(digest), manifest, digest, signed.signers, cached=cached,
                           repaired=repaired, signed_at=signed.signed_at)
     if cached and tool_fingerprints is not None:
@@ -195,6 +196,7 @@ def _fill(
     what: str,
     progress: Progress | None,
     tool_fingerprints: ToolFingerprints | None,
+    mtime: int,
 ) -> None:
     staging: Staging = cache.new_staging()
     try:
@@ -204,7 +206,7 @@ def _fill(
         writer = StagingWriter(tree)
         try:
             walk_payload(reader, manifest, lambda item: writer.file(item.path, item.executable, item.size),
-                         what=what, progress=progress, retire=writer.retire)
+                         what=what, progress=progress, retire=writer.retire, mtime=mtime)
             writer.close()
             if len(tree.rows) != len(manifest.files):
                 raise OSError(f"{what}: {len(tree.rows)} of its {len(manifest.files)} files were written")
@@ -241,9 +243,12 @@ def walk_payload(
     what: str,
     progress: Progress | None = None,
     retire: Retire | None = None,
+    mtime: int | None = None,
 ) -> None:
     """Check each payload entry against the manifest, in order, feeding its bytes to a sink
     from `begin` while hashing them; then check nothing follows but the end of the tar.
+    `mtime` is the archive's own (its manifest entry's): a header written exactly as a packer
+    writes it with that mtime is taken without a parse (TarReader.next_header).
 
     The stream is decompressed ahead on a thread meanwhile (the trust decision and the
     manifest's checks are behind us: nothing of the payload is read before them). A sink that
@@ -254,7 +259,7 @@ def walk_payload(
         progress.start(manifest.total_size, f"verifying {Path(what).name}")
     try:
         with reader.reading_ahead(retire):
-            _walk_entries(reader, manifest, begin, expected, what=what, progress=progress)
+            _walk_entries(reader, manifest, begin, expected, what=what, progress=progress, mtime=mtime)
     finally:
         if progress is not None:
             progress.finish()
@@ -268,10 +273,11 @@ def _walk_entries(
     *,
     what: str,
     progress: Progress | None,
+    mtime: int | None,
 ) -> None:
     for index, item in enumerate(manifest.files):
-        entry = reader.next_header()
         want = payload_name(item.path)
+        entry = reader.next_header(None if mtime is None else (want, item.size, item.mode, mtime))
         if entry is None:
             raise MalformedBundleError(f"{what}: entry {want!r} is missing (the archive ends before it)")
         check_entry(entry, what)

@@ -73,7 +73,8 @@ class AccessLog:
             await send(message)
 
         method, path = scope["method"], scope["path"]
-        with _request_span(scope, self.route(path)) as span:
+        found = _tracer()
+        with contextlib.nullcontext() if found is None else _request_span(found, scope, self.route(path)) as span:
             try:
                 await self.app(scope, receive, sending)
             finally:
@@ -155,23 +156,23 @@ def _trace_id(span: Any, scope: Scope) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def _request_span(scope: Scope, route: str | None) -> Iterator[Any]:
-    """The request's SERVER span, under its caller's `traceparent`; None when tracing is off. Named by
-    its route's template, never by what a caller wrote in the path (a session id, any unknown path)."""
+def _tracer() -> Any:
+    """The process's recorder of spans, or None when tracing is off (heddle.engine.tracing.tracer)."""
     from heddle.engine import tracing
 
-    found = tracing.tracer()
-    if found is None:
-        yield None
-        return
-    from opentelemetry.trace import SpanKind
+    return tracing.tracer()
+
+
+@contextlib.contextmanager
+def _request_span(found: Any, scope: Scope, route: str | None) -> Iterator[Any]:
+    """The request's SERVER span, recorded by `found` (`_tracer`), under its caller's `traceparent`. Named
+    by its route's template, never by what a caller wrote in the path (a session id, any unknown path)."""
+    from heddle.engine import tracing
 
     method = scope["method"]
     attributes = {"http.request.method": method, **({"http.route": route} if route is not None else {})}
-    with tracing.continued(_headers(scope)), found.start_as_current_span(
-            method if route is None else f"{method} {route}", kind=SpanKind.SERVER, record_exception=False,
-            attributes=attributes) as span:
+    with tracing.continued(_headers(scope)), tracing.Tracing(found).span(
+            method if route is None else f"{method} {route}", attributes, kind="server") as span:
         yield span
 
 

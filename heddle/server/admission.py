@@ -40,6 +40,7 @@ class Admission:
         self._tickets: set[Ticket] = set()
         self._idle = asyncio.Event()
         self._idle.set()
+        metrics.count_runs(lambda: len(self._tickets))
 
     @property
     def active(self) -> int:
@@ -68,14 +69,12 @@ class Admission:
         ticket = Ticket(self)
         self._tickets.add(ticket)
         self._idle.clear()
-        self.metrics.runs_changed(self.active)
         return ticket
 
     def _release(self, ticket: Ticket) -> None:
         self._tickets.discard(ticket)
         if not self._tickets:
             self._idle.set()
-        self.metrics.runs_changed(self.active)
 
     def start_draining(self) -> None:
         self.draining = True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -17,8 +16,10 @@ from starlette.types import ASGIApp
 from heddle.errors import HeddleError
 from heddle.server.access import RUN_FIELDS, AccessLog, run_fields
 from heddle.server.body import Gone, read_json_members, read_json_object
-from heddle.server.errors import ApiError, as_api_error, bad_request, error_body
+from heddle.server.errors import ApiError, as_api_error, bad_request, error_body, json_answer
+from heddle.server.flow_cache import read_known
 from heddle.server.guard import guard_middleware
+from heddle.server.run_response import RunResponse
 from heddle.server.service import Service
 from heddle.server.surfaces.agui import PROTOCOL as AGUI
 
@@ -29,7 +30,7 @@ _HTTP_TYPES = {404: "not_found", 405: "method_not_allowed"}
 
 class _JSON(JSONResponse):
     def render(self, content: Any) -> bytes:
-        return json.dumps(content, ensure_ascii=False, default=str).encode("utf-8")
+        return json_answer(content)
 
 
 def _error(status: int, type_: str, message: str, headers: dict[str, str] | None = None) -> Response:
@@ -81,8 +82,6 @@ def build_app(service: Service) -> Starlette:
         return _JSON(await service.validate(body))
 
     async def runs(request: Request) -> ASGIApp:  # a Response, or the run's stream
-        from heddle.server.run_response import RunResponse
-
         protocol = request.query_params.get("protocol") if request.scope.get("query_string") else None
         if protocol == AGUI and AGUI in config.surfaces:
             from heddle.server.surfaces.agui import agui_run
@@ -90,7 +89,9 @@ def build_app(service: Service) -> Starlette:
             return await agui_run(service, await read_json_object(request, config.max_body_bytes))
         encoder = service.encoder(protocol)
         stream = _stream_flag(request) or protocol == "heddle"
-        body, members = await read_json_members(request, config.max_body_bytes)
+        # A flow sent before is known by its text, which is not read again (heddle.server.flow_cache).
+        body, members = await read_json_members(request, config.max_body_bytes, known=service.flows.known)
+        read_known(body)
         ticket = service.admission.admit()
         try:
             job = await service.prepare(body, flow_text=members.get("flow"))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.types import Receive
 
-from heddle.canonical import CanonicalJSONError
+from heddle.canonical import CanonicalJSONError, Known
 from heddle.safeparse import ParseLimitError, loads_strict_json_members
 from heddle.server.errors import ApiError, bad_request
 
@@ -45,17 +45,21 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                chunks.clear()
-                if size > DISCARD_LIMIT:
-                    break
-                continue
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise Gone() from None
+    receive, more = request.receive, True  # its messages read here, as Request.stream reads them
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise Gone()
+        if message["type"] != "http.request":
+            continue
+        chunk, more = message.get("body", b""), message.get("more_body", False)
+        size += len(chunk)
+        if size > limit:
+            chunks.clear()
+            if size > DISCARD_LIMIT:
+                break
+            continue
+        chunks.append(chunk)
     if size > limit:
         raise _too_large(limit)
     return b"".join(chunks)
@@ -66,15 +70,17 @@ async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
     return (await read_json_members(request, limit))[0]
 
 
-async def read_json_members(request: Request, limit: int) -> tuple[dict[str, Any], dict[str, str]]:
+async def read_json_members(request: Request, limit: int, *, known: Known | None = None
+                            ) -> tuple[dict[str, Any], dict[str, str]]:
     """`read_json_object`, and each of its members' values as the body writes it: what a request's
-    flow is known by (heddle.server.flow_cache)."""
+    flow is known by (heddle.server.flow_cache); a member whose text is `known` is not read again
+    (heddle.canonical.loads_strict_members)."""
     raw = await read_body(request, limit)
     if not raw.strip():
         return {}, {}
     try:
         # No duplicate key, no non-finite number, no lone surrogate (which no file, pipe or tool can carry).
-        value, members = loads_strict_json_members(raw)
+        value, members = loads_strict_json_members(raw, known=known)
     except UnicodeDecodeError:
         raise bad_request("the request body is not UTF-8; send JSON text") from None
     except ParseLimitError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -15,6 +16,14 @@ from heddle.errors import (
     ToolInputError,
     UsageError,
 )
+
+# json.dumps(value, ensure_ascii=False, default=str), the encoder made once rather than for each answer.
+_ANSWER = json.JSONEncoder(ensure_ascii=False, default=str)
+
+
+def json_answer(value: Any) -> bytes:
+    """An answer's JSON body: UTF-8, anything JSON has no type for written as its text."""
+    return _ANSWER.encode(value).encode("utf-8")
 
 
 class ServeError(HeddleError):

@@ -11,7 +11,8 @@ The key covers every input of that function which a request can change:
 - the document itself: the sha256 of its JSON as the request sent it (key order included: it
   reaches what runs, as the order of a tool's parameters that a model is shown): the very text
   of the body's `flow` member when the route read the body (heddle.server.body.read_json_members:
-  no second pass over the document a request), or else its compact encoding; or of its text
+  no second pass over the document a request; and a text kept here is found by comparing it with
+  the body's, `FlowCache.known`, and not read at all), or else its compact encoding; or of its text
   when it came as JSON or YAML text, or, for `flowPath`, of the file's bytes with its name (the
   name says its format and is in every message about it). A text and an encoding that are the
   same bytes are the same value, so they may share a key;
@@ -50,6 +51,22 @@ if TYPE_CHECKING:
 MAX_ENTRIES = 32
 # Of document text: the typed flow and its preparation take some times more memory than this.
 MAX_BYTES = 2 << 20
+# A kept document's text is found by this many of its first characters, then compared whole.
+_PREFIX = 64
+
+
+@dataclass(frozen=True)
+class KnownFlow:
+    """A body's `flow` whose text is that of a kept entry (`FlowCache.known`): not read again, unless
+    the entry is gone by the time it is looked up, or the text is another member's (`read_known`)."""
+
+    text: str
+    key: str
+
+    def read(self) -> Any:
+        from heddle.canonical import loads_strict
+
+        return loads_strict(self.text)  # as the body's reading would have: its checks passed on this text
 
 
 @dataclass
@@ -134,6 +151,21 @@ class FlowCache:
         self._entries: OrderedDict[str, Ready] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        # The texts of the entries kept from a body's `flow` member, by their first characters: each
+        # value a tuple, replaced whole, so that `known` reads them on the loop without the lock.
+        self._texts: dict[str, tuple[tuple[str, str], ...]] = {}
+        self._text_of: dict[str, str] = {}
+
+    def known(self, s: str, at: int) -> tuple[KnownFlow, int] | None:
+        """A kept entry's text, when `s` has it at `at` (canonical.loads_strict_members's `known`): that
+        text was read strictly before, and an object's text ends at its `}`, so reading it again would
+        give the same value and end."""
+        found = self._texts.get(s[at:at + _PREFIX])
+        if found is not None:
+            for text, key in found:
+                if s.startswith(text, at):
+                    return KnownFlow(text, key), at + len(text)
+        return None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -152,25 +184,52 @@ class FlowCache:
         self._drop(key, ready)
         return None
 
-    def put(self, key: str, ready: Ready) -> None:
-        """Keep a flow whose preparation succeeded; failures and documents over the bound are not kept."""
+    def put(self, key: str, ready: Ready, *, text: str | None = None) -> None:
+        """Keep a flow whose preparation succeeded; failures and documents over the bound are not kept.
+        `text`: the body's `flow` member it was read from, whose key `key` is (`known` finds it)."""
         if ready.run is None or ready.failure is not None or ready.size > self.max_bytes:
             return
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._bytes -= old.size
+                self._forget(key)
             self._entries[key] = ready
             self._bytes += ready.size
+            if text is not None and len(text) >= _PREFIX:
+                self._text_of[key] = text
+                self._texts[text[:_PREFIX]] = (*self._texts.get(text[:_PREFIX], ()), (text, key))
             while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
-                _, evicted = self._entries.popitem(last=False)
+                gone, evicted = self._entries.popitem(last=False)
                 self._bytes -= evicted.size
+                self._forget(gone)
+
+    def _forget(self, key: str) -> None:
+        """The text index's entry of `key`, if any, removed (the lock held)."""
+        text = self._text_of.pop(key, None)
+        if text is None:
+            return
+        rest = tuple(entry for entry in self._texts[text[:_PREFIX]] if entry[1] != key)
+        if rest:
+            self._texts[text[:_PREFIX]] = rest
+        else:
+            del self._texts[text[:_PREFIX]]
 
     def _drop(self, key: str, ready: Ready) -> None:
         with self._lock:
             if self._entries.get(key) is ready:
                 del self._entries[key]
                 self._bytes -= ready.size
+                self._forget(key)
+
+
+def read_known(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` as read with `FlowCache.known`, a kept text that was the value of a member other than
+    `flow` read as any other value (only a `flow` is looked up by its text)."""
+    for name, value in body.items():
+        if isinstance(value, KnownFlow) and name != "flow":
+            body[name] = value.read()
+    return body
 
 
 def read_ready(read: Callable[[], Flow], prepare: Callable[[Flow], PreparedRun] | None, *, edition: object,

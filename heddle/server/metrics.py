@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
@@ -114,9 +114,11 @@ class Metrics:
     def pull_failed(self) -> None:
         self.pull_errors.inc()
 
-    def runs_changed(self, active: int) -> None:
-        self.active.set(active)
-        self.saturation.set(active / self.max_concurrent)
+    def count_runs(self, active: Callable[[], int]) -> None:
+        """Runs in progress and saturation, read from `active` when the metrics are read (not set at each
+        admission and release, two locked writes a request)."""
+        self.active.set_function(active)
+        self.saturation.set_function(lambda: active() / self.max_concurrent)
 
     def run_accepted(self) -> None:
         self.accepted.inc()

@@ -14,7 +14,6 @@ caller never sees an end that a conflicting write then took back.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from heddle.blocking import Tasks
 from heddle.server import sse
 from heddle.server.admission import Ticket
 from heddle.server.body import disconnected
-from heddle.server.errors import CANCELLED, run_failure
+from heddle.server.errors import CANCELLED, json_answer, run_failure
 from heddle.server.service import Job, Service
 
 if TYPE_CHECKING:
@@ -42,6 +41,10 @@ log = logging.getLogger("heddle.server")
 
 _DONE = object()
 _HOLD = object()  # on an encoder's queue: what follows renders the end of a run in a session
+
+
+def _ignore(event: Event) -> None:
+    pass
 
 
 async def _settle(task: asyncio.Task[Any]) -> None:
@@ -146,7 +149,7 @@ class RunResponse:
         the connection keeps it), and a run that ends within that step needs no watcher at all.
         The run is awaited itself, so that its end wakes this task at once."""
         loop = asyncio.get_running_loop()
-        watchers = Tasks()
+        watchers: Tasks | None = None  # made only when the client is watched
         gone: asyncio.Task[None] | None = None
         waiting = True
 
@@ -155,8 +158,9 @@ class RunResponse:
                 run.cancel()
 
         def watch() -> None:
-            nonlocal gone
+            nonlocal gone, watchers
             if waiting and not run.done():
+                watchers = Tasks()
                 gone = watchers.start(disconnected(receive))
                 gone.add_done_callback(client_left)
 
@@ -174,10 +178,13 @@ class RunResponse:
             if not run.done():
                 run.cancel()
                 await _settle(run)
-            await watchers.aclose()
+            if watchers is not None:
+                await watchers.aclose()
         return left and run.cancelled()
 
     async def _answered(self, receive: Receive, send: Send) -> str:
+        if self.job.prepared.at_once and self.job.session is None:
+            return await self._answered_at_once(send)
         run = self._start(None)
         if await self._watch(run, receive):
             return "disconnected"
@@ -191,8 +198,20 @@ class RunResponse:
         await self._send_json(send, status, body)
         return _outcome(run)
 
+    async def _answered_at_once(self, send: Send) -> str:
+        """A run that ends within the loop's step that starts it (heddle.engine.run.ends_at_once), run on
+        this task: no task of its own nor a watcher of the client, as nothing could stop it part way."""
+        try:
+            outcome = await self.job.run(_ignore)  # a buffered answer outside a session shows no event
+        except Exception as exc:  # noqa: BLE001 - the run's failure is its answer, as a run's task's is
+            status, body = run_failure(exc)
+            await self._send_json(send, status, body)
+            return "error"
+        await self._send_json(send, 200, self.job.answer(outcome))
+        return "ok"
+
     async def _send_json(self, send: Send, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body, ensure_ascii=False, default=str).encode("utf-8")
+        data = json_answer(body)
         await self._finish()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),

@@ -399,8 +399,9 @@ class Service:
         else:
             raise bad_request("the request names no flow; give 'flow' (the document) or 'flowPath'")
         self._strict(ready.flow)
-        tools, tools_dir, folder = dict(edition.core.tools), edition.core.tools_dir, None
+        tools, tools_dir, folder = edition.core.tools, edition.core.tools_dir, None
         if request.tools:
+            tools = dict(tools)  # the edition's, with the request's own added
             clash = sorted(t.name for t in request.tools if t.name in tools or t.name in self._command_names())
             if clash:
                 raise bad_request(f"tools: {clash[0]!r} is already a tool of this server; give yours another name")
@@ -433,8 +434,13 @@ class Service:
         """A request's `flow`, kept from an earlier request of the same document or read and prepared
         now, in one worker thread."""
         from heddle.server.documents import flow_from_value
-        from heddle.server.flow_cache import read_ready, value_key
+        from heddle.server.flow_cache import KnownFlow, read_ready, value_key
 
+        if isinstance(value, KnownFlow):  # the text of a kept entry (FlowCache.known): not read again
+            kept = self.flows.get(value.key, edition)
+            if kept is not None:
+                return kept
+            text, value = value.text, value.read()  # let go meanwhile: read as any other
         keyed = value_key(value, text)
         if keyed is not None:
             kept = self.flows.get(keyed[0], edition)
@@ -445,7 +451,7 @@ class Service:
                                    self._preparer(edition, from_request=True) if prepare else None,
                                    edition=edition, plan=self.policy.plan, size=keyed[1] if keyed else 0)
         if keyed is not None:
-            self.flows.put(keyed[0], ready)
+            self.flows.put(keyed[0], ready, text=text if isinstance(value, dict) else None)
         return ready
 
     def _ready_file(self, root: Path, name: str, edition: Edition, *, prepare: bool) -> Ready:

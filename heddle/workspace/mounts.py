@@ -141,64 +141,91 @@ def _check_limits(name: str, entries: int, size: int, *, max_entries: int, max_b
         )
 
 
-def _measure(mount: Mount, *, max_entries: int, max_bytes: int) -> None:
-    """Walk SRC refusing what cannot be copied faithfully and stopping early at the limits."""
-    name = mount.describe()
-    entries = 0
-    size = 0
+class MountCount:
+    """A mount's files and folders and bytes as its walk counts them, stopped at the limits, and what it
+    cannot carry refused: `check_mounts`' own walk, and sealing's, which lists a mount's files for the
+    bundle in the same walk (heddle.bundle.collect) rather than walking it twice. A walk adds to
+    `entries` and `size` itself (one file at a time, in line) and calls `over` once past a limit."""
 
-    def account(path: Path | str, st: os.stat_result) -> None:
-        nonlocal entries, size
+    def __init__(self, mount: Mount, *, max_entries: int, max_bytes: int, entries: int = 0, size: int = 0) -> None:
+        self.name = mount.describe()
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.entries = entries
+        self.size = size
+
+    def over(self) -> None:
+        _check_limits(self.name, self.entries, self.size, max_entries=self.max_entries, max_bytes=self.max_bytes)
+
+    def account(self, path: Path | str, st: os.stat_result) -> None:
         bad = _kind(st.st_mode)
         if bad is not None:
             raise UsageError(
-                f"mount {name}: {path} is {bad}; mounts carry only regular files and folders, "
+                f"mount {self.name}: {path} is {bad}; mounts carry only regular files and folders, "
                 "remove it or mount a folder without it"
             )
-        entries += 1
+        self.entries += 1
         if stat.S_ISREG(st.st_mode):
-            size += st.st_size
-        _check_limits(name, entries, size, max_entries=max_entries, max_bytes=max_bytes)
+            self.size += st.st_size
+        self.over()
 
+    def walk(self, folder: Path | str) -> None:
+        """Count everything under `folder` (not `folder` itself)."""
+        name = self.name
+        entries, size = self.entries, self.size
+        max_entries, max_bytes = self.max_entries, self.max_bytes
+        pending: list[Path | str] = [folder]
+        try:
+            while pending:
+                folder = pending.pop()
+                try:
+                    with os.scandir(folder) as it:
+                        children = list(it)
+                except OSError as exc:
+                    raise UsageError(
+                        f"mount {name}: cannot list {folder}: {exc.strerror}; check its permissions"
+                    ) from None
+                for child in children:
+                    try:
+                        st = child.stat(follow_symlinks=False)
+                    except OSError as exc:
+                        raise UsageError(f"mount {name}: cannot read {child.path}: {exc.strerror}") from None
+                    # What `account` does, in line for the files and folders a big tree is made of.
+                    mode = st.st_mode
+                    if stat.S_ISREG(mode):
+                        entries += 1
+                        size += st.st_size
+                    elif stat.S_ISDIR(mode):
+                        entries += 1
+                        pending.append(child.path)  # a string: a Path for each of many files costs more than the stat
+                    else:
+                        self.entries, self.size = entries, size
+                        self.account(child.path, st)  # refused
+                    if entries > max_entries or size > max_bytes:
+                        self.entries, self.size = entries, size
+                        self.over()
+        finally:
+            self.entries, self.size = entries, size
+
+
+def _measure(mount: Mount, *, max_entries: int, max_bytes: int, walk: bool = True) -> None:
+    """Walk SRC refusing what cannot be copied faithfully and stopping early at the limits; without `walk`,
+    only SRC itself (its walk is made by the caller, with a MountCount)."""
     if mount.sealed is not None:
-        _check_limits(name, *mount.sealed, max_entries=max_entries, max_bytes=max_bytes)
+        _check_limits(mount.describe(), *mount.sealed, max_entries=max_entries, max_bytes=max_bytes)
         return
+    count = MountCount(mount, max_entries=max_entries, max_bytes=max_bytes)
     try:
         top = mount.source.stat()
     except OSError as exc:
-        raise UsageError(f"mount {name}: cannot read {mount.source}: {exc.strerror}") from None
-    account(mount.source, top)
+        raise UsageError(f"mount {count.name}: cannot read {mount.source}: {exc.strerror}") from None
+    count.account(mount.source, top)
     if not stat.S_ISDIR(top.st_mode):
         if not os.access(mount.source, os.R_OK):
-            raise UsageError(f"mount {name}: {mount.source} is not readable; check its permissions")
+            raise UsageError(f"mount {count.name}: {mount.source} is not readable; check its permissions")
         return
-    pending: list[Path | str] = [mount.source]
-    while pending:
-        folder = pending.pop()
-        try:
-            with os.scandir(folder) as it:
-                children = list(it)
-        except OSError as exc:
-            raise UsageError(
-                f"mount {name}: cannot list {folder}: {exc.strerror}; check its permissions"
-            ) from None
-        for child in children:
-            try:
-                st = child.stat(follow_symlinks=False)
-            except OSError as exc:
-                raise UsageError(f"mount {name}: cannot read {child.path}: {exc.strerror}") from None
-            # What `account` does, in line for the files and folders a big tree is made of.
-            mode = st.st_mode
-            if stat.S_ISREG(mode):
-                entries += 1
-                size += st.st_size
-            elif stat.S_ISDIR(mode):
-                entries += 1
-                pending.append(child.path)  # a string: a Path for each of many files costs more than the stat
-            else:
-                account(child.path, st)  # refused
-            if entries > max_entries or size > max_bytes:
-                _check_limits(name, entries, size, max_entries=max_entries, max_bytes=max_bytes)
+    if walk:
+        count.walk(mount.source)
 
 
 def check_mounts(
@@ -206,8 +233,11 @@ def check_mounts(
     *,
     max_entries: int = MOUNT_MAX_ENTRIES,
     max_bytes: int = MOUNT_MAX_BYTES,
+    walk: bool = True,
 ) -> None:
-    """Every start-up refusal for mounts, as a UsageError naming the mount and what to do."""
+    """Every start-up refusal for mounts, as a UsageError naming the mount and what to do. Without `walk`,
+    a folder's contents are left to the caller's own walk, counted with a MountCount from its top's
+    (sealing's, which lists them)."""
     if max_entries < 1:
         raise UsageError(f"--mount-max-entries {max_entries}: must be at least 1")
     if max_bytes < 0:
@@ -227,4 +257,4 @@ def check_mounts(
                 f"mount {mount.describe()}: {mount.source} is a symlink to nothing; "
                 "mount its target instead"
             )
-        _measure(mount, max_entries=max_entries, max_bytes=max_bytes)
+        _measure(mount, max_entries=max_entries, max_bytes=max_bytes, walk=walk)

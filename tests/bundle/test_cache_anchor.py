@@ -9,6 +9,7 @@ the same states run through the entry function in this process (`heddle_here`)."
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import json
 import os
@@ -135,7 +136,7 @@ def test_an_entry_planted_before_the_first_run_is_not_trusted(sandbox: Path, key
     # tool is re-hashed on every open, so the snapshot's say-so is not enough.
     shutil.rmtree(sandbox / "cache")
     (sandbox / "cache").mkdir()
-    from heddle.format.snapshot import record
+    from heddle.format.snapshot import FORMAT, record
 
     entry = _planted(sandbox, bundle, keypair)
     forged = record(entry / "payload", key=entry.name, name="anchor")
@@ -144,7 +145,7 @@ def test_an_entry_planted_before_the_first_run_is_not_trusted(sandbox: Path, key
     assert state["who"] == "sealed" and "tools/who.py" in repaired
     # A snapshot that does not belong to its entry is no better.
     (entry / "snapshot").chmod(0o600)
-    (entry / "snapshot").write_bytes(b"heddle-snapshot 1 " + b"0" * 64 + b"\n{}")
+    (entry / "snapshot").write_bytes(b"heddle-snapshot %d " % FORMAT + b"0" * 64 + b"\n{}")
     proc = heddle_here(capsys, "verify", bundle, "--trust", keypair.pub_path, "--json")
     assert proc.returncode == 0 and "checksum" in json.loads(proc.stdout)["repaired"], proc.stderr
 
@@ -424,15 +425,21 @@ def test_a_snapshot_belongs_to_one_entry_and_parses_only_as_written(sandbox: Pat
     head, body = data.split(b"\n", 1)
     nested = b"[" * 100_000 + b"]" * 100_000
     for bad, why in ((data, "checksum"), (head + b"\n" + body[:-1], "checksum"), (b"", "not a heddle snapshot"),
-                     (head.replace(b" 1 ", b" 2 ") + b"\n" + body, "format")):
+                     (head.replace(b" 2 ", b" 1 ") + b"\n" + body, "format")):
         with pytest.raises(SnapshotError, match=why):
             Snapshot.from_bytes(bad, key if bad is not data else "0" * 64)
     # Sealed for this key, but not what heddle writes: refused as such, never a traceback.
     from heddle.format import snapshot as module
 
-    for raw in (nested, b'{"format": 1}', b'{"format":1,"key":"%s","name":"a","dirs":[],"files":[["p",true,1,1,1,1,1]]}'
-                % key.encode()):
-        sealed = b"%s 1 %s\n%s" % (module.MAGIC, module._seal(key, raw).encode(), raw)
+    one, two = (b'"%s"' % base64.b64encode(b"\1" * n) for n in (8, 16))  # one 64-bit value, and two
+    columns = b'"path":["p"],"mode":%s,"size":%s,"dev":%s,"ino":%s,"mtime_ns":%s,"ctime_ns":%s'
+    body = b'{"format":2,"key":"%s","name":"a","dirs":[],"files":%s}'
+    for raw in (nested, b'{"format": 2}', body % (key.encode(), b'[["p",33060,1,1,1,1,1]]'),  # format 1's rows
+                body % (key.encode(), b"{" + columns % (one, one, one, one, one, two) + b"}"),  # two lengths
+                body % (key.encode(), b"{" + columns % (one, one, one, one, one, b'"AQ=="') + b"}"),  # a byte
+                body % (key.encode(), b"{" + columns % (one, one, one, one, one, b"[1]") + b"}"),  # not bytes
+                body % (key.encode(), b"{" + columns % (one, one, one, one, one, b'"A!=="') + b"}")):  # not base64
+        sealed = b"%s %d %s\n%s" % (module.MAGIC, module.FORMAT, module._seal(key, raw).encode(), raw)
         with pytest.raises(SnapshotError):
             Snapshot.from_bytes(sealed, key)
 

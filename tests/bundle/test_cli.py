@@ -164,6 +164,34 @@ def test_sign_inspect_and_verify(sandbox: Path, capsys: pytest.CaptureFixture[st
     assert "echo" in proc.stdout and "tools/echo.py" in proc.stdout
 
 
+def test_verify_imports_the_document_models_while_the_payload_is_checked(
+    sandbox: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tools' fingerprint check needs the document models (half of the command's fixed cost):
+    their import starts on a thread before the bundle is read, and the check waits for it."""
+    import threading
+
+    from heddle.format import verify
+
+    bundle = sandbox / "app.heddle"
+    pack(agent_plan(write_agent(sandbox / "agent")), bundle)
+    events: list[str] = []
+    real_start, real_walk = threading.Thread.start, verify.walk_payload
+
+    def start(thread: threading.Thread) -> None:
+        events.append(thread.name)
+        real_start(thread)
+
+    def walk(*args: object, **kwargs: object) -> None:
+        events.append("payload")
+        real_walk(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    monkeypatch.setattr(verify, "walk_payload", walk)
+    assert _cli(capsys, "verify", bundle, "--allow-unsigned")[0] == 0
+    assert [e for e in events if e in ("heddle-import", "payload")] == ["heddle-import", "payload"]
+
+
 def test_diff(sandbox: Path, capsys: pytest.CaptureFixture[str]) -> None:
     paths = write_agent(sandbox / "agent")
     a, b = sandbox / "a.heddle", sandbox / "b.heddle"

@@ -110,3 +110,27 @@ def test_trust_names_pin_keys_for_one_command(sandbox: Path) -> None:
     assert [k.keyid for k in resolve_trust([a.keyid])] == [a.keyid]
     with pytest.raises(UsageError, match="--trust nothing"):
         resolve_trust(["nothing"])
+
+
+def test_a_plain_keygen_key_is_the_key_cryptography_reads_in_any_layout(sandbox: Path) -> None:
+    """An unencrypted key as keygen writes it is read without cryptography's serialization module; the
+    same key written otherwise (other line breaks), and anything not an Ed25519 key, go through it."""
+    import base64
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ec import SECP256R1, generate_private_key
+
+    made = generate(sandbox / "me", None)
+    data = made.private_path.read_bytes()
+    reference = serialization.load_pem_private_key(data, password=None)
+    key = load_signing_key(made.private_path)
+    assert key.keyid == made.keyid and key.key.private_bytes_raw() == reference.private_bytes_raw()
+    body = base64.b64encode(base64.b64decode(b"".join(data.splitlines()[1:-1])))
+    (sandbox / "wrapped.key").write_bytes(b"-----BEGIN PRIVATE KEY-----\r\n" + body[:32] + b"\r\n" + body[32:]
+                                          + b"\r\n-----END PRIVATE KEY-----\r\n")
+    assert load_signing_key(sandbox / "wrapped.key").keyid == made.keyid
+    other = generate_private_key(SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    (sandbox / "ec.key").write_bytes(other)
+    with pytest.raises(KeyFileError, match="not an Ed25519 key"):
+        load_signing_key(sandbox / "ec.key")

@@ -12,8 +12,7 @@ import pytest
 from heddle import canonical
 from heddle.format.errors import BundleError
 from heddle.format.limits import DEFAULT_LIMITS
-from heddle.format.manifest import FileEntry, Manifest, _canonical, _Reader
-from heddle.format.snapshot import parent_dirs
+from heddle.format.manifest import FileEntry, Manifest, _canonical, _Reader, parent_dirs
 
 SHA = "ab" * 32
 NAMES = ["flow.json", "a", "B.md", "ñandú.txt", "日本/語.md", "x/.hidden", "con-fig", "d/e/f.bin",

@@ -347,3 +347,83 @@ def test_sealing_holds_off_the_cyclic_collector(sandbox: Path, monkeypatch: pyte
     assert gc.isenabled()
     heddle.seal(paths["flow"], output=sandbox / "app.heddle", tools_dir=paths["tools"], mounts=[f"{paths['work']}:work"])
     assert enabled == [False, False] and gc.isenabled()
+
+
+def test_sealing_walks_a_mount_once_counting_its_limits_there(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mount limits are counted by the plan's own walk of a mount, which lists each of its folders once
+    (the mount rules' walk and the plan's listed each twice); its .git folder counts though it is not carried,
+    and a link in it is refused as the mount rules refuse one."""
+    import heddle
+    from heddle.errors import UsageError
+
+    paths = write_agent(sandbox / "agent")
+    notes = paths["notes"]  # readme.md (8 bytes), sub/, sub/deep.txt (5), .git/, .git/HEAD (21): 6 entries with itself
+    listed: list[str] = []
+    real_scandir = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda path: (listed.append(os.fspath(path)), real_scandir(path))[1])
+
+    def seal(**limits: int) -> None:
+        heddle.seal(paths["flow"], output=sandbox / "app.heddle", tools_dir=paths["tools"],
+                    mounts=[f"{notes}:notes"], **limits)
+
+    seal(mount_max_entries=6, mount_max_bytes=34)
+    mine = [p for p in listed if p.startswith(str(notes))]
+    assert sorted(mine) == sorted({str(notes), str(notes / "sub"), str(notes / ".git")})
+    with pytest.raises(UsageError, match="more than 5 files and folders"):
+        seal(mount_max_entries=5)
+    with pytest.raises(UsageError, match="more than 33 bytes"):
+        seal(mount_max_bytes=33)
+    os.symlink("/etc/passwd", notes / ".git" / "link")
+    with pytest.raises(UsageError, match=r"\.git/link is a symlink; mounts carry only regular files and folders"):
+        seal()
+
+
+def test_small_files_are_hashed_on_the_calling_thread(sandbox: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file of a few KiB is Python's work and system calls under the interpreter's lock: threads would pass
+    the lock to and fro for nothing. Batches of such files are hashed by the caller; bigger files on the pool
+    (the same bytes either way)."""
+    import concurrent.futures
+
+    pools: list[int] = []
+    real_pool = concurrent.futures.ThreadPoolExecutor
+
+    class Counted(real_pool):  # type: ignore[misc, valid-type]
+        def __init__(self, *a: object, **k: object) -> None:
+            pools.append(1)
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", Counted)
+    paths = write_agent(sandbox / "agent")
+    one, two = sandbox / "one.heddle", sandbox / "two.heddle"
+    at = "2026-01-02T03:04:05.000006Z"
+    pack(agent_plan(paths), one, threads=1, signed_at=at)
+    pack(agent_plan(paths), two, threads=2, signed_at=at)
+    assert pools == [] and one.read_bytes() == two.read_bytes()
+    big = _sizable_plan(sandbox / "tree")
+    pack(big, sandbox / "big.heddle", threads=2)
+    assert pools == [1]
+
+
+def test_the_bundle_command_imports_no_engine_nor_http_client(sandbox: Path, keypair: KeyPair) -> None:
+    """Sealing checks the document, its tools and its keys; it runs nothing, so `heddle bundle` loads neither
+    the engine's run and the run core, nor the HTTP client and the event loop, nor the commands' module
+    without a commands file, nor a thread pool for a few small files, nor cryptography's key serialization
+    for a key as `heddle keygen` writes it (what is imported, never timed)."""
+    import subprocess
+    import sys
+
+    paths = write_agent(sandbox / "agent")
+    check = ("import atexit, json, sys\n"
+             "atexit.register(lambda: print(json.dumps(sorted(m for m in ('httpx', 'asyncio', 'heddle.core', "
+             "'heddle.engine.run', 'heddle.tools.remote', 'heddle.tools.commands', 'concurrent.futures', "
+             "'cryptography.hazmat.primitives.serialization') if m in sys.modules))))\n"
+             "sys.argv = ['heddle', 'bundle', *sys.argv[1:]]\n"
+             "from heddle.cli import main\n"
+             "main()\n")
+    proc = subprocess.run([sys.executable, "-c", check, str(paths["flow"]), "-t", str(paths["tools"]),
+                           "--mount", f"{paths['notes']}:notes", "--sign-key", str(keypair.key_path),
+                           "-o", str(sandbox / "app.heddle")],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == []
+    assert verify_bundle(sandbox / "app.heddle", trusted_keys=[keypair.public]).signers == [keypair.signing.keyid]

@@ -245,7 +245,7 @@ def test_doctor_says_whether_runs_are_traced(tmp_path: Path, monkeypatch: pytest
         monkeypatch.delenv(name, raising=False)
     rc, out, _ = _cli(capsys, "doctor", bundle)
     assert rc == 0 and "ok      otel tracing: off (OTEL_EXPORTER_OTLP_ENDPOINT is not set)" in out
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://user:pw@127.0.0.1:4318")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://user:s3cret-word@127.0.0.1:4318")
     rc, out, _ = _cli(capsys, "doctor", bundle, "--json")
     assert rc == 0 and json.loads(out)["tracing"] == {
         "ok": True, "detail": "spans sent to http://127.0.0.1:4318 over OTLP/HTTP"}
@@ -256,7 +256,7 @@ def test_doctor_says_whether_runs_are_traced(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(machine, "installed", lambda: False)  # doctor's own name for it
     rc, out, err = _cli(capsys, "doctor", bundle)
     assert rc == 9 and "MISSING otel tracing: spans for http://127.0.0.1:4318 need the OpenTelemetry SDK" in out
-    assert "pw" not in out + err
+    assert "s3cret-word" not in out + err
     rc, _, err = _cli(capsys, "run", bundle, "--allow-unsigned")
     assert rc == 2 and "pip install 'heddle[otel]'" in err
 

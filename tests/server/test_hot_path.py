@@ -136,3 +136,103 @@ def test_a_server_leaves_what_start_up_made_out_of_the_collectors_passes_and_its
         asyncio.run(service.aclose())
     assert seen and seen[0] > 0
     assert logging._srcfile is None and not (logging.logThreads or logging.logProcesses or logging.logMultiprocessing)
+
+
+def test_a_flow_sent_again_is_known_by_its_text_and_not_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    from heddle import canonical
+
+    doc = tool_chain("plain", []).document()
+    other = tool_chain("plain", []).document()
+    other["name"] = "other"  # the same first characters, another text
+    read: list[int] = []
+    counting = json.JSONDecoder(object_pairs_hook=lambda pairs: read.append(1) or canonical._no_dupes(pairs),
+                                parse_constant=canonical._bad_constant, parse_float=canonical._finite)
+    monkeypatch.setattr(canonical, "_STRICT", counting)
+    service = Service(ServerConfig())
+
+    async def post(client: httpx.AsyncClient, body: str) -> httpx.Response:
+        read.clear()
+        return await client.post("/v1/runs", content=body, headers={"content-type": "application/json"})
+
+    async def main() -> None:
+        try:
+            transport = httpx.ASGITransport(app=build_app(service))
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+                first = await post(client, json.dumps({"flow": doc, "inputs": {"x": "a"}}))
+                assert first.status_code == 200 and len(read) > 3
+                # Sent again: its inputs are read, the document is not.
+                again = await post(client, json.dumps({"inputs": {"x": "b"}, "flow": doc}))
+                assert again.status_code == 200 and again.json()["outputs"] == {"x": "b"}
+                assert len(read) == 1
+                # One that begins alike but differs is read and kept on its own.
+                response = await post(client, json.dumps({"flow": other, "inputs": {"x": "c"}}))
+                assert response.status_code == 200 and response.json()["flow"] == "other" and len(read) > 3
+                assert len(service.flows) == 2
+                # A known text as another member's value is that member's value, read as before.
+                response = await post(client, json.dumps({"flow": doc, "inputs": doc}))
+                assert response.status_code == 400 and "'x'" in response.json()["error"]["message"]
+                # Its entry let go, a known text is read again as the body wrote it.
+                service.flows = type(service.flows)()
+                response = await post(client, json.dumps({"flow": doc, "inputs": {"x": "d"}}))
+                assert response.status_code == 200 and response.json()["outputs"] == {"x": "d"}
+        finally:
+            await service.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_known_flow_text_is_dropped_with_its_entry() -> None:
+    from heddle.server.flow_cache import FlowCache, KnownFlow, Ready
+
+    cache = FlowCache(max_entries=1)
+    text = json.dumps({"component_type": "Flow", "name": "n" * 80})
+    cache.put("k1", Ready(flow=None, edition=None, run=object()), text=text)  # type: ignore[arg-type]
+    body = f'{{"flow": {text}}}'
+    found = cache.known(body, 9)
+    assert found == (KnownFlow(text, "k1"), len(body) - 1)
+    assert cache.known(body.replace('n"}', 'm"}'), 9) is None
+    cache.put("k2", Ready(flow=None, edition=None, run=object()))  # type: ignore[arg-type]
+    assert cache.known(body, 9) is None
+
+
+def test_a_run_that_waits_on_nothing_runs_on_its_requests_own_task(tmp_path: Any,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from heddle.settings import RunSettings
+    from tests.server.flows import ECHO, write_tools
+
+    service = Service(ServerConfig(tools_dir=write_tools(tmp_path / "tools", {"echo": ECHO})))
+    tasks: list[str] = []
+    start = service.runs.start
+    monkeypatch.setattr(service.runs, "start", lambda work, **kw: tasks.append("run") or start(work, **kw))
+
+    async def post(client: httpx.AsyncClient, doc: Any, inputs: Any) -> httpx.Response:
+        return await client.post("/v1/runs", content=json.dumps({"flow": doc, "inputs": inputs}),
+                                 headers={"content-type": "application/json"})
+
+    async def main() -> None:
+        try:
+            transport = httpx.ASGITransport(app=build_app(service))
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+                plain = tool_chain("plain", []).document()
+                response = await post(client, plain, {"x": "a"})
+                assert response.status_code == 200 and response.json()["outputs"] == {"x": "a"}
+                assert tasks == [] and service.admission.active == 0
+                # Its failure is answered as a run's task's is (here, over --max-iterations).
+                few = Service(ServerConfig(settings=RunSettings(max_iterations=1)))
+                try:
+                    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(few)),
+                                                 base_url="http://127.0.0.1") as other:
+                        response = await post(other, plain, {"x": "a"})
+                        assert response.json()["error"]["type"] == "limit_exceeded", response.text
+                        assert response.status_code == 500 and "--max-iterations 1" in response.text
+                        assert few.admission.active == 0
+                finally:
+                    await few.aclose()
+                # A tool's run has a task of its own, which draining cancels and the client's leaving stops.
+                response = await post(client, tool_chain("tooled", ["echo"]).document(), {"x": "b"})
+                assert response.status_code == 200 and response.json()["outputs"] == {"x": "b"}
+                assert tasks == ["run"]
+        finally:
+            await service.aclose()
+
+    asyncio.run(main())

@@ -110,7 +110,8 @@ def otlp_receiver() -> Iterator[Receiver]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(receiver))
     server.daemon_threads = True
     receiver.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # Polled often: the receiver closes with its test, not up to half a second later.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
         yield receiver

@@ -185,7 +185,7 @@ def test_too_many_bytes(data: Path) -> None:
 
 
 def test_default_limits(tmp_path: Path) -> None:
-    assert check_mounts.__kwdefaults__ == {"max_entries": 4096, "max_bytes": 64 * 2**20}
+    assert check_mounts.__kwdefaults__ == {"max_entries": 4096, "max_bytes": 64 * 2**20, "walk": True}
     # A sparse file: the limit counts the size a copy would have, not the disk it uses.
     with open(tmp_path / "huge.bin", "wb") as f:
         f.truncate(64 * 2**20 + 1)
