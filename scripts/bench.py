@@ -63,7 +63,7 @@ _WHY_BUNDLES = """Why the aims that are missed are missed, from profiles of the 
 
 * **Pack.** Every command first pays its fixed cost (the start-up rows above, and the `heddle bundle` row \
 without a mount), which `tar` and `zstd` do not; on a quiet machine that alone is over the whole floor, \
-and over the 1.5x aim, on either tree (the notes under the table). The rest there is two passes one after the other: the manifest, which holds every \
+on either tree, and takes all or most of the 1.5x aim (the notes under the table). The rest there is two passes one after the other: the manifest, which holds every \
 file's hash, is the archive's first entry and the one zstd frame's checksum covers it first (SPEC.md), so no \
 byte is compressed before every file is hashed, where `tar | zstd` reads and compresses at once. A file up to \
 64 KiB (32 MiB of them in all) is read once: its hash, its secret screen and the bytes written come from that \

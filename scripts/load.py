@@ -3,6 +3,7 @@
     scripts/load [--runs 200] [--concurrency 1,4,16] [--serve echo,no-tool,3-tool,surfaces]
     scripts/load [--bundle X --trust K.pub | --flow F --tools-dir T] [--max-concurrent N] [--otel]
     scripts/load --url http://127.0.0.1:PORT [--seconds 10] [--workers 6]   (a mixed load, load_mixed.py)
+    scripts/load --wrk 5 --serve echo,no-tool --concurrency 16,64 [--turns 4]   (Debian's wrk)
 
 Bounded and loopback only: every server is started on 127.0.0.1 with a port of its own, the
 run count and concurrency are capped, and nothing else is contacted. What it serves by default:
@@ -725,6 +726,84 @@ def tracing_cost(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def _wrk(url: str, served: Served, concurrency: int, seconds: float, script: Path) -> tuple[float, float, int]:
+    """One `wrk -t1` turn: (requests/s, p99 ms, answers that were not 2xx)."""
+    script.write_text("wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\n"
+                      f"wrk.body = {json.dumps(json.dumps(served.body))}\n")
+    out = subprocess.run(["wrk", "-t1", f"-c{concurrency}", f"-d{seconds:g}s", "--latency", "-s", str(script),
+                          url.rstrip("/") + served.path], capture_output=True, text=True, check=True).stdout
+    return parse_wrk(out)
+
+
+def parse_wrk(out: str) -> tuple[float, float, int]:
+    """(requests/s, p99 ms, answers not 2xx and socket errors) of what `wrk --latency` printed."""
+    rps = p99 = None
+    bad = 0
+    for line in out.splitlines():
+        parts = line.split()
+        if line.startswith("Requests/sec:"):
+            rps = float(parts[1])
+        elif parts[:1] == ["99%"]:
+            unit = parts[1].lstrip("0123456789.")
+            p99 = float(parts[1][:-len(unit)]) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+        elif line.strip().startswith("Non-2xx or 3xx responses:"):
+            bad += int(parts[-1])
+        elif line.strip().startswith("Socket errors:"):
+            bad += sum(int(x.rstrip(",")) for x in parts[3::2])
+    if rps is None or p99 is None:
+        raise SystemExit(f"load: wrk printed no figures:\n{out}")
+    return rps, p99, bad
+
+
+def wrk_turns(served: list[Served], levels: list[int], seconds: float, turns: int, root: Path) -> str:
+    """Each server measured with Debian's `wrk` (one thread, `--latency`) in turns, the order reversed
+    each turn; the server's CPU a request from /proc over the same turns. Medians of the turns."""
+    rows = ["| served | concurrency | requests/s | echo requests/s | echo / served | server CPU per request, "
+            "served / echo | p99 ms | echo p99 ms | aim |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    script = root / "post.lua"
+    failed = 0
+    for concurrency in levels:
+        started = []
+        try:
+            for one in served:
+                work = root / f"wrk-{one.label}-c{concurrency}"
+                work.mkdir()
+                started.append((one, *start_server(one.args, work, root, one.env)))
+            figures: dict[str, list[tuple[float, float, float]]] = {one.label: [] for one in served}
+            for turn in range(turns):
+                for one, proc, url in started if turn % 2 == 0 else started[::-1]:
+                    cpu = cpu_seconds(proc.pid)
+                    rps, p99, bad = _wrk(url, one, concurrency, seconds, script)
+                    cpu = cpu_seconds(proc.pid) - cpu
+                    failed += bad
+                    figures[one.label].append((rps, p99, cpu * 1000 / max(1.0, rps * seconds)))
+        finally:
+            for _one, proc, _url in started:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
+                if proc.stdout is not None:
+                    proc.stdout.close()
+        median = {label: tuple(statistics.median(f[i] for f in turns_) for i in range(3))
+                  for label, turns_ in figures.items()}
+        echo = median.get("echo")
+        for one in served:
+            if one.label == "echo" or echo is None:
+                continue
+            rps, p99, cpu = median[one.label]
+            aims = []
+            if one.label == "no-tool" and concurrency == 16:
+                aims.append(f"CPU within 2x: {'met' if cpu <= 2 * echo[2] else 'missed'}; "
+                            f"requests/s within 2.5x: {'met' if echo[0] <= 2.5 * rps else 'missed'}")
+            if one.label == "no-tool" and concurrency == 64:
+                aims.append(f"p99 under 100 ms: {'met' if p99 < 100 else 'missed'}")
+            rows.append(f"| {one.label} | {concurrency} | {rps:.1f} | {echo[0]:.1f} | {echo[0] / rps:.2f}x | "
+                        f"{cpu / echo[2]:.2f}x ({cpu:.2f} / {echo[2]:.2f} ms) | {p99:.1f} | {echo[1]:.1f} | "
+                        f"{'; '.join(aims)} |")
+    if failed:
+        raise SystemExit(f"load: {failed} answer(s) under wrk were not 2xx or met a socket error")
+    return "\n".join(rows)
+
+
 @contextlib.contextmanager
 def otlp_sink() -> Iterator[str]:
     """An OTLP/HTTP endpoint on loopback that answers every export with 200 and keeps nothing."""
@@ -819,6 +898,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=ROUNDS,
                    help=f"With more than one server, the turns each level's runs are driven in, one server after "
                         f"another, the order reversed each turn [{ROUNDS}]; more give a steadier comparison.")
+    p.add_argument("--wrk", type=float, metavar="SECONDS", default=None,
+                   help="Measure with Debian's wrk instead (-t1, SECONDS a turn, --turns turns), the server's CPU "
+                        "from /proc: e.g. --wrk 5 --serve echo,no-tool --concurrency 16,64.")
     p.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)  # the floor's own process
     p.add_argument("--url", help="Drive a server already running (or a load balancer) with a mixed load instead: "
                                  "stateless runs, session turns and durable runs (scripts/load_mixed.py).")
@@ -858,6 +940,11 @@ def main(argv: list[str] | None = None) -> int:
     sink = contextlib.ExitStack()
     try:
         served = what_to_serve(args, inputs, root, ["--max-concurrent", str(max_concurrent)], sink)
+        if args.wrk is not None:
+            if shutil.which("wrk") is None:
+                p.error("--wrk needs wrk on PATH (Debian: apt-get install wrk)")
+            print(wrk_turns(served, args.concurrency, args.wrk, args.turns, root))
+            return 0
         if args.otel:
             endpoint = sink.enter_context(otlp_sink())
             served += [dataclasses.replace(s, label=f"{s.label}+otel", what=f"{s.what}, traced",

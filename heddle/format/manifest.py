@@ -11,11 +11,10 @@ import functools
 import operator
 import posixpath
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import repeat
 from operator import itemgetter
 from typing import Any, ClassVar, Literal, NamedTuple, NoReturn
 
@@ -29,7 +28,7 @@ from heddle.format.errors import (
 )
 from heddle.format.limits import DEFAULT_LIMITS, Limits
 from heddle.format.members import load_member
-from heddle.format.paths import PathSet, all_clean, collision_free, is_within, path_problem
+from heddle.format.paths import PathSet, all_clean, collision_free, is_within, parent_dirs, path_problem
 from heddle.format.tar import split_name
 
 FORMAT = "heddle-bundle"
@@ -69,18 +68,6 @@ class FileEntry(NamedTuple):
 
 # A FileEntry from a row in its field order, built in C (the class's own constructor is Python).
 _file_entry: Callable[[tuple[Any, ...]], FileEntry] = functools.partial(tuple.__new__, FileEntry)
-
-
-def parent_dirs(paths: Iterable[str]) -> set[str]:
-    # The folders files are in (one pass of C), then the folders those are in.
-    out = set(map(itemgetter(0), map(str.rpartition, paths, repeat("/"))))
-    out.discard("")
-    for path in list(out):
-        folder = path.rpartition("/")[0]
-        while folder and folder not in out:
-            out.add(folder)
-            folder = folder.rpartition("/")[0]
-    return out
 
 
 @dataclass(frozen=True)

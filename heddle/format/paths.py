@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import repeat
 from operator import itemgetter
 
@@ -158,14 +158,7 @@ def collision_free(paths: Sequence[str]) -> bool:
     files = set(keys)
     if len(files) != len(keys):
         return False
-    parents = set(map(itemgetter(0), map(str.rpartition, keys, repeat("/"))))
-    parents.discard("")
-    for folder in list(parents):
-        parent = folder.rpartition("/")[0]
-        while parent and parent not in parents:
-            parents.add(parent)
-            parent = parent.rpartition("/")[0]
-    return parents.isdisjoint(files)
+    return parent_dirs(keys).isdisjoint(files)
 
 
 def _component_problem(path: str) -> str:
@@ -241,3 +234,15 @@ class PathSet:
 def is_within(path: str, prefix: str) -> bool:
     """`path` is `prefix` itself or lies under it, compared component-wise."""
     return path == prefix or path.startswith(prefix + "/")
+
+
+def parent_dirs(paths: Iterable[str]) -> set[str]:
+    # The folders files are in (one pass of C), then the folders those are in.
+    out = set(map(itemgetter(0), map(str.rpartition, paths, repeat("/"))))
+    out.discard("")
+    for path in list(out):
+        folder = path.rpartition("/")[0]
+        while folder and folder not in out:
+            out.add(folder)
+            folder = folder.rpartition("/")[0]
+    return out

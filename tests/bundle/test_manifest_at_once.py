@@ -12,7 +12,8 @@ import pytest
 from heddle import canonical
 from heddle.format.errors import BundleError
 from heddle.format.limits import DEFAULT_LIMITS
-from heddle.format.manifest import FileEntry, Manifest, _canonical, _Reader, parent_dirs
+from heddle.format.manifest import FileEntry, Manifest, _canonical, _Reader
+from heddle.format.paths import parent_dirs
 
 SHA = "ab" * 32
 NAMES = ["flow.json", "a", "B.md", "ñandú.txt", "日本/語.md", "x/.hidden", "con-fig", "d/e/f.bin",

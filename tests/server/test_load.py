@@ -81,3 +81,25 @@ def test_load_seals_and_serves_the_demo_bundle(tmp_path):
     rows = [line for line in proc.stdout.splitlines() if re.match(r"\| \d+ \| ", line)]
     assert len(rows) == 2 and all(row.endswith("| nothing |") for row in rows)
     assert re.search(r"^\| 3-tool \| 3 \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x \|", proc.stdout, re.MULTILINE)
+
+
+def test_wrk_figures_are_read_from_what_it_prints():
+    spec = importlib.util.spec_from_file_location("load", LOAD)
+    assert spec is not None and spec.loader is not None
+    load_module = importlib.util.module_from_spec(spec)
+    sys.modules["load"] = load_module
+    spec.loader.exec_module(load_module)
+    printed = """Running 5s test @ http://127.0.0.1:40000/v1/runs
+  1 threads and 64 connections
+  Latency Distribution
+     50%   48.10ms
+     75%   52.00ms
+     90%   55.31ms
+     99%    1.20s
+  6330 requests in 5.00s, 1.10MB read
+  Socket errors: connect 0, read 2, write 0, timeout 3
+  Non-2xx or 3xx responses: 4
+Requests/sec:   1266.03
+"""
+    assert load_module.parse_wrk(printed) == (1266.03, 1200.0, 9)
+    assert load_module.parse_wrk(printed.replace("1.20s", "750.00us"))[1] == 0.75
