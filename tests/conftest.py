@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+
 # Where PYTHONDONTWRITEBYTECODE is set (some shells and sandboxes set it), nothing kept bytecode:
 # every pytest process compiled every module it imports and rewrote every test module's asserts
 # again (~5 s of CPU for each xdist worker), and each of the ~150 `heddle` and `heddle-server`
@@ -19,17 +20,43 @@ import pytest
 # their own in pytest's cache folder of the checkout (never a new __pycache__ beside the sources:
 # tests list and seal folders of the checkout; never the temporary folder, which the suite leaves
 # as it found it). The programs the suite starts still write none.
+#
+# Under a prefix Python looks for every module's bytecode there alone, the installed packages' and the
+# standard library's too: in a fresh checkout each pytest process compiled the thousands of modules
+# it imports again, beside the bytecode written when they were installed (some 30 s of the first
+# run). So that bytecode is linked into the prefix once, before the workers start; a link Python
+# finds stale it compiles and replaces (its write is a new file renamed over the link), never
+# changing what it was linked from.
+def _seed_bytecode(prefix: Path, roots: list[str]) -> None:
+    tag = f".{sys.implementation.cache_tag}.pyc"
+    for root in roots:
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = [d for d in dirs if d not in (".git", ".pytest_cache", "node_modules")]
+            if os.path.basename(folder) != "__pycache__":
+                continue
+            target = prefix / os.path.dirname(folder).lstrip(os.sep)
+            for name in files:
+                if name.endswith(tag) and name.count(".") == 2:  # not opt-1/opt-2 nor pytest's rewrites
+                    try:
+                        target.mkdir(parents=True, exist_ok=True)
+                        os.link(os.path.join(folder, name), target / name)
+                    except OSError:  # there already, or another file system: compiled when imported
+                        pass
+
+
 if sys.dont_write_bytecode:
     _repo = Path(__file__).resolve().parents[1]
+    _prefix = _repo / ".pytest_cache" / f"bytecode-{os.getuid()}"
     if "PYTEST_XDIST_WORKER" not in os.environ:
         import compileall
 
         compileall.compile_dir(_repo / "heddle", quiet=1)
-    sys.pycache_prefix = str(_repo / ".pytest_cache" / f"bytecode-{os.getuid()}")
+        _seed_bytecode(_prefix, sorted({p for p in sys.path if p and os.path.isdir(p)}))
+    sys.pycache_prefix = str(_prefix)
     sys.dont_write_bytecode = False
 
 # A throwaway Postgres cluster (session scope) for the session stores and the servers sharing one.
-from tests.support.postgres import TEMPLATE_ENV, postgres_dsn, remove_template, template_for_this_session  # noqa: F401
+from tests.support.postgres import TEMPLATE_ENV, postgres_dsn, remove_template, template_for_this_session  # noqa: E402, F401
 
 
 def pytest_configure(config: pytest.Config) -> None:
