@@ -101,8 +101,7 @@ class SecretScreen:
         placed: dict[str, tuple[str | None, str | None]] = {}
         by_name = self._by_name
         for i, (path, source, _, _) in enumerate(files):
-            head, sep, name = os.fspath(source).rpartition(os.sep)  # _split's, in line: one a file
-            folder = head or sep
+            folder, name = _split(os.fspath(source))
             seen = folders.get(folder)
             if seen is None:
                 parts = os.path.realpath(folder).split(os.sep)
@@ -217,16 +216,8 @@ def _walk(folder: str | Path, dest: str, out: Collected, what: str, count: Mount
         path = entry.path  # a string: a Path for each of many files costs more than its stat
         st = entry.stat(follow_symlinks=False)
         mode = st.st_mode
-        if count is not None:  # the mount limits' count, in line (MountCount's own walk does the same)
-            if stat.S_ISREG(mode):
-                count.entries += 1
-                count.size += st.st_size
-            elif stat.S_ISDIR(mode):
-                count.entries += 1
-            else:
-                count.account(path, st)  # refused
-            if count.entries > count.max_entries or count.size > count.max_bytes:
-                count.over()
+        if count is not None:
+            count.add(path, st)
         if name == LEFT_OUT:
             out.skipped.append(Path(path))
             if count is not None and stat.S_ISDIR(mode):

@@ -46,7 +46,6 @@ from heddle.format.errors import PackError
 from heddle.format.keys import SigningKey
 from heddle.format.limits import DEFAULT_LIMITS, ZSTD_LEVEL, ZSTD_MAX_LEVEL, ZSTD_MIN_LEVEL, Limits
 from heddle.format.manifest import (
-    PAYLOAD,
     CommandsEntry,
     FileEntry,
     Manifest,
@@ -454,7 +453,7 @@ def pack(
             add = writer.add
             for item, (entry, identity, kept, _) in zip(files, hashed, strict=True):
                 if kept is not None:  # the bytes that were hashed: nothing to read again
-                    add(PAYLOAD + entry.path, kept, entry.mode, mtime)
+                    add(payload_name(entry.path), kept, entry.mode, mtime)
                     if progress is not None:
                         progress.advance(len(kept))
                     continue

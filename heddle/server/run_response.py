@@ -184,31 +184,29 @@ class RunResponse:
 
     async def _answered(self, receive: Receive, send: Send) -> str:
         if self.job.prepared.at_once and self.job.session is None:
-            return await self._answered_at_once(send)
-        run = self._start(None)
-        if await self._watch(run, receive):
-            return "disconnected"
-        failure = None if run.cancelled() else run.exception()
-        if run.cancelled():
-            status, body = CANCELLED
-        elif failure is not None:
-            status, body = run_failure(failure)
+            # A run that ends within the loop's step that starts it (heddle.engine.run.ends_at_once) runs on
+            # this task: no task of its own nor a watcher of the client, as nothing could stop it part way;
+            # a buffered answer outside a session shows no event.
+            try:
+                finished = await self.job.run(_ignore)
+            except Exception as exc:  # noqa: BLE001 - the run's failure is its answer, as a run's task's is
+                status, body, outcome = *run_failure(exc), "error"
+            else:
+                status, body, outcome = 200, self.job.answer(finished), "ok"
         else:
-            status, body = 200, self.job.answer(run.result())
+            run = self._start(None)
+            if await self._watch(run, receive):
+                return "disconnected"
+            failure = None if run.cancelled() else run.exception()
+            if run.cancelled():
+                status, body = CANCELLED
+            elif failure is not None:
+                status, body = run_failure(failure)
+            else:
+                status, body = 200, self.job.answer(run.result())
+            outcome = _outcome(run)
         await self._send_json(send, status, body)
-        return _outcome(run)
-
-    async def _answered_at_once(self, send: Send) -> str:
-        """A run that ends within the loop's step that starts it (heddle.engine.run.ends_at_once), run on
-        this task: no task of its own nor a watcher of the client, as nothing could stop it part way."""
-        try:
-            outcome = await self.job.run(_ignore)  # a buffered answer outside a session shows no event
-        except Exception as exc:  # noqa: BLE001 - the run's failure is its answer, as a run's task's is
-            status, body = run_failure(exc)
-            await self._send_json(send, status, body)
-            return "error"
-        await self._send_json(send, 200, self.job.answer(outcome))
-        return "ok"
+        return outcome
 
     async def _send_json(self, send: Send, status: int, body: dict[str, Any]) -> None:
         data = json_answer(body)

@@ -144,8 +144,7 @@ def _check_limits(name: str, entries: int, size: int, *, max_entries: int, max_b
 class MountCount:
     """A mount's files and folders and bytes as its walk counts them, stopped at the limits, and what it
     cannot carry refused: `check_mounts`' own walk, and sealing's, which lists a mount's files for the
-    bundle in the same walk (heddle.bundle.collect) rather than walking it twice. A walk adds to
-    `entries` and `size` itself (one file at a time, in line) and calls `over` once past a limit."""
+    bundle in the same walk (heddle.bundle.collect) rather than walking it twice; each `add`s what it finds."""
 
     def __init__(self, mount: Mount, *, max_entries: int, max_bytes: int, entries: int = 0, size: int = 0) -> None:
         self.name = mount.describe()
@@ -169,43 +168,40 @@ class MountCount:
             self.size += st.st_size
         self.over()
 
+    def add(self, path: str, st: os.stat_result) -> None:
+        """One entry a walk found: what `account` does, without its call to `over` for each file and
+        folder a big tree is made of."""
+        mode = st.st_mode
+        if stat.S_ISREG(mode):
+            self.entries += 1
+            self.size += st.st_size
+        elif stat.S_ISDIR(mode):
+            self.entries += 1
+        else:
+            self.account(path, st)  # refused
+        if self.entries > self.max_entries or self.size > self.max_bytes:
+            self.over()
+
     def walk(self, folder: Path | str) -> None:
         """Count everything under `folder` (not `folder` itself)."""
-        name = self.name
-        entries, size = self.entries, self.size
-        max_entries, max_bytes = self.max_entries, self.max_bytes
         pending: list[Path | str] = [folder]
-        try:
-            while pending:
-                folder = pending.pop()
+        while pending:
+            folder = pending.pop()
+            try:
+                with os.scandir(folder) as it:
+                    children = list(it)
+            except OSError as exc:
+                raise UsageError(
+                    f"mount {self.name}: cannot list {folder}: {exc.strerror}; check its permissions"
+                ) from None
+            for child in children:
                 try:
-                    with os.scandir(folder) as it:
-                        children = list(it)
+                    st = child.stat(follow_symlinks=False)
                 except OSError as exc:
-                    raise UsageError(
-                        f"mount {name}: cannot list {folder}: {exc.strerror}; check its permissions"
-                    ) from None
-                for child in children:
-                    try:
-                        st = child.stat(follow_symlinks=False)
-                    except OSError as exc:
-                        raise UsageError(f"mount {name}: cannot read {child.path}: {exc.strerror}") from None
-                    # What `account` does, in line for the files and folders a big tree is made of.
-                    mode = st.st_mode
-                    if stat.S_ISREG(mode):
-                        entries += 1
-                        size += st.st_size
-                    elif stat.S_ISDIR(mode):
-                        entries += 1
-                        pending.append(child.path)  # a string: a Path for each of many files costs more than the stat
-                    else:
-                        self.entries, self.size = entries, size
-                        self.account(child.path, st)  # refused
-                    if entries > max_entries or size > max_bytes:
-                        self.entries, self.size = entries, size
-                        self.over()
-        finally:
-            self.entries, self.size = entries, size
+                    raise UsageError(f"mount {self.name}: cannot read {child.path}: {exc.strerror}") from None
+                self.add(child.path, st)
+                if stat.S_ISDIR(st.st_mode):
+                    pending.append(child.path)  # a string: a Path for each of many files costs more than the stat
 
 
 def _measure(mount: Mount, *, max_entries: int, max_bytes: int, walk: bool = True) -> None:
