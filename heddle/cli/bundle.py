@@ -155,7 +155,11 @@ def _fingerprints_imported_meanwhile() -> ToolFingerprints:
     payload unpacked (the fingerprints are checked after): the document models are half of the
     command's fixed cost, and the payload's hashing, decompressing and writing mostly run outside
     the interpreter lock. The modules that import brings and those the verifier imports on its way
-    (zstandard, cryptography) are disjoint, so no module is ever imported by both threads at once."""
+    (zstandard, cryptography) are disjoint, so no module is ever imported by both threads at once.
+
+    Not a daemon: a refusal can end the command while the thread is still inside an extension
+    module's import, and an interpreter finalized under it crashed (SIGSEGV after the error line);
+    shutdown waits for a thread that is not a daemon."""
     import contextlib
     import threading
 
@@ -163,7 +167,7 @@ def _fingerprints_imported_meanwhile() -> ToolFingerprints:
         with contextlib.suppress(BaseException):  # imported again below, where its error is raised
             import heddle.bundle.fingerprints  # noqa: F401
 
-    thread = threading.Thread(target=load, name="heddle-import", daemon=True)
+    thread = threading.Thread(target=load, name="heddle-import")
     thread.start()
 
     def fingerprints(flow: Path, manifest: Manifest) -> Mapping[str, str]:
