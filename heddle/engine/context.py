@@ -24,13 +24,13 @@ from heddle.engine.seams import (
     ToolTelemetry,
     idempotency_env,
 )
-from heddle.engine.tracing import sandbox_span
+from heddle.engine.tracing import program_env, sandbox_span
 from heddle.errors import LimitError, ModelError, ToolError
 from heddle.model.turn import AssistantTurn, ToolCall
 from heddle.tools.process import run_tool_process
 from heddle.tools.provided import DocumentTools
 from heddle.workspace.egress_proxy import call_guard, redact
-from heddle.workspace.sandbox import confine
+from heddle.workspace.sandbox import backend_name, confine
 
 if TYPE_CHECKING:
     from typing import Any
@@ -175,7 +175,7 @@ class RunContext:
         """Run a tool's program in the request's workspace, confined by the run's sandbox policy
         (`tools_dir`, the folder it comes from, is bound read-only)."""
         workspace, policy = request.workspace, self.options.sandbox
-        with _sandbox_span(self.tracing, safe=policy.safe, backend=policy.backend, tool=request.tool) as traced:
+        with _program_span(self.tracing, safe=policy.safe, backend=backend_name(policy), tool=request.tool) as traced:
             async with call_guard(self.options, request.tool, self.emit, runner=True) as egress:
                 argv, env = confine(policy, [str(executable)], workspace=workspace, tools_dir=tools_dir,
                                     env={**workspace.env(os.environ), **traced, **idempotency_env(request)},
@@ -236,11 +236,14 @@ class RunContext:
                                       response_format=request.response_format)
 
 
-def _sandbox_span(tracing: Tracing | None, *, safe: bool, backend: str,
+def _program_span(tracing: Tracing | None, *, safe: bool, backend: str,
                   tool: str) -> contextlib.AbstractContextManager[dict[str, str]]:
+    """A traced program's `TRACEPARENT`: its sandbox's span under --safe, else its tool call's."""
     if tracing is None:
         return contextlib.nullcontext({})
-    return sandbox_span(tracing, safe=safe, backend=backend, tool=tool)
+    if not safe:
+        return contextlib.nullcontext(program_env())
+    return sandbox_span(tracing, backend=backend, tool=tool)
 
 
 def _no_document_tools() -> DocumentTools:

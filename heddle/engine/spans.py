@@ -2,7 +2,7 @@
 
 The SDK's own start and end of a span (its span and the copy handed to the processors, a lock each,
 every attribute cleaned through a bounded mapping, the sampler's result object, its tracer metrics)
-costs some 85 us of CPU a span, and a served request makes eight: more than the 3% of a request's
+costs some 85 us of CPU a span, and a served request makes five and more: more than the 3% of a request's
 CPU that tracing may cost. Here a span is a small object of slots (some 25 us), made current in the
 OpenTelemetry context like any span, so `traceparent`, an incoming parent, nested spans and other
 instrumented libraries see it as the SDK's; what configures a span is still the SDK's, read from the same `OTEL_*`

@@ -12,7 +12,7 @@ A run's spans come from one layer over its seams (`TracedSeams`), so every way a
     invoke_agent {flow}       the run of a flow (its root), and one per AgentNode run inside it
     chat {model}              one model call: model, token usage, finish reason
     execute_tool {tool}       one tool call: its kind, outcome and input-schema fingerprint
-    heddle.sandbox            a tool's program started in its workspace (under --safe, in its sandbox)
+    heddle.sandbox            a tool's program run in its sandbox (under --safe; without, no sandbox runs)
     heddle.bundle.verify      a bundle opened and verified (heddle.bundle.verified)
 
 Every span carries the bundle's digest and signer key ids (`heddle.bundle.digest`,
@@ -30,7 +30,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, Self
@@ -239,10 +239,10 @@ def _api() -> Any:
     from types import SimpleNamespace
 
     from opentelemetry.context import attach, detach
-    from opentelemetry.trace import Status, StatusCode, set_span_in_context
+    from opentelemetry.trace import Status, StatusCode, get_current_span, set_span_in_context
 
     return SimpleNamespace(attach=attach, detach=detach, set_span_in_context=set_span_in_context, Status=Status,
-                           ERROR=StatusCode.ERROR)
+                           ERROR=StatusCode.ERROR, get_current_span=get_current_span)
 
 
 def _suspended() -> tuple[type[BaseException], ...]:
@@ -250,7 +250,7 @@ def _suspended() -> tuple[type[BaseException], ...]:
 
 
 class InSpan:
-    """Tracing.span: a class, not a generator, as a request makes eight spans and more."""
+    """Tracing.span: a class, not a generator, as a request makes five spans and more."""
 
     __slots__ = ("attributes", "kind", "name", "quiet", "span", "token", "tracing")
 
@@ -277,21 +277,32 @@ class InSpan:
             span.end()
 
 
+def _traceparent_env(span: Any) -> dict[str, str]:
+    """`TRACEPARENT` naming `span`, as the W3C propagator writes it, for a program started inside it."""
+    context = span.get_span_context()
+    return ({"TRACEPARENT": f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"}
+            if context.is_valid else {})
+
+
 class _Sandbox(InSpan):
     __slots__ = ()
 
     def __enter__(self) -> dict[str, str]:
-        context = super().__enter__().get_span_context()
-        # As the W3C propagator writes it, without looking the span up again.
-        return ({"TRACEPARENT": f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"}
-                if context.is_valid else {})
+        return _traceparent_env(super().__enter__())
 
 
-def sandbox_span(tracing: Tracing, *, safe: bool, backend: str, tool: str) -> _Sandbox:
-    """Around a tool's program in its workspace: the environment it adds (`TRACEPARENT`, this span's)."""
-    return _Sandbox(tracing, "heddle.sandbox", {"heddle.sandbox.safe": safe, "heddle.sandbox.backend":
-                                                backend if safe else "none", "gen_ai.tool.name": tool,
-                                                **_fingerprint(tracing, tool)}, "internal", ())
+def sandbox_span(tracing: Tracing, *, backend: str, tool: str) -> _Sandbox:
+    """Around a tool's program in its sandbox: the environment it adds (`TRACEPARENT`, this span's)."""
+    return _Sandbox(tracing, "heddle.sandbox", {"heddle.sandbox.safe": True, "heddle.sandbox.backend": backend,
+                                                "gen_ai.tool.name": tool, **_fingerprint(tracing, tool)},
+                    "internal", ())
+
+
+def program_env() -> dict[str, str]:
+    """What a program run outside a sandbox adds to its environment: `TRACEPARENT`, the current span's
+    (its tool call's). No span of its own: a program started as it is adds nothing a trace would show
+    beside its `execute_tool`, and a span costs as much as any other."""
+    return _traceparent_env(_api().get_current_span())
 
 
 @contextlib.contextmanager
@@ -380,10 +391,14 @@ class TracedSeams(SeamsLayer):
         self._span: contextlib.ExitStack | None = None
         self._root: Any = None
 
-    async def node(self, node: c.Node, inputs: dict[str, Any], next: NodeStep) -> Outcome:
+    def node(self, node: c.Node, inputs: dict[str, Any], next: NodeStep) -> Coroutine[Any, Any, Outcome]:
+        # Not a coroutine of its own: a node that is not an agent's passes through no frame of this layer.
         agent = getattr(node, "agent", None) if node.component_type == "AgentNode" else None
         if agent is None:
-            return await self.inner.node(node, inputs, next)
+            return self.inner.node(node, inputs, next)
+        return self._agent(node, agent, inputs, next)
+
+    async def _agent(self, node: c.Node, agent: Any, inputs: dict[str, Any], next: NodeStep) -> Outcome:
         with self.tracing.span(f"invoke_agent {agent.name}", {
                 "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent.name,
                 "gen_ai.agent.id": agent.id, "heddle.node": node.name}, quiet=_suspended()):

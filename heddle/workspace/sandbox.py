@@ -82,6 +82,11 @@ class SandboxPolicy:
     require_isolation: str | None = None
 
 
+def backend_name(policy: SandboxPolicy) -> str:
+    """The backend a --safe call runs in: `auto` is bubblewrap, the one there is (BACKENDS)."""
+    return "bubblewrap" if policy.backend == "auto" else policy.backend
+
+
 def _set_flags(policy: SandboxPolicy) -> list[str]:
     """The safe-only flags a policy uses, for callers that build policies without a CLI."""
     used = []

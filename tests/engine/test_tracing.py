@@ -106,8 +106,7 @@ def test_a_run_exports_genai_spans(tmp_path: Path, receiver: Receiver, echo_api:
         state = _run(flow, tools, RunSettings(stream=False), model.transport)
     assert state["result"] == "five" and json.loads(state["ok"]) == {"ok": "yes"}
     spans = receiver.wait_for("invoke_agent traced", "invoke_agent helper-agent", "chat scripted",
-                              "execute_tool add", "execute_tool boom", "execute_tool whereami", "execute_tool api",
-                              "heddle.sandbox")
+                              "execute_tool add", "execute_tool boom", "execute_tool whereami", "execute_tool api")
     by_id = {s["span_id"]: s for s in spans}
     root = receiver.named("invoke_agent traced")[0]
     agent = receiver.named("invoke_agent helper-agent")[0]
@@ -137,13 +136,11 @@ def test_a_run_exports_genai_spans(tmp_path: Path, receiver: Receiver, echo_api:
     boom = receiver.named("execute_tool boom")[0]
     assert boom["status"] == {"code": "error", "message": ""}
     assert boom["attributes"]["error.type"] == "ToolError" and boom["attributes"]["heddle.tool.outcome"] == "error"
-    # The program's own span (heddle.sandbox) is inside the tool's, and the tool was handed its traceparent.
+    # Without --safe no sandbox runs, and there is no span of one: the program is handed its tool call's.
     where = receiver.named("execute_tool whereami")[0]
     assert where["parent_span_id"] == root["span_id"]
-    sandboxes = [s for s in receiver.named("heddle.sandbox") if by_id[s["parent_span_id"]]["name"] ==
-                 "execute_tool whereami"]
-    assert len(sandboxes) == 1 and sandboxes[0]["attributes"]["heddle.sandbox.safe"] is False
-    assert state["parent"].startswith(f"00-{root['trace_id']}-{sandboxes[0]['span_id']}-")
+    assert state["parent"].startswith(f"00-{root['trace_id']}-{where['span_id']}-")
+    assert not receiver.named("heddle.sandbox") and by_id[where["span_id"]] is where
     # The RemoteTool's request carried the traceparent of its tool span.
     remote = receiver.named("execute_tool api")[0]
     assert remote["attributes"]["heddle.tool.kind"] == "remote"
@@ -151,6 +148,31 @@ def test_a_run_exports_genai_spans(tmp_path: Path, receiver: Receiver, echo_api:
     assert seen[-1]["traceparent"].startswith(f"00-{root['trace_id']}-{remote['span_id']}-")
     # Without content capture, no prompt, argument or output appears anywhere.
     assert SECRET_WORD not in json.dumps(spans) and "five" not in json.dumps(spans)
+
+
+def test_a_sandboxed_program_runs_inside_its_sandbox_span(tmp_path: Path, receiver: Receiver) -> None:
+    from tests.workspace.tooling import PYTHON_READ
+
+    tools = tmp_path / "tools"
+    write_tool(tools, "whereami.py", "out = {'parent': os.environ.get('TRACEPARENT', '')}")
+    f = FlowDoc("boxed")
+    s = f.start([])
+    where = f.tool_node("where", server_tool("whereami", [], [prop("parent")]))
+    e = f.end([prop("parent")])
+    f.control(s, where)
+    f.control(where, e)
+    from heddle.runs import execute, from_document
+
+    loaded = from_document(f.write(tmp_path / "flow.json"), RunSettings(safe=True, allow_read=PYTHON_READ),
+                           tools_dir=tools, inputs={})
+    state = asyncio.run(execute(loaded, on_event=lambda event: None)).state
+    receiver.wait_for("execute_tool whereami", "heddle.sandbox")
+    (tool,), (box,) = receiver.named("execute_tool whereami"), receiver.named("heddle.sandbox")
+    assert box["parent_span_id"] == tool["span_id"]
+    assert box["attributes"]["heddle.sandbox.safe"] is True
+    assert box["attributes"]["heddle.sandbox.backend"] == "bubblewrap"
+    assert box["attributes"]["gen_ai.tool.name"] == "whereami"
+    assert state["parent"].startswith(f"00-{tool['trace_id']}-{box['span_id']}-")
 
 
 def test_an_api_node_and_its_request_are_in_the_runs_trace(tmp_path: Path, receiver: Receiver,
