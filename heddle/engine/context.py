@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from heddle.engine.journal import Answer, Journal, WaitingFor
     from heddle.engine.tracing import Tracing
     from heddle.model.client import ModelClient, ModelEndpoint
+    from heddle.workspace.sandbox import SandboxPolicy
     from heddle.workspace.workspace import Workspaces
 
 
@@ -175,7 +176,7 @@ class RunContext:
         """Run a tool's program in the request's workspace, confined by the run's sandbox policy
         (`tools_dir`, the folder it comes from, is bound read-only)."""
         workspace, policy = request.workspace, self.options.sandbox
-        with _program_span(self.tracing, safe=policy.safe, backend=backend_name(policy), tool=request.tool) as traced:
+        with _program_span(self.tracing, policy, request.tool) as traced:
             async with call_guard(self.options, request.tool, self.emit, runner=True) as egress:
                 argv, env = confine(policy, [str(executable)], workspace=workspace, tools_dir=tools_dir,
                                     env={**workspace.env(os.environ), **traced, **idempotency_env(request)},
@@ -236,14 +237,14 @@ class RunContext:
                                       response_format=request.response_format)
 
 
-def _program_span(tracing: Tracing | None, *, safe: bool, backend: str,
+def _program_span(tracing: Tracing | None, policy: SandboxPolicy,
                   tool: str) -> contextlib.AbstractContextManager[dict[str, str]]:
     """A traced program's `TRACEPARENT`: its sandbox's span under --safe, else its tool call's."""
     if tracing is None:
         return contextlib.nullcontext({})
-    if not safe:
+    if not policy.safe:
         return contextlib.nullcontext(program_env())
-    return sandbox_span(tracing, backend=backend, tool=tool)
+    return sandbox_span(tracing, backend=backend_name(policy), tool=tool)
 
 
 def _no_document_tools() -> DocumentTools:
