@@ -221,7 +221,8 @@ class Cache:
         return None
 
     def rewrite_snapshot(self, key: str, snapshot: Snapshot) -> None:
-        """Replace the snapshot after a re-proof found the files the same but their stat moved."""
+        """Replace the snapshot after a re-proof found the files the same but their stat moved, or
+        proved them whole in a new boot of the machine."""
         folder = self.entry(key)
         with replaced(folder / SNAPSHOT, prefix=".snapshot-", mode=0o400) as fh:
             fh.write(snapshot.to_bytes())
@@ -422,7 +423,7 @@ def reprove(
     """Why the cached entry under `key` is not (or no longer) what `manifest` seals, or None.
 
     Keeps a refreshed snapshot when every file matched but some stat had moved on (a copy,
-    a chmod and back), so the next open is fast again.
+    a chmod and back), or the entry was proved whole in a new boot, so the next open is fast again.
     """
     problem = cache.entry_problem(key)
     if problem is not None:

@@ -10,6 +10,14 @@ by accident: ctime moves on every write or chmod, and no user can set it back.
 
 The snapshot sits beside the tree, never in it, as one file: a line with its format and a
 sha256 binding it to the entry's key (the manifest digest), then its JSON body.
+
+A stat says nothing of bytes a crash of the machine lost: the tree is written and renamed into
+place without waiting for the disk (a sync per file would cost a big mount seconds), and after a
+power loss a file may keep its size and times but read as zeros or stale blocks. So a snapshot names
+the boot it was taken in (Linux's boot_id); an entry first opened in another boot is re-hashed
+whole, and its snapshot recorded anew for this boot. While the machine stays up, the page cache is
+what every reader sees, written to disk or not. A system that names no boot (not Linux) keeps the
+stat proof across restarts.
 """
 
 from __future__ import annotations
@@ -43,6 +51,17 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # Deeper than any bundle's paths go (32 components): a tree that does is not one heddle sealed.
 _MAX_WALK_DEPTH = 64
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+@functools.cache
+def current_boot() -> str:
+    """This boot of the machine (a UUID the kernel draws at boot), or "" where the system names none."""
+    try:
+        with open(BOOT_ID, "rb") as fh:
+            return fh.read(64).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 class SnapshotError(Exception):
@@ -76,19 +95,21 @@ class Snapshot:
     found, never a row per file. Made from rows (`files`) or read back with `from_bytes`;
     OverflowError from rows whose stat does not fit 64 bits (no tree heddle made)."""
 
-    __slots__ = ("columns", "dirs", "key", "legacy", "name")
+    __slots__ = ("boot", "columns", "dirs", "key", "legacy", "name")
 
     def __init__(self, key: str, name: str, files: Iterable[FileStat], dirs: Iterable[str],
                  legacy: dict[str, Any] | None = None) -> None:
         rows = sorted(files)
         paths, *stats = zip(*rows, strict=True) if rows else [()] * len(FileStat._fields)
         columns = [list(paths), *map(array, _TYPECODES, stats)]
-        self._fill(key, name, columns, tuple(dirs), legacy)
+        # Taken now, of a tree written in this boot.
+        self._fill(key, name, columns, tuple(dirs), legacy, current_boot())
 
     def _fill(self, key: str, name: str, columns: list[Any], dirs: tuple[str, ...],
-              legacy: dict[str, Any] | None) -> None:
+              legacy: dict[str, Any] | None, boot: str) -> None:
         self.key = key
         self.name = name
+        self.boot = boot
         # path, mode, size, dev, ino, mtime_ns, ctime_ns: FileStat's fields, each in path order.
         self.columns = columns
         self.dirs = dirs
@@ -110,7 +131,7 @@ class Snapshot:
 
     def to_bytes(self) -> bytes:
         body: dict[str, Any] = {
-            "format": FORMAT, "key": self.key, "name": self.name, "dirs": sorted(self.dirs),
+            "format": FORMAT, "key": self.key, "name": self.name, "dirs": sorted(self.dirs), "boot": self.boot,
             "files": {"path": self.paths, **{field: b2a_base64(column.tobytes(), newline=False).decode("ascii")
                                              for field, column in zip(FileStat._fields[1:], self.columns[1:],
                                                                       strict=True)}},
@@ -145,8 +166,10 @@ class Snapshot:
         if not isinstance(body, dict) or body["format"] != FORMAT or body["key"] != key:
             raise ValueError("not this entry's")
         files, dirs, name, legacy = body["files"], body["dirs"], body["name"], body.get("legacy")
+        # One an earlier heddle wrote names no boot: proved whole once, as one of another boot.
+        boot = body.get("boot", "")
         if type(files) is not dict or files.keys() != _COLUMN_NAMES or type(dirs) is not list or not isinstance(
-                name, str):
+                name, str) or type(boot) is not str:
             raise ValueError("bad fields")
         paths, encoded = files["path"], [files[field] for field in FileStat._fields[1:]]
         # Passes of C over the paths, and a whole stat column decoded at once: a warm open reads
@@ -164,7 +187,7 @@ class Snapshot:
         if legacy is not None and not isinstance(legacy, dict):
             raise ValueError("bad legacy")
         snapshot = cls.__new__(cls)
-        snapshot._fill(key, name, columns, tuple(dirs), legacy)
+        snapshot._fill(key, name, columns, tuple(dirs), legacy, boot)
         return snapshot
 
 
@@ -257,7 +280,8 @@ def _command_files(manifest_path: str, folder: str, paths: dict[str, Any]) -> se
 @dataclass
 class Proof:
     """The outcome of re-proving a cached tree: `problem` is None when it is what was sealed;
-    `fresh` is the snapshot to keep when files matched but their stat had moved on."""
+    `fresh` is the snapshot to keep when files matched but their stat had moved on, or when the
+    tree was proved whole in a boot other than its snapshot's."""
 
     problem: str | None
     fresh: Snapshot | None = None
@@ -296,9 +320,10 @@ def prove(
 ) -> Proof:
     """Re-prove the tree at `payload` against `manifest`, trusting `snapshot` only for stat.
 
-    Every sealed program and manifest is re-hashed (and with `deep`, every file); any other
-    file whose stat differs from the snapshot is re-hashed; anything missing, extra, of
-    another type or mode, or of other bytes is the problem reported.
+    Every sealed program and manifest is re-hashed (and with `deep`, or when the snapshot was
+    taken in another boot of the machine, every file); any other file whose stat differs from the
+    snapshot is re-hashed; anything missing, extra, of another type or mode, or of other bytes is
+    the problem reported.
     """
     problem = consistent(snapshot, manifest, exact_dirs=exact_dirs)
     if problem is not None:
@@ -314,7 +339,8 @@ def prove(
         st = os.fstat(fd)
         if st.st_mode != SEALED_DIR_MODE or st.st_uid != os.geteuid():
             return Proof("the payload folder is not read-only and ours")
-        hashed = frozenset(manifest.by_path) if deep else always_hashed(top, manifest)
+        rebooted = snapshot.boot != current_boot()
+        hashed = frozenset(manifest.by_path) if deep or rebooted else always_hashed(top, manifest)
         walk = _ProofWalk(snapshot, manifest, hashed)
         try:
             problem = walk.folder(fd, "", 1)
@@ -331,7 +357,7 @@ def prove(
         return Proof(f"{missing[0]!r} is missing")
     if walk.seen_dirs != len(set(snapshot.dirs)):
         return Proof("a folder of the bundle is missing")
-    if not walk.moved:
+    if not walk.moved and not rebooted:
         return Proof(None)
     rows = tuple(FileStat._make(row) for row in walk.seen_files)
     try:
