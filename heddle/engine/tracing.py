@@ -165,13 +165,7 @@ def _active() -> bool:
 
 def traceparent() -> str | None:
     """The W3C `traceparent` of the current span, for what a run calls (a tool, a remote API), or None."""
-    if not _active():
-        return None
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-    carrier: dict[str, str] = {}
-    TraceContextTextMapPropagator().inject(carrier)
-    return carrier.get("traceparent")
+    return _traceparent_of(_api().get_current_span()) if _active() else None
 
 
 async def send_traceparent(request: httpx.Request) -> None:
@@ -277,11 +271,17 @@ class InSpan:
             span.end()
 
 
-def _traceparent_env(span: Any) -> dict[str, str]:
-    """`TRACEPARENT` naming `span`, as the W3C propagator writes it, for a program started inside it."""
+def _traceparent_of(span: Any) -> str | None:
+    """The W3C `traceparent` naming `span`, as the SDK's propagator writes it (version 00), or None for
+    a span of no valid context."""
     context = span.get_span_context()
-    return ({"TRACEPARENT": f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"}
-            if context.is_valid else {})
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}" if context.is_valid else None
+
+
+def _traceparent_env(span: Any) -> dict[str, str]:
+    """`TRACEPARENT` naming `span`, for a program started inside it."""
+    value = _traceparent_of(span)
+    return {"TRACEPARENT": value} if value is not None else {}
 
 
 class _Sandbox(InSpan):
