@@ -46,21 +46,22 @@ def test_a_tool_that_tries_to_escape_leaves_nothing_behind(tmp_path):
 
 
 def test_the_leak_check_finds_a_process_in_a_workspace(tmp_path):
-    spec = importlib.util.spec_from_file_location("load", LOAD)
-    assert spec is not None and spec.loader is not None
-    load_module = importlib.util.module_from_spec(spec)
-    sys.modules["load"] = load_module  # its dataclasses look their module up there
-    spec.loader.exec_module(load_module)
-    tool_processes = load_module.tool_processes
+    tool_processes = _load_module().tool_processes
 
     work = tmp_path / "work"
-    child = subprocess.Popen(["sleep", "30"], env={"HEDDLE_WORKSPACE": f"{work}/ws-1", "PATH": "/usr/bin:/bin"})
+    # The environment /proc shows is the child's only once it has exec'd (before, it is this process's
+    # copy): the shell says so, then becomes the sleep, with the same pid and environment.
+    child = subprocess.Popen(["sh", "-c", "echo started; exec sleep 30"], stdout=subprocess.PIPE,
+                             env={"HEDDLE_WORKSPACE": f"{work}/ws-1", "PATH": "/usr/bin:/bin"})
     try:
+        assert child.stdout is not None and child.stdout.readline() == b"started\n"
         assert child.pid in tool_processes(work)
         assert child.pid not in tool_processes(tmp_path / "elsewhere")
     finally:
         child.kill()
         child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
 
 
 def test_load_is_bounded():
@@ -87,7 +88,7 @@ def _load_module():
     spec = importlib.util.spec_from_file_location("load", LOAD)
     assert spec is not None and spec.loader is not None
     load_module = importlib.util.module_from_spec(spec)
-    sys.modules["load"] = load_module
+    sys.modules["load"] = load_module  # its dataclasses look their module up there
     spec.loader.exec_module(load_module)
     return load_module
 
