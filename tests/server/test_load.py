@@ -49,9 +49,9 @@ def test_the_leak_check_finds_a_process_in_a_workspace(tmp_path):
     tool_processes = _load_module().tool_processes
 
     work = tmp_path / "work"
-    # The environment /proc shows is the child's only once it has exec'd (before, it is this process's
-    # copy): the shell says so, then becomes the sleep, with the same pid and environment.
-    child = subprocess.Popen(["sh", "-c", "echo started; exec sleep 30"], stdout=subprocess.PIPE,
+    # /proc shows a process's own environment only between its exec and its next one (before, this
+    # process's copy; during one, nothing): the shell says it has started, then waits in a builtin.
+    child = subprocess.Popen(["sh", "-c", "echo started; read line"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              env={"HEDDLE_WORKSPACE": f"{work}/ws-1", "PATH": "/usr/bin:/bin"})
     try:
         assert child.stdout is not None and child.stdout.readline() == b"started\n"
@@ -60,8 +60,9 @@ def test_the_leak_check_finds_a_process_in_a_workspace(tmp_path):
     finally:
         child.kill()
         child.wait()
-        if child.stdout is not None:
-            child.stdout.close()
+        for pipe in (child.stdin, child.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 def test_load_is_bounded():
