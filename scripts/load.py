@@ -211,29 +211,27 @@ def seal(folder: Path, flow: Path, tools: Path | None = None) -> tuple[Path, Pat
     """Seal `flow` (and its `tools`) into `folder`/app.heddle with the real CLI, signed with a key made
     for it; returns (bundle, public key)."""
     root = folder.parent
-    heddle = str(BIN / "heddle")
     key = folder / "load"
     tools_args = ["--tools-dir", str(tools)] if tools is not None else []
-    for argv in ([heddle, "keygen", "--out", str(key), "--no-passphrase"],
-                 [heddle, "bundle", str(flow), *tools_args, "--sign-key", f"{key}.key",
-                  "-o", str(folder / "app.heddle")]):
-        done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120,
-                              env=child_env(root), check=False)
-        if done.returncode != 0:
-            raise SystemExit(f"load: {' '.join(argv[1:3])} failed: {done.stderr.strip()}")
+    _heddle(root, ["keygen", "--out", str(key), "--no-passphrase"])
+    _heddle(root, ["bundle", str(flow), *tools_args, "--sign-key", f"{key}.key", "-o", str(folder / "app.heddle")])
     warm(folder / "app.heddle", [Path(f"{key}.pub")], root)
     return folder / "app.heddle", Path(f"{key}.pub")
+
+
+def _heddle(root: Path, args: list[str], timeout: float = 120) -> None:
+    """The real `heddle` CLI with `args`, run to its end; SystemExit saying why when it fails."""
+    done = subprocess.run([str(BIN / "heddle"), *args], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=timeout, env=child_env(root), check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"load: heddle {' '.join(args[:2])} failed: {done.stderr.strip()}")
 
 
 def warm(bundle: Path, trust: list[Path], root: Path) -> None:
     """Verify `bundle` into the cache the servers share, before any starts: each then opens it warm,
     alike. Else the first one started proves and unpacks it cold and keeps that heap, and spent 1 to 3%
     more CPU a request than the others through a whole run."""
-    argv = [str(BIN / "heddle"), "verify", str(bundle), *[a for t in trust for a in ("--trust", str(t))]]
-    done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300,
-                          env=child_env(root), check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"load: heddle verify {bundle} failed: {done.stderr.strip()}")
+    _heddle(root, ["verify", str(bundle), *[a for t in trust for a in ("--trust", str(t))]], timeout=300)
 
 
 def sealed_document(root: Path, name: str, document: dict[str, Any]) -> tuple[Path, Path]:
@@ -692,18 +690,21 @@ def surface_latency(results: list[Result], served: list[Served]) -> str:
     return "\n".join(lines)
 
 
+def _rates(r: Result) -> list[float]:
+    """`r`'s requests/s in each turn (0 for a turn with none that succeeded)."""
+    return [ok / seconds if ok else 0.0 for ok, seconds, _ in r.turns]
+
+
 def _shares(r: Result, base: Result) -> list[float]:
     """`r`'s requests/s as a share of `base`'s, turn by turn (the two were driven one after the other)."""
-    return [100 * (a_ok / a_s) / (b_ok / b_s)
-            for (a_ok, a_s, _), (b_ok, b_s, _) in zip(r.turns, base.turns, strict=False) if a_ok and b_ok]
+    return [100 * a / b for a, b in zip(_rates(r), _rates(base), strict=False) if a and b]
 
 
 def _pooled(r: Result, base: Result, twin: Result) -> list[float]:
     """`r`'s requests/s as a share of the mean of `base`'s and `twin`'s, turn by turn: two untraced
     baselines, driven just before and just after `r` in each turn."""
-    return [100 * (a_ok / a_s) / ((b_ok / b_s + c_ok / c_s) / 2)
-            for (a_ok, a_s, _), (b_ok, b_s, _), (c_ok, c_s, _)
-            in zip(r.turns, base.turns, twin.turns, strict=False) if a_ok and b_ok and c_ok]
+    return [100 * a / ((b + c) / 2)
+            for a, b, c in zip(_rates(r), _rates(base), _rates(twin), strict=False) if a and b and c]
 
 
 def _cpu(r: Result, base: Result) -> str:

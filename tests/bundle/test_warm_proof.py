@@ -95,45 +95,48 @@ def test_every_change_to_a_cached_tree_is_named_and_evicted(sandbox: Path, keypa
     assert verify_bundle(packed, trusted_keys=[keypair.public]).cached
 
 
+def _written(key: str, format: int, body: dict[str, object]) -> bytes:
+    """A snapshot file of `format` holding `body`, sealed to `key` as heddle seals one."""
+    raw = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    seal = hashlib.sha256(MAGIC + b"\0" + key.encode() + b"\0" + raw).hexdigest()
+    return b"%s %d %s\n%s" % (MAGIC, format, seal.encode(), raw)
+
+
 def _format_1(snapshot: Snapshot) -> bytes:
     """The snapshot as heddle wrote it before its files were columns: a row per file."""
-    body = {"dirs": sorted(snapshot.dirs), "files": [list(row) for row in snapshot.files], "format": 1,
-            "key": snapshot.key, "name": snapshot.name}
-    raw = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    seal = hashlib.sha256(MAGIC + b"\0" + snapshot.key.encode() + b"\0" + raw).hexdigest()
-    return b"%s 1 %s\n%s" % (MAGIC, seal.encode(), raw)
+    return _written(snapshot.key, 1, {"dirs": sorted(snapshot.dirs), "files": [list(row) for row in snapshot.files],
+                                      "format": 1, "key": snapshot.key, "name": snapshot.name})
+
+
+def _put_snapshot(root: Path, data: bytes) -> None:
+    """`data` as the snapshot beside the cached tree at `root`, in place of heddle's."""
+    path = root.parent / "snapshot"
+    path.chmod(0o600)
+    path.write_bytes(data)
+    path.chmod(0o400)
 
 
 def test_a_snapshot_of_the_format_before_is_never_trusted(sandbox: Path, keypair: KeyPair, packed: Path) -> None:
     first = verify_bundle(packed, trusted_keys=[keypair.public])
     path = first.root.parent / "snapshot"
-    older = _format_1(Cache().snapshot(first.digest))
-    path.chmod(0o600)
-    path.write_bytes(older)
-    path.chmod(0o400)
+    _put_snapshot(first.root, _format_1(Cache().snapshot(first.digest)))
     again = verify_bundle(packed, trusted_keys=[keypair.public])
     assert not again.cached and "format '1'" in (again.repaired or "")
     assert path.read_bytes().startswith(b"heddle-snapshot %d " % module.FORMAT)
     assert verify_bundle(packed, trusted_keys=[keypair.public]).cached
 
 
-def _snapshot_as_of(cache: Cache, key: str, boot: str | None) -> None:
-    """The entry's snapshot taken again of its tree as it is now, naming `boot` (None: no boot at all,
-    as an earlier heddle wrote it)."""
-    old = cache.snapshot(key)
-    snap = module.record(cache.payload(key), key=key, name=old.name)
-    raw = snap.to_bytes()
-    if boot is None or boot != snap.boot:
-        _, _, body = raw.partition(b"\n")
-        fields = json.loads(body)
-        if boot is None:
-            del fields["boot"]
-        else:
-            fields["boot"] = boot
-        body = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-        seal = hashlib.sha256(MAGIC + b"\0" + key.encode() + b"\0" + body).hexdigest()
-        raw = b"%s %d %s\n%s" % (MAGIC, module.FORMAT, seal.encode(), body)
-    cache.rewrite_snapshot(key, Snapshot.from_bytes(raw, key))
+def _snapshot_as_of(root: Path, key: str, boot: str | None) -> None:
+    """The snapshot of the cached tree at `root` taken again as it is now, naming `boot` (None: no boot
+    at all, as an earlier heddle wrote it)."""
+    snap = module.record(root, key=key, name=Cache().snapshot(key).name)
+    if boot is not None:
+        snap.boot = boot
+        _put_snapshot(root, snap.to_bytes())
+        return
+    body = json.loads(snap.to_bytes().partition(b"\n")[2])
+    del body["boot"]
+    _put_snapshot(root, _written(key, module.FORMAT, body))
 
 
 @pytest.mark.skipif(not module.current_boot(), reason="this system names no boot (Linux's boot_id)")
@@ -141,7 +144,6 @@ def test_an_entry_of_another_boot_is_rehashed_whole_once(sandbox: Path, keypair:
     # What a power loss can leave: a file whose stat is what was recorded but whose bytes never
     # reached the disk. Here the bytes are changed and the stat recorded after, by hand.
     first = verify_bundle(packed, trusted_keys=[keypair.public])
-    cache = Cache()
     where = "mounts/notes/readme.md"
     readme, notes = first.root / where, first.root / "mounts/notes"
     notes.chmod(0o755)
@@ -149,18 +151,19 @@ def test_an_entry_of_another_boot_is_rehashed_whole_once(sandbox: Path, keypair:
     readme.write_bytes(bytes(readme.stat().st_size))  # zeros, as many as were sealed
     readme.chmod(0o444)
     notes.chmod(0o555)
-    _snapshot_as_of(cache, first.digest, "a-boot-before-this-one")
+    _snapshot_as_of(first.root, first.digest, "a-boot-before-this-one")
     again = verify_bundle(packed, trusted_keys=[keypair.public])
     assert not again.cached and where in (again.repaired or "")  # evicted, and verified from the bundle
     # An entry whose files are intact is proved whole once in the new boot, and recorded for it.
-    _snapshot_as_of(cache, first.digest, "a-boot-before-this-one")
+    _snapshot_as_of(first.root, first.digest, "a-boot-before-this-one")
     assert verify_bundle(packed, trusted_keys=[keypair.public]).cached
-    assert cache.snapshot(first.digest).boot == module.current_boot()
+    assert Cache().snapshot(first.digest).boot == module.current_boot()
     # So is one that an earlier heddle recorded, naming no boot.
-    _snapshot_as_of(cache, first.digest, None)
-    assert cache.snapshot(first.digest).boot == ""
+    _snapshot_as_of(first.root, first.digest, None)
+    assert b'"boot"' not in (first.root.parent / "snapshot").read_bytes()
+    assert Cache().snapshot(first.digest).boot == ""
     assert verify_bundle(packed, trusted_keys=[keypair.public]).cached
-    assert cache.snapshot(first.digest).boot == module.current_boot()
+    assert Cache().snapshot(first.digest).boot == module.current_boot()
 
 
 def test_a_snapshot_reads_back_as_written(sandbox: Path, keypair: KeyPair, packed: Path) -> None:
